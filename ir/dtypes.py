@@ -28,7 +28,10 @@ class DType:
 
     def nbytes(self, numel):
         """Bytes taken by `numel` logical elements (works on ints and sympy expressions)."""
-        return numel * self.bits / 8
+        import sympy
+
+        b = sympy.sympify(numel) * sympy.Rational(self.bits, 8)
+        return int(b) if b.is_Integer else b
 
 
 bf16 = DType("bf16", 16, torch.bfloat16, True)

@@ -1,0 +1,33 @@
+"""Shared test set-up. Every Graph the suite builds is printed and parsed back at the end of the
+session; a graph whose text form does not round-trip to an equal graph fails the run. (Graphs that
+define a value twice have no text form; the verifier tests build some on purpose.)"""
+import pytest
+
+from deepinfer.ir import graph as graph_mod
+from deepinfer.ir.text import parse_graph, print_graph
+
+_BUILT: list = []
+_orig_init = graph_mod.Graph.__init__
+
+
+def _tracking_init(self, *args, **kwargs):
+    _orig_init(self, *args, **kwargs)
+    _BUILT.append(self)
+
+
+graph_mod.Graph.__init__ = _tracking_init
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_graph_round_trips():
+    yield
+    graphs, _BUILT[:] = list(_BUILT), []
+    bad = []
+    for g in graphs:
+        defined = [o for n in g.nodes for o in n.outputs] + g.inputs + g.params + g.state
+        if len(defined) != len(set(defined)):
+            continue
+        text = print_graph(g)
+        if parse_graph(text) != g:
+            bad.append(g.name)
+    assert not bad, f"graphs whose text form does not round-trip: {bad[:10]}"
