@@ -39,8 +39,7 @@ TOKEN_MAP_PROVENANCE_PATH = DATA_DIR / "engram_token_map_v41.json"
 _SPACE_SENTINEL = "\ue000"
 _WHITESPACE_RUN = re.compile(r"[ \t\r\n]+")
 # Unicode White_Space, which is what the reference's Rust `Strip` normaliser
-# trims. Python's str.strip() also trims U+001C..U+001F; four V4 tokens are
-# exactly those characters and must keep their own ids.
+# trims; Python's str.strip() would also trim U+001C..U+001F.
 _UNICODE_WHITE_SPACE = (
     "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
