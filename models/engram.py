@@ -28,6 +28,7 @@ import torch
 
 ENGRAM_COMPRESSED_VOCAB_SIZE_V41 = 99_092
 ENGRAM_DEAD = -1
+V41_IMAGE_TOKEN_ID = 129264
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 TOKEN_MAP_PATH = DATA_DIR / "engram_token_map_v41.npy"
@@ -158,7 +159,7 @@ def load_engram_token_map(npy_path: Path = TOKEN_MAP_PATH,
 
 
 def compress_token_ids(token_ids: torch.Tensor, token_map: np.ndarray | torch.Tensor,
-                       image_token_id: int | None = 129264, dead: int = ENGRAM_DEAD) -> torch.Tensor:
+                       image_token_id: int | None = V41_IMAGE_TOKEN_ID, dead: int = ENGRAM_DEAD) -> torch.Tensor:
     """Raw token ids -> int64 compressed ids; image tokens and ids outside the map become ``dead``."""
     table = torch.as_tensor(np.asarray(token_map), dtype=torch.int64)
     token_ids = torch.as_tensor(token_ids, dtype=torch.int64)
