@@ -516,6 +516,14 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
     if total > free:
         raise CheckpointError(f"{parent}: {free / 1e9:.1f} GB free, the checkpoint needs {total / 1e9:.1f} GB")
 
+    if cfg.source:
+        config_bytes = Path(cfg.source).read_bytes()
+    elif cfg.vision:
+        raise CheckpointError("config has no source file and a vision tower whose config it does not keep; "
+                              "pass a preset name or a directory")
+    else:
+        text = {k: v for k, v in cfg.canonical_dict().items() if k != "vision"}
+        config_bytes = (json.dumps(text, indent=1) + "\n").encode()
     shards = _plan_shards(specs, max_shard_bytes)
     names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -528,8 +536,7 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
         index = {"metadata": {"total_size": total},
                  "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}
         _write_file(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
-        if cfg.source:
-            _write_file(tmp / "config.json", Path(cfg.source).read_bytes())
+        _write_file(tmp / "config.json", config_bytes)
         _fsync_dir(tmp)
         if out.is_dir():
             if any(out.iterdir()):
