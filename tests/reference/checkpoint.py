@@ -29,14 +29,15 @@ class Checkpoint:
         return self._files[shard].get_tensor(name)
 
     def linear(self, prefix: str) -> torch.Tensor:
-        """The fp32 value of `prefix.weight`: FP8 32x32 blocks (§3.5), FP4 experts, or plain BF16/F32."""
+        """The exact value of `prefix.weight` (FP8 32x32 blocks (§3.5), FP4 experts, or plain BF16/F32),
+        held as fp64 because nx.mm32 accumulates in fp64 (every value is exact in fp32 too)."""
         w = self.raw(prefix + ".weight")
         if w.dtype == torch.float8_e4m3fn:
-            return nx.dequant_fp8_weight(w, self.raw(prefix + ".scale"))
+            return nx.dequant_fp8_weight(w, self.raw(prefix + ".scale")).double()
         if w.dtype in (torch.int8, torch.uint8):
-            return nx.dequant_fp4_weight(w, self.raw(prefix + ".scale"))
+            return nx.dequant_fp4_weight(w, self.raw(prefix + ".scale")).double()
         assert w.dtype in (torch.bfloat16, torch.float32), (prefix, w.dtype)
-        return w.float()
+        return w.double()
 
     def engram_table(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(e4m3 rows [R, d], UE8M0 bytes [R, d/32]) of an Engram table; rows are gathered at use."""

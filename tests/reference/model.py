@@ -108,7 +108,7 @@ class ReferenceModel:
         self.freqs_c = nx.rope_freqs(c.rope_dim, c.compress_rope_theta, c.yarn)  # ratio > 0 layers
 
         self.embed = ckpt.raw("embed.weight")  # [V, H] bf16, plain gather
-        self.head = ckpt.raw("head.weight").float()  # promoted to fp32
+        self.head = ckpt.raw("head.weight").float()  # promoted to fp32 (see head_logits)
         self.norm = ckpt.raw("norm.weight")
         self.layers = [self._load_block(ckpt, f"layers.{l}.", l, c.roles[l]) for l in range(c.n_layers)]
         self.mtp = []
@@ -121,7 +121,7 @@ class ReferenceModel:
             self.mtp_norm = ckpt.raw(last + "norm.weight")
             self.markov_embed = ckpt.raw(last + "markov_head.embed.weight")  # bf16 rows
             self.markov_head = ckpt.raw(last + "markov_head.head.weight").float()
-            self.conf_proj = ckpt.raw(last + "confidence_head.proj.weight").float()
+            self.conf_proj = ckpt.raw(last + "confidence_head.proj.weight").double()  # fp32 semantics
 
     @classmethod
     def from_checkpoint(cls, directory, token_map=None) -> "ReferenceModel":
@@ -135,7 +135,7 @@ class ReferenceModel:
     # -- loading --
     def _load_block(self, ck: Checkpoint, p: str, l: int, role) -> NS:
         c = self.cfg
-        hc = lambda t: NS(fn=ck.raw(p + f"hc_{t}_fn").float(), scale=ck.raw(p + f"hc_{t}_scale").float(),
+        hc = lambda t: NS(fn=ck.raw(p + f"hc_{t}_fn").double(), scale=ck.raw(p + f"hc_{t}_scale").float(),
                           base=ck.raw(p + f"hc_{t}_base").float())
         a = p + "attn."
         attn = NS(wq_a=ck.linear(a + "wq_a"), q_norm=ck.raw(a + "q_norm.weight"), wq_b=ck.linear(a + "wq_b"),
@@ -144,8 +144,8 @@ class ReferenceModel:
                   wo_b=ck.linear(a + "wo_b"), sink=ck.raw(a + "attn_sink").float())
         if role is not None and role.owns_compressor:
             if role.ratio == 2:  # bf16 weights promoted to fp32
-                attn.c_wkv = ck.raw(a + "compressor.wkv.weight").float()
-                attn.c_wgate = ck.raw(a + "compressor.wgate.weight").float()
+                attn.c_wkv = ck.raw(a + "compressor.wkv.weight").double()
+                attn.c_wgate = ck.raw(a + "compressor.wgate.weight").double()
             else:
                 attn.c_wkv = ck.raw(a + "compressor.wkv.weight")
             attn.c_norm = ck.raw(a + "compressor.norm.weight")
@@ -157,7 +157,7 @@ class ReferenceModel:
             attn.i_weights = ck.raw(a + "indexer.weights_proj.weight")
         f = p + "ffn."
         n_exp = c.n_experts if role is not None else c.dspark_experts
-        ffn = NS(gate=ck.raw(f + "gate.weight").float(), bias=ck.raw(f + "gate.bias").float(),
+        ffn = NS(gate=ck.raw(f + "gate.weight").double(), bias=ck.raw(f + "gate.bias").float(),
                  experts=[NS(w1=ck.linear(f"{f}experts.{e}.w1"), w3=ck.linear(f"{f}experts.{e}.w3"),
                              w2=ck.linear(f"{f}experts.{e}.w2")) for e in range(n_exp)],
                  shared=NS(w1=ck.linear(f + "shared_experts.w1"), w3=ck.linear(f + "shared_experts.w3"),
@@ -195,7 +195,7 @@ class ReferenceModel:
         h = self._forward(seq, ids)
         if not all_logits:
             h = h[-1:]
-        logits = nx.mm32(nx.rms_norm(h, self.norm, self.cfg.eps).float(), self.head)
+        logits = head_logits(nx.rms_norm(h, self.norm, self.cfg.eps), self.head)
         return logits if all_logits else logits[0]
 
     @torch.no_grad()
@@ -416,12 +416,12 @@ class ReferenceModel:
             if self.trace is not None:
                 self.trace.append((f"mtp.{i}", R))
         hb = hc_collapse(R, pre)  # [B, H] hidden before norm
-        base = nx.mm32(nx.rms_norm(hb, self.mtp_norm, c.eps).float(), self.head)
+        base = head_logits(nx.rms_norm(hb, self.mtp_norm, c.eps), self.head)
         drafts, conf = [], []
         prev = int(last_token)
         for s in range(B):
             m = self.markov_embed[prev]  # [rank] bf16
-            logits = base[s] + nx.mm32(m.float()[None], self.markov_head)[0]
+            logits = base[s] + head_logits(m[None], self.markov_head)[0]
             tok = sample(logits, temperature, generator)
             conf.append(nx.mm32(torch.cat([hb[s].float(), m.float()])[None], self.conf_proj)[0, 0])
             drafts.append(tok)
@@ -430,6 +430,13 @@ class ReferenceModel:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
+
+def head_logits(h: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """fp32(h) @ fp32(head).T with torch's own fp32 GEMM (the vocabulary-sized weights are not held
+    in fp64).  Logits feed nothing downstream, so its batch-size-dependent last-ulp noise (~1e-6)
+    cannot be amplified; compare logits with a tolerance of that order."""
+    return h.float() @ head.T
+
 
 def window_keys(ring: torch.Tensor, kv: torch.Tensor, start: int):
     """Window keys of each query of a chunk at positions start..start+n-1: W slots per query for
