@@ -227,6 +227,8 @@ def test_decode_matches_prefill(ref, ids, full):
     first = ref.prefill(seq, ids[:N_PROMPT])
     torch.testing.assert_close(first, logits[N_PROMPT - 1], rtol=0, atol=1e-4)
     assert N_FULL - N_PROMPT >= 40
+    longer = ref.prefill(ref.new_sequence(), ids[:N_PROMPT + 1])  # prefill of N+1, literally
+    torch.testing.assert_close(longer, logits[N_PROMPT], rtol=0, atol=1e-4)
     for t in range(N_PROMPT, N_FULL):
         got = ref.decode(seq, ids[t])
         torch.testing.assert_close(got, logits[t], rtol=0, atol=1e-4, msg=lambda m: f"decode pos {t}: {m}")

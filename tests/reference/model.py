@@ -351,8 +351,11 @@ class ReferenceModel:
         if clen < K:
             score = torch.cat([score, torch.full((n, K - clen), NEG_INF)], 1)
         vals, idx = nx.stable_topk(score, K)
-        # every -inf pick lies at or beyond vis(q): the pool always holds >= min(K, vis) positions (§1.3.4)
         idx = torch.where(vals > NEG_INF, idx, torch.full_like(idx, -1))
+        # HF-REF marks only picks >= vis(q) invalid; dropping every -inf pick is the same as long as
+        # each query finds min(K, vis) in-pool positions, which (candidate blocks - 1) * block + 1 >= K
+        # guarantees (real: 2047*8+1, tiny: 3*8+1 >= 16).  Fail loudly on a config where it would not.
+        assert ((idx >= 0).sum(-1) == vis.clamp(max=K)).all(), "candidate pool smaller than index_topk"
         big = torch.iinfo(torch.long).max
         idx = torch.sort(torch.where(idx >= 0, idx, big), dim=-1).values  # re-sorted ascending
         return torch.where(idx == big, -1, idx)
