@@ -3,7 +3,6 @@
 The reference is the oracle of the project; these tests pin its self-consistency (chunked prefill,
 decode, state carry) and the spec constants, and check that a random checkpoint gives live
 (finite, non-degenerate) activations."""
-import json
 import sys
 from pathlib import Path
 
