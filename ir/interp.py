@@ -48,8 +48,10 @@ def _check(name: str, t, value, env: dict, bind: bool) -> None:
 
 
 def interpret(g: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any],
-              state: Mapping[str, Any] | None = None, *, check: bool = True):
-    """Run one step. Returns (outputs by name, new state by name, bound size symbols)."""
+              state: Mapping[str, Any] | None = None, *, check: bool = True, trace: dict | None = None):
+    """Run one step. Returns (outputs by name, new state by name, bound size symbols).
+
+    `trace`, when given, receives every value by name (for locating where two runs diverge)."""
     state = state or {}
     env: dict[str, int] = {}
     vals: dict[str, Any] = {}
@@ -82,4 +84,6 @@ def interpret(g: Graph, inputs: Mapping[str, Any], params: Mapping[str, Any],
     new_state = dict(state)
     for root, v in g.state_updates().items():
         new_state[root] = vals[v]
+    if trace is not None:
+        trace.update(vals)
     return {o: vals[o] for o in g.outputs}, new_state, env

@@ -5,6 +5,7 @@ import sympy
 import torch
 
 from .. import dtypes as dt
+from .. import numerics as nm
 from .. import shapes as sh
 from ..registry import REQUIRED, ShapeError, op
 from ..types import TensorType
@@ -71,14 +72,14 @@ def _unary_rule(ins, a):
     return [want_float(ins[0], "input")]
 
 
-_UNARY = {
-    "silu": torch.nn.functional.silu,
-    "sigmoid": torch.sigmoid,
+_UNARY = {  # transcendentals in fp64, rounded once (ir.numerics)
+    "silu": nm.silu32,
+    "sigmoid": nm.sigmoid32,
     "relu": torch.relu,
-    "exp": torch.exp,
+    "exp": nm.exp32,
     "neg": torch.neg,
     "sqrt": torch.sqrt,
-    "softplus": torch.nn.functional.softplus,
+    "softplus": nm.softplus32,
 }
 for _name, _fn in _UNARY.items():
     op(_name, infer=_unary_rule, flops=numel_flops(), n_inputs=1)(
@@ -117,9 +118,7 @@ def _rms_norm_rule(ins, a):
 
 @op("rms_norm", infer=_rms_norm_rule, flops=numel_flops(4), attrs={"eps": REQUIRED}, n_inputs=2)
 def rms_norm(x, w, *, eps):
-    """(w * (x_f32 * rsqrt(mean(x_f32^2) + eps))) in x's dtype (spec §3.1)."""
-    xf = x.float()
-    return (w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+    return nm.rms_norm(x, w, eps)
 
 
 def _softmax_rule(ins, a):
@@ -130,7 +129,7 @@ def _softmax_rule(ins, a):
 
 @op("softmax", infer=_softmax_rule, flops=numel_flops(5), attrs={"axis": -1}, n_inputs=1)
 def softmax(x, *, axis):
-    return torch.softmax(x.float(), dim=axis).to(x.dtype)
+    return nm.softmax32(x.float(), axis).to(x.dtype)
 
 
 # ---- matmuls ----------------------------------------------------------------------------------
@@ -151,11 +150,12 @@ def _linear_flops(ins, outs, a):
 @op("linear", infer=_linear_rule, flops=_linear_flops, attrs={"out_dtype": None, "compute": "f32"},
     n_inputs=2)
 def linear(x, w, *, out_dtype, compute):
-    """y = x @ w^T accumulated in `compute` precision ("f32", or "bf16" for a bf16 GEMM)."""
+    """y = x @ w^T with fp32 accumulation; `compute` is the operand precision: "f32" (weights
+    promoted, spec §3.6) or "bf16" (a bf16 GEMM: bf16 operands, fp32 accumulation)."""
     if compute == "f32":
-        y = x.float() @ w.float().t()
+        y = nm.mm32(x.float(), w.float())
     elif compute == "bf16":
-        y = (x.bfloat16() @ w.bfloat16().t()).float()
+        y = nm.mm32(x.bfloat16().float(), w.bfloat16().float())
     else:
         raise ValueError(f"unknown compute precision {compute!r}")
     return y.to(dt.dtype(out_dtype).storage if out_dtype else x.dtype)

@@ -1,0 +1,58 @@
+"""The precision conventions of every op's reference semantics.
+
+The spec pins where fp32 is used but not accumulation orders or transcendental implementations.
+The reference semantics pin them so that a row's result does not depend on how many rows share the
+step (torch's fp32 CPU kernels take different vectorised paths by size, so chunked prefill,
+whole prefill and decode would differ in the last bits and ties in top-k would break differently):
+- an "fp32 accumulation" GEMM or reduction accumulates in fp64 and rounds once to fp32;
+- fp32 transcendentals (exp, sigmoid, softmax, silu, softplus, rsqrt, cos/sin) are evaluated in
+  fp64 and rounded once.
+Kernels are compared to these semantics within their dtype's tolerance, not bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def mm32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w^T, fp32 result accumulated in fp64."""
+    return (x.double() @ w.double().t()).float()
+
+
+def sum32(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    return x.double().sum(dim, keepdim=keepdim).float()
+
+
+def mean_sq32(x: torch.Tensor, dim: int = -1, keepdim: bool = True) -> torch.Tensor:
+    """mean(x^2) of fp32 values, accumulated in fp64."""
+    return (x.double() ** 2).mean(dim, keepdim=keepdim).float()
+
+
+def rsqrt32(x: torch.Tensor) -> torch.Tensor:
+    return (1.0 / torch.sqrt(x.double())).float()
+
+
+def exp32(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp(x.double()).float()
+
+
+def sigmoid32(x: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x.double()).float()
+
+
+def silu32(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(x.double()).float()
+
+
+def softplus32(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.softplus(x.double()).float()
+
+
+def softmax32(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.softmax(x.double(), dim).float()
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """(w * (x_f32 * rsqrt(mean(x_f32^2) + eps))) in x's dtype (spec §3.1)."""
+    xf = x.float()
+    return (w.float() * (xf * rsqrt32(mean_sq32(xf) + eps))).to(x.dtype)
