@@ -502,14 +502,14 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"{out}: directory exists and is not empty; pass overwrite=True to replace it")
+        raise CheckpointError(f"{out}: directory exists and is not empty (overwrite it with --overwrite)")
     if max_shard_bytes <= 0:
         raise CheckpointError(f"max_shard_bytes: must be > 0, got {max_shard_bytes}")
     specs = checkpoint_schema(cfg)
     total = sum(s.nbytes for s in specs)
     if total > max_bytes and not force:
         raise CheckpointError(f"{cfg.model_id or 'model'}: checkpoint would be {total / 1e9:.1f} GB "
-                              f"(> max_bytes {max_bytes / 1e9:.1f} GB); raise max_bytes or pass force=True")
+                              f"(> max_bytes {max_bytes / 1e9:.1f} GB); pass --force to write it anyway")
     parent = out.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(parent).free

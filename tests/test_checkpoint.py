@@ -190,7 +190,7 @@ def test_refuses_non_empty_dir_and_overwrites_atomically(tmp_path):
     out = tmp_path / "ck"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(CheckpointError, match="directory exists and is not empty; pass overwrite=True"):
+    with pytest.raises(CheckpointError, match="directory exists and is not empty"):
         make_checkpoint(MINI, out)
     assert (out / "keep.txt").read_text() == "mine"
     make_checkpoint(MINI, out, overwrite=True)
@@ -209,7 +209,7 @@ def test_empty_dir_is_filled_and_config_round_trips(tmp_path):
 def test_real_size_guard(tmp_path):
     with pytest.raises(CheckpointError) as e:
         make_checkpoint("v4.1-flash", tmp_path / "real")
-    assert "checkpoint would be 509.3 GB" in first_line(e) and "force=True" in first_line(e)
+    assert "checkpoint would be 509.3 GB" in first_line(e) and "--force" in first_line(e)
     assert list(tmp_path.iterdir()) == []
 
 
