@@ -1,0 +1,89 @@
+"""Kernel templates: one named, parameterised generator per kind of kernel call.
+
+A template implements one or more IR ops (its reference semantics are those ops' `ref`), declares
+its tuning knobs, and renders a source for a `KernelSpec` (the op, its attributes and the static
+types of one call in one bucket) on a target. The registry is the one place kernel selection
+looks templates up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..ir.types import Type
+from .target import Target
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel call with every size known: what a template renders and a tuner keys on."""
+
+    op: str
+    attrs: tuple[tuple[str, Any], ...]  # the IR node's attrs, sorted
+    in_types: tuple[Type, ...]  # static types (ints only)
+    out_types: tuple[Type, ...]
+
+    @property
+    def attr(self) -> dict:
+        return dict(self.attrs)
+
+    def key(self) -> str:
+        return f"{self.op}({', '.join(map(str, self.in_types))}){dict(self.attrs)}"
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    language: str  # "cuda" (TileLang-rendered), "triton", "ascendc", "torch"
+    entry: str  # symbol / function name
+    text: str  # the source
+    grid: tuple[int, ...] = ()  # launch grid
+    block: tuple[int, ...] = ()  # threads per block (CUDA) where the template fixes it
+    smem_bytes: int = 0
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    ops: tuple[str, ...]  # IR ops this template implements
+    targets: tuple[str, ...]  # targets it renders for
+    knobs: Mapping[str, tuple]  # tuning space: knob -> candidate values
+    render: Callable[[Target, KernelSpec, Mapping[str, Any]], KernelSource]
+    default_config: Callable[[Target, KernelSpec], dict]
+    supports: Callable[[Target, KernelSpec], bool] = lambda target, spec: True
+
+    def configs(self, target: Target, spec: KernelSpec):
+        """Every point of the tuning space (the autotuner filters invalid ones by building)."""
+        import itertools
+
+        names = list(self.knobs)
+        for values in itertools.product(*(self.knobs[n] for n in names)):
+            yield dict(zip(names, values))
+
+
+_TEMPLATES: dict[str, Template] = {}
+
+
+def register(t: Template) -> Template:
+    if t.name in _TEMPLATES:
+        raise ValueError(f"template {t.name!r} registered twice")
+    _TEMPLATES[t.name] = t
+    return t
+
+
+def templates() -> dict[str, Template]:
+    _load()
+    return dict(_TEMPLATES)
+
+
+def select(target: Target, spec: KernelSpec) -> Template:
+    """The template that implements `spec.op` on `target` (first registered that supports it)."""
+    _load()
+    for t in _TEMPLATES.values():
+        if spec.op in t.ops and target.name in t.targets and t.supports(target, spec):
+            return t
+    raise LookupError(f"no {target.name} template implements {spec.op}")
+
+
+def _load():
+    from . import library  # noqa: F401  (importing it registers every template)
