@@ -1,0 +1,320 @@
+"""Checking the Triton templates against their ops' reference semantics: input cases at tiny and
+at real V4.1 sizes, and the comparison rule per output kind. Shared by the CPU tests (interpreter,
+tiny sizes) and the GPU tests (H200, tiny and real sizes), and usable by a tuner to verify a
+config before it times it.
+
+The tolerance rule (the kernels accumulate in fp32 where the references accumulate in fp64, and
+use fp32 transcendentals where the references round fp64 ones once):
+- fp32 outputs: |got - ref| <= 1e-3 * |ref| + 1e-3 * rms(ref). fp32 accumulation over <= 20480
+  terms leaves ~1e-5 relative error; any indexing or formula error is O(1), so 1e-3 separates them.
+- bf16 outputs: both sides round to nearest even from fp32 values that agree to ~1e-6 relative,
+  so an element is either identical or one bf16 ulp apart when its fp32 value sat within ~1e-6 of
+  a rounding boundary (probability ~ 1e-6 / 2^-8 ~ 3e-4 per element). Allowed: every element
+  within 1 ulp, and at most max(2, 1%) elements not identical.
+- fp8 / fp4 quantised outputs: compared dequantised. The quantiser is bit-exact, so a difference
+  can only come from a 1-ulp bf16 flip upstream landing on a different fp8/fp4 grid point (or, if
+  it was the block's amax at a power-of-two boundary, a different block scale). Allowed: every
+  element within one grid step of the coarser of the two block scales, at most max(2, 1%) of the
+  elements not identical.
+- integer outputs (selections, hashes, gathers, cache writes): exact; the router's selection may
+  differ only in rows whose reference scores at the k-th place are within 1e-5 relative (a near
+  tie that fp32 vs fp64 softplus may order differently), and such rows are reported.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deepinfer.ir import dtypes as dt
+from deepinfer.ir.quant import QTensor
+
+# ---- comparison --------------------------------------------------------------------------------
+
+
+def _flip_budget(numel: int) -> int:
+    return max(2, math.ceil(0.01 * numel))
+
+
+def compare_f32(got, ref, what="output"):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    fin = torch.isfinite(ref)
+    if not torch.equal(fin, torch.isfinite(got)) or not torch.equal(got[~fin], ref[~fin]):
+        return f"{what}: non-finite values differ"
+    g, r = got[fin], ref[fin]
+    if not r.numel():
+        return None
+    rms = r.pow(2).mean().sqrt().item()
+    err = (g - r).abs()
+    bad = err > 1e-3 * r.abs() + 1e-3 * rms
+    if bad.any():
+        return f"{what}: {int(bad.sum())} of {r.numel()} beyond 1e-3 (max abs err {err.max().item():.3g})"
+    return None
+
+
+def _bf16_ulp(v):
+    e = torch.floor(torch.log2(v.abs().clamp_min(2.0**-126)))
+    return torch.pow(2.0, e - 7)
+
+
+def compare_rounded(got, ref, what="output"):
+    """bf16 (or f16) outputs: 1 ulp, flips bounded."""
+    if got.dtype in (torch.float32, torch.float64):
+        return compare_f32(got, ref, what)
+    g, r = got.double().cpu(), ref.double().cpu()
+    diff = g != r
+    if not diff.any():
+        return None
+    ulp = _bf16_ulp(torch.maximum(g.abs(), r.abs())) * (8 if got.dtype == torch.float16 else 1)
+    if ((g - r).abs() > ulp * 1.0001).any():
+        return f"{what}: {int(((g - r).abs() > ulp).sum())} elements beyond 1 ulp (max {(g - r).abs().max().item():.3g})"
+    if int(diff.sum()) > _flip_budget(r.numel()):
+        return f"{what}: {int(diff.sum())} of {r.numel()} elements flipped (budget {_flip_budget(r.numel())})"
+    return None
+
+
+def _deq(q: QTensor):
+    from deepinfer.ir.ops.quantized import dequant_value
+
+    return dequant_value(QTensor(q[0].cpu(), q[1].cpu())).double()
+
+
+def compare_quant(got, ref, what="output"):
+    """QTensor outputs (fp8 per-32, fp4 per-32 ue8m0 or per-16 e4m3), compared dequantised."""
+    g, r = _deq(got), _deq(ref)
+    diff = g != r
+    if not diff.any():
+        return None
+    gd, gs, rs = got[0].cpu(), got[1].cpu(), ref[1].cpu()
+    fp8 = gd.dtype == torch.float8_e4m3fn
+    block = g.shape[-1] // gs.shape[-1]
+
+    def scale_val(s):
+        return s.float() if s.dtype == torch.float8_e4m3fn else dt.e8m0_decode(s)
+
+    s = torch.maximum(scale_val(gs), scale_val(rs)).double().repeat_interleave(block, -1)
+    v = torch.maximum(g.abs(), r.abs()) / s
+    if fp8:
+        step = torch.where(v < 2.0**-6, torch.full_like(v, 2.0**-9),
+                           torch.pow(2.0, torch.floor(torch.log2(v.clamp_min(2.0**-6))) - 3))
+    else:
+        step = torch.where(v <= 2, torch.full_like(v, 0.5), torch.where(v <= 4, torch.ones_like(v), torch.full_like(v, 2.0)))
+    beyond = (g - r).abs() > step * s * 1.0001
+    if beyond.any():
+        return f"{what}: {int(beyond.sum())} elements beyond one grid step (max {(g - r).abs().max().item():.3g})"
+    if int(diff.sum()) > _flip_budget(r.numel()):
+        return f"{what}: {int(diff.sum())} of {r.numel()} quantised elements differ (budget {_flip_budget(r.numel())})"
+    return None
+
+
+def compare_exact(got, ref, what="output"):
+    if isinstance(ref, tuple):
+        for i, (a, b) in enumerate(zip(got, ref)):
+            m = compare_exact(a, b, f"{what}[{i}]")
+            if m:
+                return m
+        return None
+    a, b = got.cpu(), ref.cpu()
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    if a.shape != b.shape or not torch.equal(a, b.to(a.dtype)):
+        return f"{what}: not equal ({int((a != b.to(a.dtype)).sum()) if a.shape == b.shape else 'shape'} differ)"
+    return None
+
+
+def compare_router(got, ref, logits, bias):
+    sel, w = got[0].cpu().long(), got[1].cpu()
+    rsel, rw = ref[0].long(), ref[1]
+    from deepinfer.ir import numerics as nm
+
+    s = torch.sqrt(nm.softplus32(logits.cpu().float())) + bias.cpu().float()
+    srt = torch.sort(s, dim=-1, descending=True).values
+    k = rsel.shape[1]
+    gaps = (srt[:, : k] - srt[:, 1: k + 1]).abs() <= 1e-5 * srt[:, : k + 1].abs().amax(-1, keepdim=True)
+    near = gaps.any(-1)
+    same = (sel == rsel).all(-1)
+    if (~same & ~near).any():
+        return f"router: {int((~same & ~near).sum())} rows select other experts without a near tie"
+    return compare_f32(w[same], rw[same], "router weights")
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+TINY = dict(n=5, H=96, C=4, D=128, rope=64, heads=2, index_dim=128, E=24, k=3, F=64, ring=8, slots=3, pages=6, entries=4,
+            vocab=50, hc_iters=20)
+# real V4.1-Flash widths (spec §1); n is set per case (decode 1 / 64, prefill 4096)
+REAL = dict(H=5120, C=4, D=512, rope=64, heads=32, index_dim=128, E=384, k=6, F=2304, ring=128, slots=64, pages=512,
+            entries=64, vocab=129280, hc_iters=20)
+YARN = (16, 65536, 32, 1)
+
+
+def _meta(n, seqs, device, start=(0, 9, 200)):
+    """positions / token_seq / seq_slots for n rows split over `seqs` sequences."""
+    per = [n // seqs + (1 if i < n % seqs else 0) for i in range(seqs)]
+    pos, ts = [], []
+    for s, cnt in enumerate(per):
+        base = start[s % len(start)] + 37 * s
+        pos += list(range(base, base + cnt))
+        ts += [s] * cnt
+    positions = torch.tensor(pos, dtype=torch.int32, device=device)
+    token_seq = torch.tensor(ts, dtype=torch.int32, device=device)
+    seq_slots = torch.tensor(list(reversed(range(seqs))), dtype=torch.int32, device=device)
+    return positions, token_seq, seq_slots
+
+
+def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
+    """(inputs, attrs) for `op` with n rows at the given widths; inputs on `device`."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rn(*shape, scale=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+    H, C, D = dims["H"], dims["C"], dims["D"]
+    if op == "rms_norm":
+        return [rn(n, H, scale=3), rn(H)], {"eps": 1e-20}
+    if op == "rms_norm_quant_fp8":
+        return [rn(n, H, scale=3), rn(H)], {"eps": 1e-20, "block": 32}
+    if op == "quant_fp8":
+        return [rn(n, H, scale=2)], {"block": 32}
+    if op in ("rope", "rope_quant_fp8", "rope_quant_fp4"):
+        pos = torch.randint(0, 1 << 20, (n,), generator=g, dtype=torch.int32).to(device)
+        rope = {"rope_dim": dims["rope"], "theta": 160000.0, "yarn": YARN, "pos_offset": 0}
+        if op == "rope":
+            return [rn(n, dims["heads"], D), pos], dict(rope, inverse=False)
+        if op == "rope_quant_fp8":
+            return [rn(n, D), pos], dict(rope, block=32)
+        return [rn(n, dims["heads"], dims["index_dim"]), pos], dict(rope, block=32, scale="ue8m0")
+    if op == "rope_quant_fp4_e4m3":
+        pos = torch.randint(0, 1 << 20, (n,), generator=g, dtype=torch.int32).to(device)
+        return [rn(n, D), pos], {"rope_dim": dims["rope"], "theta": 160000.0, "yarn": YARN, "pos_offset": -1,
+                                 "block": 16, "scale": "e4m3"}
+    if op == "hc_pre":
+        mix = 2 * C + C * C
+        return [rn(n, C, H), rn(mix, C * H, scale=0.02, dtype=torch.float32),
+                rn(3, scale=0.5, dtype=torch.float32), rn(mix, scale=0.5, dtype=torch.float32),
+                torch.rand(n, C, generator=g).to(device), rn(H)], \
+            {"eps": 1e-20, "copies": C, "iters": dims["hc_iters"], "hc_eps": 1e-6, "post_mult": 2.0}
+    if op == "hc_expand":
+        m = torch.rand(n, C, C, generator=g).to(device)
+        return [rn(n, H), rn(n, C, H), torch.rand(n, C, generator=g).to(device) * 2, m], {}
+    if op == "moe_router":
+        return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32)], \
+            {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "swiglu_quant_fp8":
+        return [rn(n, dims["F"], scale=4), rn(n, dims["F"], scale=4)], {"limit": 10.0, "block": 32}
+    if op == "swiglu_weighted_quant_fp8":
+        k = dims["k"]
+        m = n * k
+        pairs = torch.randperm(m, generator=g).to(torch.int32).to(device)
+        return [rn(m, 2 * dims["F"], scale=4), torch.rand(n, k, generator=g).to(device), pairs], \
+            {"limit": 10.0, "k": k, "block": 32}
+    if op == "moe_combine":
+        k, E = dims["k"], dims["E"]
+        sel = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)]).to(torch.int32)
+        from deepinfer.ir.ops.fused import moe_permute
+
+        order, offs = moe_permute(sel, n_experts=E)
+        return [rn(n * k, H), order.to(device), offs.to(device), rn(n, H)], {"k": k}
+    if op == "embedding":
+        return [torch.randint(0, dims["vocab"], (n,), generator=g).to(device), rn(dims["vocab"], H)], {}
+    if op == "gather_rows":
+        return [rn(n, H), torch.randint(0, n, (max(n // 2, 1),), generator=g, dtype=torch.int32).to(device)], {}
+    if op == "moe_gather_rows":
+        from deepinfer.ir.quant import quant_fp8_32
+
+        k = dims["k"]
+        x = quant_fp8_32(torch.randn(n, H, generator=g))
+        pairs = torch.randperm(n * k, generator=g).to(torch.int32)
+        return [QTensor(x.data.to(device), x.scale.to(device)), pairs.to(device)], {"k": k}
+    if op == "engram_gather":
+        from deepinfer.ir.quant import quant_fp8_32
+
+        rows = 97
+        t = quant_fp8_32(torch.randn(rows, 256, generator=g))
+        return [torch.randint(0, rows, (n, 6), generator=g).to(device), QTensor(t.data.to(device), t.scale.to(device))], {}
+    if op == "engram_hash":
+        grams = torch.randint(0, 99092, (n, 4), generator=g)
+        primes = [16000057 + 20 * i for i in range(24)]  # distinct moduli; primality does not matter here
+        offs = [0] + list(torch.tensor(primes).cumsum(0)[:-1].tolist())
+        mult = [2 * int(v) + 1 for v in torch.randint(0, 2**40, (4,), generator=g)]
+        return [grams.to(device)], {"multipliers": mult, "primes": primes, "offsets": offs, "heads": 8}
+    if op == "engram_gate":
+        return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(H)], {"eps": 1e-20}
+    if op in ("swa_write", "compress_state_write", "compressed_write", "engram_hist_write"):
+        seqs = min(3, n)
+        positions, token_seq, seq_slots = _meta(n, seqs, device)
+        slots = max(dims["slots"], seqs)
+        seq_slots = torch.tensor(list(reversed(range(seqs))), dtype=torch.int32, device=device)
+        if op == "swa_write":
+            from deepinfer.ir.quant import quant_fp8_32
+
+            ring = quant_fp8_32(torch.randn(slots, dims["ring"], D, generator=g))
+            kv = quant_fp8_32(torch.randn(n, D, generator=g))
+            return [QTensor(ring.data.to(device), ring.scale.to(device)), QTensor(kv.data.to(device), kv.scale.to(device)),
+                    positions, token_seq, seq_slots], {}
+        if op == "compress_state_write":
+            st = torch.randn(slots, dims["ring"], 2, D, generator=g).to(device)
+            return [st, rn(n, D, dtype=torch.float32), rn(n, D, dtype=torch.float32), positions, token_seq, seq_slots], {}
+        if op == "engram_hist_write":
+            hist = torch.randint(0, 1000, (slots, dims["ring"]), generator=g).to(device)
+            return [hist, torch.randint(0, 1000, (n,), generator=g, dtype=torch.int32).to(device), positions,
+                    token_seq, seq_slots], {}
+        from deepinfer.ir.quant import quant_fp4_e4m3
+
+        entries = dims["entries"]
+        need = -(-(int(positions.max()) + 1) // (2 * entries))
+        pages = max(dims["pages"], seqs * need)
+        cache = quant_fp4_e4m3(torch.randn(pages, entries, D, generator=g), 16)
+        rows = quant_fp4_e4m3(torch.randn(n, D, generator=g), 16)
+        bt = torch.randperm(pages, generator=g)[: seqs * need].view(seqs, need).to(torch.int32)
+        return [QTensor(cache.data.to(device), cache.scale.to(device)), QTensor(rows.data.to(device), rows.scale.to(device)),
+                positions, token_seq, bt.to(device)], {"ratio": 2}
+    raise KeyError(f"no check case for {op!r}")
+
+
+def _clone(v):
+    if isinstance(v, QTensor):
+        return QTensor(v.data.clone(), v.scale.clone())
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
+    """Run `launch` (a triton_kernels launcher) and the op's reference on the same case; returns
+    None when they agree by the rule above, else a one-line reason."""
+    from deepinfer.ir.registry import get_op
+
+    from . import triton_ops
+
+    ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+    ins, attrs = make_case(op, dims, n, device, seed)
+    cpu_ins = [QTensor(v.data.cpu(), v.scale.cpu()) if isinstance(v, QTensor) else
+               (v.cpu() if isinstance(v, torch.Tensor) else v) for v in ins]
+    want = get_op(ref_op).ref(*[_clone(v) for v in cpu_ins], **attrs)
+    cfg = dict(cfg or triton_ops.TEMPLATES_BY_OP[ref_op].default_config(None, None))
+    got = launch(*[_clone(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
+    kind = OUTPUT_KINDS[ref_op]
+    if kind == "router":
+        return compare_router(got, want, cpu_ins[0], cpu_ins[1])
+    if kind == "quant":
+        return compare_quant(tuple(got), tuple(want))
+    if kind == "rounded":
+        if isinstance(want, tuple):
+            for i, (a, b) in enumerate(zip(got, want)):
+                m = compare_rounded(a, b, f"output {i}")
+                if m:
+                    return m
+            return None
+        return compare_rounded(got, want)
+    if kind == "f32":
+        return compare_f32(got, want)
+    return compare_exact(tuple(got) if isinstance(got, tuple) else got, tuple(want) if isinstance(want, tuple) else want)
+
+
+OUTPUT_KINDS = {
+    "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
+    "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "hc_pre": "rounded", "hc_expand": "rounded",
+    "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_weighted_quant_fp8": "quant",
+    "moe_combine": "f32", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
+    "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
+    "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
+}

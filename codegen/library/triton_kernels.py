@@ -1,0 +1,775 @@
+"""Triton kernels for the row-wise, gather and small ops of V4.1, and their host launchers.
+
+This module imports only torch and triton: the Triton build compiles it from its source text, and
+the CPU tests load a second copy of it under TRITON_INTERPRET=1 (whether a `@triton.jit` function
+is interpreted is decided when the module is executed).
+
+Numerics (the reference semantics are in ir/ops, pinned by ir/numerics.py):
+- reductions and transcendentals run in fp32 (the references accumulate in fp64 and round once);
+- every rounding that the reference does bit-exactly is done bit-exactly here, by integer code
+  rather than by a dtype cast: fp32 -> bf16 (round to nearest even), fp32 -> fp8 e4m3 (nearest
+  even, subnormals included), the power-of-two ue8m0 scales (`2^ceil(log2(v))` from the bits of
+  v), fp4 e2m1 codes with the spec's tie rule. The interpreter's own fp8 and bf16 casts do not
+  round to nearest even (Triton 3.9), and this way the interpreter and the GPU run the same
+  arithmetic;
+- divisions whose rounding matters (amax / 448, x / e4m3 scale) use `div_rn` (IEEE), since `/`
+  on fp32 is an approximate division on NVIDIA;
+- RoPE angles are the reference's fp32 products pos * f_i; they are reduced mod 2*pi in fp64
+  before the fp32 cos/sin, so positions up to 2^20 keep ~1e-6 absolute accuracy.
+Quantised outputs are written as raw bytes: launchers hand `uint8` views of fp8 tensors.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# ---- exact rounding helpers ---------------------------------------------------------------------
+
+
+@triton.jit
+def _bf16_rne(v):
+    """fp32 -> the fp32 value of its bf16 rounding (nearest, ties to even)."""
+    b = v.to(tl.int32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_like(v, dtype: tl.constexpr):
+    """fp32 value rounded to `dtype` and back to fp32 (the reference's `.to(x.dtype)`)."""
+    if dtype == tl.bfloat16:
+        v = _bf16_rne(v)
+    elif dtype == tl.float16:
+        v = v.to(tl.float16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _store_as(ptr, v, mask):
+    v = _round_like(v, ptr.dtype.element_ty)
+    tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _e4m3_bits(x):
+    """fp32 within +-448 -> e4m3fn byte (int32), round to nearest even, subnormals included."""
+    b = x.to(tl.int32, bitcast=True)
+    sign = (b >> 24) & 0x80
+    a = b & 0x7FFFFFFF
+    af = a.to(tl.float32, bitcast=True)
+    norm = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - 960  # drop 20 mantissa bits; rebias 127 -> 7
+    sub = ((af * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)  # RNE of |x| / 2^-9, 0..8
+    return tl.where(af < 0.015625, sub, norm) | sign
+
+
+@triton.jit
+def _e4m3_value(code):
+    """e4m3fn byte (int32, no NaN) -> fp32."""
+    e = (code >> 3) & 0xF
+    m = (code & 7).to(tl.float32)
+    p = ((tl.maximum(e, 1) - 10 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(e-10)
+    v = tl.where(e == 0, m * 0.001953125, (m + 8.0) * p)
+    return tl.where((code & 0x80) != 0, -v, v)
+
+
+@triton.jit
+def _pow2_ceil_scale(v):
+    """For v > 0 normal: the ue8m0 byte of s = 2^ceil(log2(v)), and 1/s (both exact)."""
+    b = v.to(tl.int32, bitcast=True)
+    byte = ((b >> 23) & 0xFF) + ((b & 0x7FFFFF) != 0).to(tl.int32)
+    byte = tl.minimum(byte, 254)
+    inv = ((254 - byte) << 23).to(tl.float32, bitcast=True)
+    return byte, inv
+
+
+@triton.jit
+def _fp8_block_quant(v):
+    """v [NB, BLK] fp32 -> (e4m3 bytes [NB, BLK], ue8m0 bytes [NB]) per spec §3.3."""
+    amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
+    byte, inv = _pow2_ceil_scale(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)))
+    q = _e4m3_bits(tl.clamp(v * inv[:, None], -448.0, 448.0))
+    return q, byte
+
+
+@triton.jit
+def _fp4_code(v):
+    """Round to the e2m1 grid, ties to even, saturating at 6; returns codes 0..15 (int32)."""
+    a = tl.abs(v)
+    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
+        + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
+    return c | ((v < 0).to(tl.int32) << 3)
+
+
+@triton.jit
+def _cos_sin(ang):
+    """cos and sin of fp32 angles: reduced mod 2*pi in fp64 first (angles reach ~1e6 rad)."""
+    a = ang.to(tl.float64)
+    k = tl.floor(a * 0.15915494309189535 + 0.5)
+    r = ((a - k * 6.283185307179586) - k * 2.4492935982947064e-16).to(tl.float32)
+    return tl.cos(r), tl.sin(r)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+# ---- RMSNorm (+ fp8 quant), fp8 quant -----------------------------------------------------------
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, eps, H: tl.constexpr, BLOCK_H: tl.constexpr,
+                    QUANT: tl.constexpr):
+    """One row per program; pass 1 sums squares, pass 2 writes w * (x * rstd) in x's dtype, or
+    (QUANT) its per-32 fp8 quantisation. BLOCK_H is a multiple of 32."""
+    row = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = BLOCK_H // 32
+    cols = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    ss = tl.zeros([NB, 32], tl.float32)
+    for c0 in range(0, H, BLOCK_H):
+        m = (c0 + cols) < H
+        x = tl.load(x_ptr + row * H + c0 + cols, mask=m, other=0.0).to(tl.float32)
+        ss += x * x
+    rstd = tl.math.rsqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / H + eps)
+    for c0 in range(0, H, BLOCK_H):
+        m = (c0 + cols) < H
+        x = tl.load(x_ptr + row * H + c0 + cols, mask=m, other=0.0)
+        w = tl.load(w_ptr + c0 + cols, mask=m, other=0.0).to(tl.float32)
+        y = _round_like(w * (x.to(tl.float32) * rstd), x.dtype)
+        if QUANT:
+            q, sb = _fp8_block_quant(y)
+            tl.store(q_ptr + row * H + c0 + cols, q.to(tl.uint8), mask=m)
+            bm = (c0 // 32 + tl.arange(0, NB)) < H // 32
+            tl.store(s_ptr + row * (H // 32) + c0 // 32 + tl.arange(0, NB), sb.to(tl.uint8), mask=bm)
+        else:
+            tl.store(y_ptr + row * H + c0 + cols, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def quant_fp8_kernel(x_ptr, q_ptr, s_ptr, N: tl.constexpr, BLOCK: tl.constexpr, BLK: tl.constexpr):
+    """Rows of N values, per-BLK fp8 with ue8m0 scales; program (row, chunk of BLOCK)."""
+    row = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = BLOCK // BLK
+    b = tl.program_id(1) * NB + tl.arange(0, NB)
+    cols = b[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    m = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    byte, inv = _pow2_ceil_scale(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)))
+    q = _e4m3_bits(tl.clamp(x * inv[:, None], -448.0, 448.0))
+    tl.store(q_ptr + row * N + cols, q.to(tl.uint8), mask=m)
+    tl.store(s_ptr + row * (N // BLK) + b, byte.to(tl.uint8), mask=b < N // BLK)
+
+
+# ---- RoPE (+ fp8 / fp4 quant) -------------------------------------------------------------------
+
+
+@triton.jit
+def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
+                HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
+                MODE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
+    """One vector of D per program (row r = token * HEADS + head). Elements are held as even/odd
+    pairs in tiles [NB, BLK/2] (NB blocks of BLK elements), so a quantisation block is one tile
+    row and an fp4 byte is one pair. MODE 0: rotated vector in x's dtype; 1: fp8 per-32 ue8m0;
+    2: fp4 per-32 ue8m0; 3: fp4 per-16 e4m3 scale."""
+    r = tl.program_id(0).to(tl.int64)
+    tok = r // HEADS
+    HP: tl.constexpr = BLK // 2
+    pair = tl.arange(0, NB)[:, None] * HP + tl.arange(0, HP)[None, :]  # pair index i
+    m = pair < D // 2
+    xe = tl.load(x_ptr + r * D + 2 * pair, mask=m, other=0.0)
+    xo = tl.load(x_ptr + r * D + 2 * pair + 1, mask=m, other=0.0)
+    j = pair - (D - ROPE) // 2  # rotated pair j uses f_j
+    rot = (j >= 0) & m
+    f = tl.load(freq_ptr + tl.where(rot, j, 0), mask=rot, other=0.0)
+    pos = (tl.load(pos_ptr + tok).to(tl.int64) + pos_offset).to(tl.float32)
+    ang = pos * f
+    if INVERSE:
+        ang = -ang
+    c, s = _cos_sin(ang)
+    re = xe.to(tl.float32)
+    im = xo.to(tl.float32)
+    ye = tl.where(rot, _round_like(re * c - im * s, xe.dtype), re)
+    yo = tl.where(rot, _round_like(re * s + im * c, xe.dtype), im)
+    if MODE == 0:
+        tl.store(y_ptr + r * D + 2 * pair, ye.to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + r * D + 2 * pair + 1, yo.to(y_ptr.dtype.element_ty), mask=m)
+    else:
+        amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))
+        bidx = tl.arange(0, NB)
+        bm = bidx < D // BLK
+        if MODE == 1:
+            byte, inv = _pow2_ceil_scale(tl.math.div_rn(tl.maximum(amax, 1e-4),
+                                                        tl.full(amax.shape, 448.0, tl.float32)))
+            qe = _e4m3_bits(tl.clamp(ye * inv[:, None], -448.0, 448.0))
+            qo = _e4m3_bits(tl.clamp(yo * inv[:, None], -448.0, 448.0))
+            tl.store(q_ptr + r * D + 2 * pair, qe.to(tl.uint8), mask=m)
+            tl.store(q_ptr + r * D + 2 * pair + 1, qo.to(tl.uint8), mask=m)
+            tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
+        else:
+            if MODE == 2:
+                # floor 6 * 2^-126 (spec §3.4)
+                byte, inv = _pow2_ceil_scale(tl.math.div_rn(tl.maximum(amax, 7.052966104933725e-38),
+                                                            tl.full(amax.shape, 6.0, tl.float32)))
+                ce = _fp4_code(ye * inv[:, None])
+                co = _fp4_code(yo * inv[:, None])
+            else:
+                sb = _e4m3_bits(tl.minimum(tl.math.div_rn(tl.maximum(amax, 0.01171875),
+                                                         tl.full(amax.shape, 6.0, tl.float32)), 448.0))
+                sv = _e4m3_value(sb)[:, None]
+                ce = _fp4_code(tl.math.div_rn(ye, tl.broadcast_to(sv, ye.shape)))
+                co = _fp4_code(tl.math.div_rn(yo, tl.broadcast_to(sv, yo.shape)))
+                byte = sb
+            tl.store(q_ptr + r * (D // 2) + pair, (ce | (co << 4)).to(tl.uint8), mask=m)
+            tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
+
+
+# ---- mHC ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
+                  x_ptr, pre_ptr, post_ptr, m_ptr, n, eps, hc_eps, post_mult,
+                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
+                  BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr):
+    """BM rows per program. Mix GEMM [BM, C*H] x fn^T as two fp32 dots (pre|post columns and
+    the C*C mix columns, 16 each), the RMS statistic over C*H, Sinkhorn on [BM, C, C] in
+    registers, then collapse(R, pre_in) -> bf16 -> RMSNorm (two passes over H)."""
+    K: tl.constexpr = C * H
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    jj = tl.arange(0, 16)
+    acc_pp = tl.zeros([BM, 16], tl.float32)
+    acc_m = tl.zeros([BM, 16], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        x = tl.load(r_ptr + rows64[:, None] * K + kk[None, :], mask=rmask[:, None] & km[None, :],
+                    other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        fpp = tl.load(fn_ptr + jj[None, :] * K + kk[:, None], mask=km[:, None] & (jj[None, :] < 2 * C),
+                      other=0.0)
+        fm = tl.load(fn_ptr + (2 * C + jj[None, :]) * K + kk[:, None], mask=km[:, None], other=0.0)
+        acc_pp += tl.dot(x, fpp, input_precision="ieee")
+        acc_m += tl.dot(x, fm, input_precision="ieee")
+    rms = tl.math.rsqrt(ss / K + eps)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    bpp = tl.load(base_ptr + jj, mask=jj < 2 * C, other=0.0)
+    zpp = acc_pp * rms[:, None] * tl.where(jj < C, s0, s1)[None, :] + bpp[None, :]
+    pre = _sigmoid(zpp) + hc_eps
+    post = post_mult * _sigmoid(zpp)
+    tl.store(pre_ptr + rows64[:, None] * C + jj[None, :], pre, mask=rmask[:, None] & (jj[None, :] < C))
+    tl.store(post_ptr + rows64[:, None] * C + (jj[None, :] - C), post,
+             mask=rmask[:, None] & (jj[None, :] >= C) & (jj[None, :] < 2 * C))
+    bm_ = tl.load(base_ptr + 2 * C + jj)
+    z = acc_m * rms[:, None] * s2 + bm_[None, :]
+    m3 = tl.reshape(z, [BM, C, C])
+    e = tl.exp(m3 - tl.max(m3, axis=2)[:, :, None])
+    m3 = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
+    m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
+    for _ in range(ITERS - 1):
+        m3 = m3 / (tl.sum(m3, axis=2)[:, :, None] + hc_eps)
+        m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
+    tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [BM, 16]), mask=rmask[:, None])
+    # collapse with the previous sub-layer's pre, then RMSNorm of the bf16 result
+    hh = tl.arange(0, BH)
+    ss2 = tl.zeros([BM], tl.float32)
+    for h0 in range(0, H, BH):
+        hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
+        acc = tl.zeros([BM, BH], tl.float32)
+        for c in tl.static_range(C):
+            p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
+            rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
+            acc += p[:, None] * rc.to(tl.float32)
+        xc = _round_like(acc, r_ptr.dtype.element_ty)
+        ss2 += tl.sum(xc * xc, axis=1)
+    rstd = tl.math.rsqrt(ss2 / H + eps)
+    for h0 in range(0, H, BH):
+        hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
+        acc = tl.zeros([BM, BH], tl.float32)
+        for c in tl.static_range(C):
+            p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
+            rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
+            acc += p[:, None] * rc.to(tl.float32)
+        xc = _round_like(acc, r_ptr.dtype.element_ty)
+        w = tl.load(nw_ptr + h0 + hh, mask=(h0 + hh) < H, other=0.0).to(tl.float32)
+        _store_as(x_ptr + rows64[:, None] * H + h0 + hh[None, :], w[None, :] * (xc * rstd[:, None]), hm)
+
+
+@triton.jit
+def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr,
+                     BH: tl.constexpr):
+    """out[j] = post[j] * y + sum_i M[i, j] * R[i]; program (row, chunk of H)."""
+    row = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
+    for j in tl.static_range(C):
+        mixed = tl.zeros([BH], tl.float32)
+        for i in tl.static_range(C):
+            mij = tl.load(m_ptr + row * C * C + i * C + j)
+            ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
+            mixed += mij * ri
+        pj = tl.load(post_ptr + row * C + j)
+        _store_as(out_ptr + row * C * H + j * H + hh, pj * y + mixed, hm)
+
+
+# ---- MoE ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexpr, K: tl.constexpr,
+                      KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
+    """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s."""
+    row = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    em = e < E
+    x = tl.load(logit_ptr + row * E + e, mask=em, other=0.0)
+    # softplus = max(x, 0) + log1p(exp(-|x|)), log1p by Kahan's (1+z) trick (no libdevice in the
+    # interpreter); torch's threshold (x > 20 -> x) agrees in fp32
+    z = tl.exp(-tl.abs(x))
+    u = 1.0 + z
+    l1p = tl.where(u == 1.0, z, tl.log(u) * z / (u - 1.0))
+    sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+    s = tl.sqrt_rn(sp)
+    b = tl.load(bias_ptr + e, mask=em, other=0.0)
+    score = tl.where(em, s + b, float("-inf"))
+    kk = tl.arange(0, KP)
+    sel = tl.zeros([KP], tl.int32)
+    wv = tl.zeros([KP], tl.float32)
+    for i in tl.static_range(K):
+        best = tl.max(score, axis=0)
+        idx = tl.min(tl.where(score == best, e, BLOCK_E), axis=0)
+        sel = tl.where(kk == i, idx, sel)
+        wv = tl.where(kk == i, tl.sum(tl.where(e == idx, s, 0.0), axis=0), wv)
+        score = tl.where(e == idx, float("-inf"), score)
+    if RENORM:
+        wv = wv / (tl.sum(wv, axis=0) + 1e-20)
+    tl.store(sel_ptr + row * K + kk, sel, mask=kk < K)
+    tl.store(w_ptr + row * K + kk, wv * scale, mask=kk < K)
+
+
+@triton.jit
+def swiglu_quant_kernel(g_ptr, u_ptr, wt_ptr, pair_ptr, q_ptr, s_ptr, limit,
+                        F: tl.constexpr, G_STRIDE: tl.constexpr, U_OFF: tl.constexpr,
+                        WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
+    """(w * silu(min(g, limit))) * clamp(u, +-limit) -> bf16 -> fp8 per 32; program (row, chunk).
+    g and u are rows of stride G_STRIDE (u at column offset U_OFF: the fused [gate | up])."""
+    row = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = BLOCK // 32
+    b = tl.program_id(1) * NB + tl.arange(0, NB)
+    cols = b[:, None] * 32 + tl.arange(0, 32)[None, :]
+    m = cols < F
+    g = tl.minimum(tl.load(g_ptr + row * G_STRIDE + cols, mask=m, other=0.0).to(tl.float32), limit)
+    u = tl.load(u_ptr + row * G_STRIDE + U_OFF + cols, mask=m, other=0.0).to(tl.float32)
+    s = g / (1.0 + tl.exp(-g))
+    if WEIGHTED:
+        p = tl.load(pair_ptr + row).to(tl.int64)
+        s = tl.load(wt_ptr + p) * s
+    a = _bf16_rne(s * tl.clamp(u, -limit, limit))
+    q, sb = _fp8_block_quant(a)
+    tl.store(q_ptr + row * F + cols, q.to(tl.uint8), mask=m)
+    tl.store(s_ptr + row * (F // 32) + b, sb.to(tl.uint8), mask=b < F // 32)
+
+
+@triton.jit
+def inverse_perm_kernel(order_ptr, inv_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    p = tl.load(order_ptr + i, mask=m, other=0)
+    tl.store(inv_ptr + p, i, mask=m)
+
+
+@triton.jit
+def moe_combine_kernel(y_ptr, inv_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                       BH: tl.constexpr):
+    """out[t] = sum of y rows of t's pairs in ascending expert-order position, from 0 (the
+    reference's order exactly: its segments run in ascending expert order)."""
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    lane = tl.arange(0, KP)
+    ids = tl.load(inv_ptr + t * K + lane, mask=lane < K, other=2147483647)
+    acc = tl.zeros([BH], tl.float32)
+    prev = -1
+    for _ in tl.static_range(K):
+        cur = tl.min(tl.where(ids > prev, ids, 2147483647), axis=0)
+        acc += tl.load(y_ptr + cur.to(tl.int64) * H + hh, mask=hm, other=0.0).to(tl.float32)
+        prev = cur
+    tl.store(out_ptr + t * H + hh, acc, mask=hm)
+
+
+# ---- gathers and cache writes -------------------------------------------------------------------
+
+
+@triton.jit
+def gather_rows_kernel(src_ptr, idx_ptr, dst_ptr, W: tl.constexpr, DIV: tl.constexpr, BLOCK: tl.constexpr):
+    """dst[t] = src[idx[t] // DIV] for rows of W elements; program (t, chunk)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < W
+    src = tl.load(idx_ptr + t).to(tl.int64) // DIV
+    tl.store(dst_ptr + t * W + cols, tl.load(src_ptr + src * W + cols, mask=m), mask=m)
+
+
+@triton.jit
+def seq_newest_kernel(pos_ptr, seq_ptr, newest_ptr, n, BLOCK: tl.constexpr):
+    """newest[s] = the largest position of sequence s in the step (scratch starts at -1)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    s = tl.load(seq_ptr + i, mask=m, other=0)
+    p = tl.load(pos_ptr + i, mask=m, other=0).to(tl.int32)
+    tl.atomic_max(newest_ptr + s, p, mask=m)
+
+
+@triton.jit
+def ring_write_kernel(a_ptr, b_ptr, pos_ptr, seq_ptr, slots_ptr, newest_ptr, da_ptr, db_ptr,
+                      L: tl.constexpr, WA: tl.constexpr, WB: tl.constexpr,
+                      A_STRIDE: tl.constexpr, A_OFF: tl.constexpr, B_STRIDE: tl.constexpr, B_OFF: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """Row t of A (WA elements) and of B (WB) into ring entry (slot, pos mod L) of its sequence,
+    at element offset (slot * L + idx) * STRIDE + OFF, only for the newest L positions of the
+    sequence (a chunk longer than the ring keeps its last rows, as ring_keep does)."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    if keep:
+        entry = tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
+        for c0 in tl.static_range(0, WA, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < WA
+            tl.store(da_ptr + entry * A_STRIDE + A_OFF + cols, tl.load(a_ptr + t * WA + cols, mask=m), mask=m)
+        for c0 in tl.static_range(0, WB, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < WB
+            tl.store(db_ptr + entry * B_STRIDE + B_OFF + cols, tl.load(b_ptr + t * WB + cols, mask=m), mask=m)
+
+
+@triton.jit
+def compressed_write_kernel(a_ptr, b_ptr, pos_ptr, seq_ptr, bt_ptr, da_ptr, db_ptr,
+                            RATIO: tl.constexpr, ENTRIES: tl.constexpr, BT_W: tl.constexpr,
+                            WA: tl.constexpr, WB: tl.constexpr, BLOCK: tl.constexpr):
+    """A row completing compressed entry c = (pos+1)/r - 1 goes to page block_table[s][c // E],
+    row c % E."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    if (pos + 1) % RATIO == 0:
+        seq = tl.load(seq_ptr + t).to(tl.int64)
+        c = (pos + 1) // RATIO - 1
+        page = tl.load(bt_ptr + seq * BT_W + c // ENTRIES).to(tl.int64)
+        entry = page * ENTRIES + c % ENTRIES
+        for c0 in tl.static_range(0, WA, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < WA
+            tl.store(da_ptr + entry * WA + cols, tl.load(a_ptr + t * WA + cols, mask=m), mask=m)
+        for c0 in tl.static_range(0, WB, BLOCK):
+            cols = c0 + tl.arange(0, BLOCK)
+            m = cols < WB
+            tl.store(db_ptr + entry * WB + cols, tl.load(b_ptr + t * WB + cols, mask=m), mask=m)
+
+
+# ---- Engram -------------------------------------------------------------------------------------
+
+
+@triton.jit
+def engram_hash_kernel(g_ptr, mult_ptr, prime_ptr, off_ptr, out_ptr, G: tl.constexpr, HEADS: tl.constexpr,
+                       HP: tl.constexpr):
+    """acc = g0*m0 ^ g1*m1 ^ ...; column (o, h) = acc_o mod prime + offset, int64 throughout."""
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, HP)
+    hm = h < HEADS
+    acc = tl.load(g_ptr + row * G).to(tl.int64) * tl.load(mult_ptr)
+    for o in tl.static_range(1, G):
+        acc = acc ^ (tl.load(g_ptr + row * G + o).to(tl.int64) * tl.load(mult_ptr + o))
+        pr = tl.load(prime_ptr + (o - 1) * HEADS + h, mask=hm, other=1)
+        of = tl.load(off_ptr + (o - 1) * HEADS + h, mask=hm, other=0)
+        tl.store(out_ptr + row * ((G - 1) * HEADS) + (o - 1) * HEADS + h, acc % pr + of, mask=hm)
+
+
+@triton.jit
+def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.constexpr, H: tl.constexpr,
+                       BH: tl.constexpr):
+    """Program (row, copy c): dot of R[c] and key[c] weighted by q_w[c] * k_w, normalised per
+    copy over H, signed sqrt, sigmoid gate; R[c] + gate * value."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    hh = tl.arange(0, BH)
+    dot = tl.zeros([BH], tl.float32)
+    rr = tl.zeros([BH], tl.float32)
+    kk2 = tl.zeros([BH], tl.float32)
+    for h0 in range(0, H, BH):
+        m = (h0 + hh) < H
+        r = tl.load(r_ptr + row * C * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        k = tl.load(kv_ptr + row * (C + 1) * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(qw_ptr + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32) \
+            * tl.load(kw_ptr + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        dot += r * w * k
+        rr += r * r
+        kk2 += k * k
+    d = tl.sum(dot, axis=0) * tl.math.rsqrt(tl.sum(rr, axis=0) / H + eps) \
+        * tl.math.rsqrt(tl.sum(kk2, axis=0) / H + eps) * (1.0 / tl.sqrt_rn(H * 1.0))
+    sq = tl.sqrt_rn(tl.maximum(tl.abs(d), 1e-6))
+    gate = _sigmoid(tl.where(d < 0, -sq, sq))
+    for h0 in range(0, H, BH):
+        m = (h0 + hh) < H
+        r = tl.load(r_ptr + row * C * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        v = tl.load(kv_ptr + row * (C + 1) * H + C * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
+        _store_as(out_ptr + row * C * H + c * H + h0 + hh, r + gate * v, m)
+
+
+# ---- host launchers: op inputs (torch) -> op outputs, same conventions as the op refs ----------
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def launch_rms_norm(x, w, *, eps, cfg):
+    h = x.shape[-1]
+    y = torch.empty_like(x)
+    rows = x.numel() // h
+    rms_norm_kernel[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=False,
+                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y
+
+
+def launch_rms_norm_quant_fp8(x, w, *, eps, block, cfg):
+    h = x.shape[-1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[:-1] + (h // 32,), dtype=torch.uint8, device=x.device)
+    rows = x.numel() // h
+    rms_norm_kernel[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=True,
+                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_quant_fp8(x, *, block, cfg):
+    n = x.shape[-1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[:-1] + (n // block,), dtype=torch.uint8, device=x.device)
+    rows = x.numel() // n
+    bs = max(cfg["BLOCK"], block)
+    quant_fp8_kernel[(rows, triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block,
+                                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def rope_freqs(rope_dim, theta, yarn, device):
+    """f_i exactly as the reference computes them (a handful of fp32 values per layer)."""
+    from deepinfer.ir.ops.attention import yarn_freqs
+
+    return yarn_freqs(rope_dim, theta, tuple(yarn) if yarn else None).to(device)
+
+
+def rope_mode(mode: str, scale: str | None = None, block: int = 32):
+    if mode == "rope":
+        return 0, 32
+    if mode == "fp8":
+        return 1, block
+    return (2, block) if scale == "ue8m0" else (3, block)
+
+
+def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offset=0, mode="rope",
+                scale=None, block=32, cfg):
+    d = x.shape[-1]
+    heads = x.numel() // (d * x.shape[0])
+    code, blk = rope_mode(mode, scale, block)
+    if code == 0 and d % 32:
+        blk = 2
+    nb = _p2(triton.cdiv(d, blk))
+    f = rope_freqs(rope_dim, theta, yarn, x.device)
+    grid = (x.numel() // d,)
+    kw = dict(HEADS=heads, D=d, ROPE=rope_dim, INVERSE=bool(inverse), MODE=code, BLK=blk, NB=nb,
+              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if code == 0:
+        y = torch.empty_like(x)
+        rope_kernel[grid](x, positions, f, y, y, y, pos_offset, **kw)
+        return y
+    if code == 1:
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(x.shape[:-1] + (d // blk,), dtype=torch.uint8, device=x.device)
+        rope_kernel[grid](x, positions, f, x, _u8(q), s, pos_offset, **kw)
+        return q, s
+    q = torch.empty(x.shape[:-1] + (d // 2,), dtype=torch.uint8, device=x.device)
+    sdt = torch.uint8 if code == 2 else torch.float8_e4m3fn
+    s = torch.empty(x.shape[:-1] + (d // blk,), dtype=sdt, device=x.device)
+    rope_kernel[grid](x, positions, f, x, q, _u8(s), pos_offset, **kw)
+    return q, s
+
+
+def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_eps, post_mult, cfg):
+    n, c, h = r.shape
+    x = torch.empty(n, h, dtype=r.dtype, device=r.device)
+    pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
+    post = torch.empty_like(pre)
+    m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
+    bm = cfg["BM"]
+    hc_pre_kernel[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, n, eps, hc_eps,
+                                         post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"], BH=cfg["BH"],
+                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return x, pre, post, m
+
+
+def launch_hc_expand(y, r, post, m, *, cfg):
+    n, c, h = r.shape
+    out = torch.empty_like(r)
+    hc_expand_kernel[(n, triton.cdiv(h, cfg["BH"]))](y, r, post, m, out, C=c, H=h, BH=cfg["BH"],
+                                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
+    n, e = logits.shape
+    sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
+    w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
+    moe_router_kernel[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return sel, w
+
+
+def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
+    n, f = g.shape
+    if u.stride() != g.stride():
+        raise ValueError("swiglu_quant_fp8 kernel wants gate and up with the same row stride")
+    q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=g.device)
+    s = torch.empty(n, f // 32, dtype=torch.uint8, device=g.device)
+    swiglu_quant_kernel[(n, triton.cdiv(f, cfg["BLOCK"]))](g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0),
+                                                         U_OFF=0, WEIGHTED=False, BLOCK=cfg["BLOCK"],
+                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
+    m, f2 = gu.shape
+    f = f2 // 2
+    q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=gu.device)
+    s = torch.empty(m, f // 32, dtype=torch.uint8, device=gu.device)
+    swiglu_quant_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit,
+                                                         F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=True,
+                                                         BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
+                                                         num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_moe_combine(y, pairs, offsets, like, *, k, cfg):
+    n = like.shape[0]
+    h = y.shape[1]
+    inv = torch.empty(pairs.shape[0], dtype=torch.int32, device=y.device)
+    inverse_perm_kernel[(triton.cdiv(pairs.shape[0], 1024),)](pairs, inv, pairs.shape[0], BLOCK=1024)
+    out = torch.empty(n, h, dtype=torch.float32, device=y.device)
+    moe_combine_kernel[(n, triton.cdiv(h, cfg["BH"]))](y, inv, out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
+                                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def _gather(src2d, idx, div, cfg):
+    w = src2d.shape[1]
+    out = torch.empty((idx.numel(), w), dtype=src2d.dtype, device=src2d.device)
+    if idx.numel():
+        gather_rows_kernel[(idx.numel(), triton.cdiv(w, cfg["BLOCK"]))](src2d, idx.reshape(-1), out, W=w, DIV=div,
+                                                                       BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return out
+
+
+def _rows2d(t):
+    return t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(-1, 1)
+
+
+def launch_embedding(ids, table, *, cfg):
+    return _gather(table, ids, 1, cfg).view(*ids.shape, table.shape[1])
+
+
+def launch_gather_rows(x, rows, *, cfg):
+    return _gather(_rows2d(x), rows, 1, cfg).view(rows.shape[0], *x.shape[1:])
+
+
+def launch_moe_gather_rows(x, pairs, *, k, cfg):
+    data, scale = x
+    d = _gather(_u8(data), pairs, k, cfg).view(data.dtype)
+    return d, _gather(_u8(scale), pairs, k, cfg).view(scale.dtype)
+
+
+def launch_engram_gather(cols, table, *, cfg):
+    data, scale = table
+    n = cols.shape[0]
+    d = _gather(_u8(data), cols, 1, cfg).view(data.dtype).reshape(n, -1)
+    return d, _gather(_u8(scale), cols, 1, cfg).view(scale.dtype).reshape(n, -1)
+
+
+def _newest(positions, token_seq):
+    n = positions.shape[0]
+    newest = torch.full((n,), -1, dtype=torch.int32, device=positions.device)
+    seq_newest_kernel[(triton.cdiv(n, 1024),)](positions, token_seq, newest, n, BLOCK=1024)
+    return newest
+
+
+def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
+    """Writes into `ring` in place (the op's output aliases input 0) and returns it."""
+    data, scale = ring
+    n, d = kv.data.shape
+    if n:
+        ring_write_kernel[(n,)](_u8(kv.data), _u8(kv.scale), positions, token_seq, seq_slots,
+                                _newest(positions, token_seq), _u8(data), _u8(scale), L=data.shape[1], WA=d,
+                                WB=kv.scale.shape[1], A_STRIDE=d, A_OFF=0, B_STRIDE=kv.scale.shape[1], B_OFF=0,
+                                BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return ring
+
+
+def launch_compress_state_write(state, l, s, positions, token_seq, seq_slots, *, cfg):
+    n, d = l.shape
+    if n:
+        ring_write_kernel[(n,)](l.float().contiguous(), s.float().contiguous(), positions, token_seq, seq_slots,
+                                _newest(positions, token_seq), state, state, L=state.shape[1], WA=d, WB=d,
+                                A_STRIDE=2 * d, A_OFF=0, B_STRIDE=2 * d, B_OFF=d, BLOCK=cfg["BLOCK"],
+                                num_warps=cfg["num_warps"])
+    return state
+
+
+def launch_engram_hist_write(hist, cids, positions, token_seq, seq_slots, *, cfg):
+    n = cids.shape[0]
+    if n:
+        c = cids.long().contiguous()
+        ring_write_kernel[(n,)](c, c, positions, token_seq, seq_slots, _newest(positions, token_seq), hist, hist,
+                                L=hist.shape[1], WA=1, WB=0, A_STRIDE=1, A_OFF=0, B_STRIDE=1, B_OFF=0,
+                                BLOCK=32, num_warps=1)
+    return hist
+
+
+def launch_compressed_write(cache, rows_q, positions, token_seq, block_table, *, ratio, cfg):
+    data, scale = cache
+    n = rows_q.data.shape[0]
+    if n:
+        compressed_write_kernel[(n,)](_u8(rows_q.data), _u8(rows_q.scale), positions, token_seq, block_table,
+                                      _u8(data), _u8(scale), RATIO=ratio, ENTRIES=data.shape[1],
+                                      BT_W=block_table.shape[1], WA=rows_q.data.shape[1], WB=rows_q.scale.shape[1],
+                                      BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return cache
+
+
+def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
+    n, g = grams.shape
+    dev = grams.device
+    out = torch.empty(n, len(primes), dtype=torch.int64, device=dev)
+    if n:
+        engram_hash_kernel[(n,)](grams.long().contiguous(), torch.tensor(multipliers, dtype=torch.int64, device=dev),
+                                 torch.tensor(primes, dtype=torch.int64, device=dev),
+                                 torch.tensor(offsets, dtype=torch.int64, device=dev), out, G=g, HEADS=heads,
+                                 HP=_p2(heads), num_warps=cfg["num_warps"])
+    return out
+
+
+def launch_engram_gate(r, kv, q_weight, k_weight, *, eps, cfg):
+    n, c, h = r.shape
+    out = torch.empty_like(r)
+    engram_gate_kernel[(n, c)](r, kv, q_weight, k_weight, out, eps, C=c, H=h, BH=cfg["BH"],
+                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out

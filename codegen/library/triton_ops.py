@@ -1,0 +1,398 @@
+"""Triton templates for sm90 / sm100: the row-wise, gather and small ops (norm + quant, RoPE +
+quant, mHC pre/expand, the router, SwiGLU + quant, cache writes, Engram hash and gate, row
+gathers, the MoE combine). The kernels and their launchers are in `triton_kernels`; a template
+renders that module's source with the launch of one call: the kernels it runs, each with its
+signature, specialisation (constexprs), warps, stages and grid, so the Triton build compiles it
+ahead of time and a runtime launches it through the named launcher.
+
+Left as torch / other templates (and therefore not registered here): `dspark_heads` (a
+vocabulary-sized GEMV chain with an argmax per step: a GEMM template's job, not Triton's row
+kernels), `moe_permute` and `engram_ngram_ids` (sequential per-sequence index logic), the
+`hc_mix_gemm` / `hc_sinkhorn` / `hc_collapse` pieces (the fused `hc_pre` covers them), and
+`compress_pool_norm`. The sampler is not an IR op and is not here.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...ir.types import QuantType
+from ..template import KernelSource, KernelSpec, Template, register
+
+TARGETS = ("sm90", "sm100")
+KERNELS_MODULE = "deepinfer.codegen.library.triton_kernels"
+
+_PTR = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i32": "*i32", "i64": "*i64", "u8": "*u8",
+        "e8m0": "*u8", "fp8e4m3": "*u8", "fp4e2m1": "*u8", "bool": "*i1"}
+
+
+@functools.lru_cache(maxsize=1)
+def kernels_source() -> str:
+    from . import triton_kernels
+
+    return inspect.getsource(triton_kernels)
+
+
+def _ptr(t, part: str = "data") -> str:
+    if isinstance(t, QuantType):
+        t = t.data if part == "data" else t.scale
+    return _PTR[t.dtype.name]
+
+
+def _ints(shape) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in shape):
+        raise ValueError(f"Triton templates render static shapes only, got {shape}")
+    return tuple(shape)
+
+
+def _rows(t) -> int:
+    s = _ints(t.shape)
+    out = 1
+    for d in s[:-1]:
+        out *= d
+    return out
+
+
+def _p2(x: int) -> int:
+    x = max(int(x), 1)
+    return 1 << (x - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a template: what the Triton AOT build compiles."""
+
+    entry: str
+    signature: dict
+    constexprs: dict
+    grid: tuple
+    num_warps: int
+    num_stages: int
+
+    def as_meta(self) -> dict:
+        return {"entry": self.entry, "signature": dict(self.signature), "constexprs": dict(self.constexprs),
+                "grid": list(self.grid), "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+def _launch(entry, args: dict, constexprs: dict, grid, cfg) -> Launch:
+    sig = dict(args)
+    sig.update({k: "constexpr" for k in constexprs})
+    return Launch(entry, sig, dict(constexprs), tuple(int(g) for g in grid), int(cfg.get("num_warps", 4)),
+                  int(cfg.get("num_stages", 1)))
+
+
+# ---- per-op launches (signatures follow the kernels' argument order) ---------------------------
+
+def _l_rms_norm(spec, cfg, quant=False):
+    x, w = spec.in_types
+    h = _ints(x.shape)[-1]
+    out = spec.out_types[0]
+    args = {"x_ptr": _ptr(x), "w_ptr": _ptr(w), "y_ptr": _ptr(x) if not quant else _ptr(x),
+            "q_ptr": _ptr(out) if quant else _ptr(x), "s_ptr": _ptr(out, "scale") if quant else _ptr(x), "eps": "fp32"}
+    return [_launch("rms_norm_kernel", args, {"H": h, "BLOCK_H": min(cfg["BLOCK_H"], _p2(h)) if h >= 32 else 32,
+                                              "QUANT": quant}, (_rows(x),), cfg)]
+
+
+def _l_quant_fp8(spec, cfg):
+    (x,), blk = spec.in_types, spec.attr["block"]
+    n = _ints(x.shape)[-1]
+    bs = max(cfg["BLOCK"], blk)
+    args = {"x_ptr": _ptr(x), "q_ptr": "*u8", "s_ptr": "*u8"}
+    return [_launch("quant_fp8_kernel", args, {"N": n, "BLOCK": bs, "BLK": blk}, (_rows(x), _cdiv(n, bs)), cfg)]
+
+
+def _l_rope(spec, cfg):
+    x, pos = spec.in_types[:2]
+    a = spec.attr
+    shape = _ints(x.shape)
+    d = shape[-1]
+    heads = 1
+    for s in shape[1:-1]:
+        heads *= s
+    if spec.op == "rope":
+        mode, blk = 0, (32 if d % 32 == 0 else 2)
+    elif spec.op == "rope_quant_fp8":
+        mode, blk = 1, a["block"]
+    else:
+        mode, blk = (2 if a["scale"] == "ue8m0" else 3), a["block"]
+    out = spec.out_types[0]
+    args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "y_ptr": _ptr(x) if mode == 0 else _ptr(x),
+            "q_ptr": "*u8" if mode else _ptr(x), "s_ptr": _ptr(out, "scale") if mode else _ptr(x), "pos_offset": "i32"}
+    ce = {"HEADS": heads, "D": d, "ROPE": a["rope_dim"], "INVERSE": bool(a.get("inverse", False)), "MODE": mode,
+          "BLK": blk, "NB": _p2(_cdiv(d, blk))}
+    return [_launch("rope_kernel", args, ce, (shape[0] * heads,), cfg)]
+
+
+def _l_hc_pre(spec, cfg):
+    r, fn, scale, base, pre_in, nw = spec.in_types
+    n, c, h = _ints(r.shape)
+    args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
+            "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "pre_ptr": "*fp32", "post_ptr": "*fp32",
+            "m_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
+    ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"]}
+    return [_launch("hc_pre_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)]
+
+
+def _l_hc_expand(spec, cfg):
+    y, r, post, m = spec.in_types
+    n, c, h = _ints(r.shape)
+    args = {"y_ptr": _ptr(y), "r_ptr": _ptr(r), "post_ptr": _ptr(post), "m_ptr": _ptr(m), "out_ptr": _ptr(r)}
+    return [_launch("hc_expand_kernel", args, {"C": c, "H": h, "BH": cfg["BH"]}, (n, _cdiv(h, cfg["BH"])), cfg)]
+
+
+def _l_router(spec, cfg):
+    logits, bias = spec.in_types
+    n, e = _ints(logits.shape)
+    k = spec.attr["k"]
+    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32"}
+    return [_launch("moe_router_kernel", args, {"E": e, "K": k, "KP": _p2(k), "BLOCK_E": _p2(e),
+                                                "RENORM": bool(spec.attr["renorm"] and k > 1)}, (n,), cfg)]
+
+
+def _l_swiglu(spec, cfg):
+    g, u = spec.in_types
+    n, f = _ints(g.shape)
+    args = {"g_ptr": _ptr(g), "u_ptr": _ptr(u), "wt_ptr": _ptr(g), "pair_ptr": _ptr(g), "q_ptr": "*u8",
+            "s_ptr": "*u8", "limit": "fp32"}
+    ce = {"F": f, "G_STRIDE": f, "U_OFF": 0, "WEIGHTED": False, "BLOCK": cfg["BLOCK"]}
+    return [_launch("swiglu_quant_kernel", args, ce, (n, _cdiv(f, cfg["BLOCK"])), cfg)]
+
+
+def _l_swiglu_w(spec, cfg):
+    gu, wt, pairs = spec.in_types
+    m, f2 = _ints(gu.shape)
+    args = {"g_ptr": _ptr(gu), "u_ptr": _ptr(gu), "wt_ptr": "*fp32", "pair_ptr": _ptr(pairs), "q_ptr": "*u8",
+            "s_ptr": "*u8", "limit": "fp32"}
+    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": True, "BLOCK": cfg["BLOCK"]}
+    return [_launch("swiglu_quant_kernel", args, ce, (m, _cdiv(f2 // 2, cfg["BLOCK"])), cfg)]
+
+
+def _l_combine(spec, cfg):
+    y, pairs, offsets, like = spec.in_types
+    m, h = _ints(y.shape)
+    n = _ints(like.shape)[0]
+    k = spec.attr["k"]
+    return [_launch("inverse_perm_kernel", {"order_ptr": _ptr(pairs), "inv_ptr": "*i32", "n": "i32"},
+                    {"BLOCK": 1024}, (_cdiv(m, 1024),), {"num_warps": 4, "num_stages": 1}),
+            _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": "*i32", "out_ptr": "*fp32"},
+                    {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"]}, (n, _cdiv(h, cfg["BH"])), cfg)]
+
+
+def _gather_launch(src_ptr, idx_ptr, count, width, div, cfg):
+    return _launch("gather_rows_kernel", {"src_ptr": src_ptr, "idx_ptr": idx_ptr, "dst_ptr": src_ptr},
+                   {"W": width, "DIV": div, "BLOCK": cfg["BLOCK"]}, (count, _cdiv(width, cfg["BLOCK"])), cfg)
+
+
+def _l_embedding(spec, cfg):
+    ids, table = spec.in_types
+    count = 1
+    for d in _ints(ids.shape):
+        count *= d
+    return [_gather_launch(_ptr(table), _ptr(ids), count, _ints(table.shape)[1], 1, cfg)]
+
+
+def _l_gather_rows(spec, cfg):
+    x, rows = spec.in_types
+    shape = _ints(x.shape)
+    w = 1
+    for d in shape[1:]:
+        w *= d
+    return [_gather_launch(_ptr(x), _ptr(rows), _ints(rows.shape)[0], w, 1, cfg)]
+
+
+def _l_moe_gather(spec, cfg):
+    x, pairs = spec.in_types
+    m = _ints(pairs.shape)[0]
+    return [_gather_launch("*u8", _ptr(pairs), m, _ints(x.data.shape)[1], spec.attr["k"], cfg),
+            _gather_launch("*u8", _ptr(pairs), m, _ints(x.scale.shape)[1], spec.attr["k"], cfg)]
+
+
+def _l_engram_gather(spec, cfg):
+    cols, table = spec.in_types
+    count = _ints(cols.shape)[0] * _ints(cols.shape)[1]
+    return [_gather_launch("*u8", _ptr(cols), count, _ints(table.data.shape)[1], 1, cfg),
+            _gather_launch("*u8", _ptr(cols), count, _ints(table.scale.shape)[1], 1, cfg)]
+
+
+def _newest_launch(pos, seq, n):
+    return _launch("seq_newest_kernel", {"pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "newest_ptr": "*i32", "n": "i32"},
+                   {"BLOCK": 1024}, (_cdiv(n, 1024),), {"num_warps": 4, "num_stages": 1})
+
+
+def _ring_launch(a, b, pos, seq, slots, da, db, n, ce, cfg):
+    args = {"a_ptr": a, "b_ptr": b, "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots),
+            "newest_ptr": "*i32", "da_ptr": da, "db_ptr": db}
+    return [_newest_launch(pos, seq, n), _launch("ring_write_kernel", args, ce, (n,), cfg)]
+
+
+def _l_swa_write(spec, cfg):
+    ring, kv, pos, seq, slots = spec.in_types
+    n, d = _ints(kv.shape)
+    ws = _ints(kv.scale.shape)[1]
+    ce = {"L": _ints(ring.shape)[1], "WA": d, "WB": ws, "A_STRIDE": d, "A_OFF": 0, "B_STRIDE": ws, "B_OFF": 0,
+          "BLOCK": cfg["BLOCK"]}
+    return _ring_launch("*u8", "*u8", pos, seq, slots, "*u8", "*u8", n, ce, cfg)
+
+
+def _l_state_write(spec, cfg):
+    state, l, s, pos, seq, slots = spec.in_types
+    n, d = _ints(l.shape)
+    ce = {"L": _ints(state.shape)[1], "WA": d, "WB": d, "A_STRIDE": 2 * d, "A_OFF": 0, "B_STRIDE": 2 * d, "B_OFF": d,
+          "BLOCK": cfg["BLOCK"]}
+    return _ring_launch("*fp32", "*fp32", pos, seq, slots, "*fp32", "*fp32", n, ce, cfg)
+
+
+def _l_hist_write(spec, cfg):
+    hist, cids, pos, seq, slots = spec.in_types
+    n = _ints(cids.shape)[0]
+    ce = {"L": _ints(hist.shape)[1], "WA": 1, "WB": 0, "A_STRIDE": 1, "A_OFF": 0, "B_STRIDE": 1, "B_OFF": 0, "BLOCK": 32}
+    return _ring_launch("*i64", "*i64", pos, seq, slots, "*i64", "*i64", n, ce, {"num_warps": 1, "num_stages": 1})
+
+
+def _l_compressed_write(spec, cfg):
+    cache, rows, pos, seq, bt = spec.in_types
+    n = _ints(rows.shape)[0]
+    args = {"a_ptr": "*u8", "b_ptr": "*u8", "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "bt_ptr": _ptr(bt),
+            "da_ptr": "*u8", "db_ptr": "*u8"}
+    ce = {"RATIO": spec.attr["ratio"], "ENTRIES": _ints(cache.shape)[1], "BT_W": _ints(bt.shape)[1],
+          "WA": _ints(rows.data.shape)[1], "WB": _ints(rows.scale.shape)[1], "BLOCK": cfg["BLOCK"]}
+    return [_launch("compressed_write_kernel", args, ce, (n,), cfg)]
+
+
+def _l_engram_hash(spec, cfg):
+    (g,) = spec.in_types
+    n, gs = _ints(g.shape)
+    heads = spec.attr["heads"]
+    args = {"g_ptr": "*i64", "mult_ptr": "*i64", "prime_ptr": "*i64", "off_ptr": "*i64", "out_ptr": "*i64"}
+    return [_launch("engram_hash_kernel", args, {"G": gs, "HEADS": heads, "HP": _p2(heads)}, (n,), cfg)]
+
+
+def _l_engram_gate(spec, cfg):
+    r, kv, qw, kw = spec.in_types
+    n, c, h = _ints(r.shape)
+    args = {"r_ptr": _ptr(r), "kv_ptr": _ptr(kv), "qw_ptr": _ptr(qw), "kw_ptr": _ptr(kw), "out_ptr": _ptr(r),
+            "eps": "fp32"}
+    return [_launch("engram_gate_kernel", args, {"C": c, "H": h, "BH": cfg["BH"]}, (n, c), cfg)]
+
+
+# ---- templates ---------------------------------------------------------------------------------
+
+ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
+
+
+@dataclass(frozen=True)
+class _Op:
+    op: str
+    launcher: str
+    launches: Callable
+    knobs: dict
+    default: dict
+    attrs: Callable[[dict], dict] = lambda a: dict(a)
+    supports: Callable[[Any, KernelSpec], bool] = lambda t, s: True
+
+
+def _rope_attrs(op):
+    def f(a):
+        out = {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset")}
+        if op == "rope":
+            out.update(inverse=a["inverse"], mode="rope")
+        elif op == "rope_quant_fp8":
+            out.update(mode="fp8", block=a["block"])
+        else:
+            out.update(mode="fp4", scale=a["scale"], block=a["block"])
+        return out
+    return f
+
+
+def _hc_supports(t, spec):
+    r = spec.in_types[0]
+    return len(r.shape) == 3 and r.shape[1] == 4  # the mix columns make two 16-wide dots: C*C == 16
+
+
+def _rope_supports(t, spec):
+    a = spec.attr
+    d = spec.in_types[0].shape[-1]
+    return isinstance(d, int) and a["rope_dim"] % 2 == 0 and (spec.op == "rope" or d % a["block"] == 0)
+
+
+OPS = [
+    _Op("rms_norm", "launch_rms_norm", _l_rms_norm, dict(BLOCK_H=(256, 512, 1024, 2048), **ROW),
+        dict(BLOCK_H=1024, num_warps=4, num_stages=1)),
+    _Op("rms_norm_quant_fp8", "launch_rms_norm_quant_fp8", functools.partial(_l_rms_norm, quant=True),
+        dict(BLOCK_H=(256, 512, 1024, 2048), **ROW), dict(BLOCK_H=1024, num_warps=4, num_stages=1),
+        supports=lambda t, s: s.attr["block"] == 32),
+    _Op("quant_fp8", "launch_quant_fp8", _l_quant_fp8, dict(BLOCK=(256, 512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("rope", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope"), _rope_supports),
+    _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
+        _rope_supports),
+    _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
+        _rope_supports),
+    _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
+        dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3)),
+        dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2),
+        lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports),
+    _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
+        dict(BH=1024, num_warps=4, num_stages=1)),
+    _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
+    _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
+        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
+    _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
+        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
+    _Op("moe_combine", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
+        dict(BH=512, num_warps=4, num_stages=1)),
+    _Op("embedding", "launch_embedding", _l_embedding, dict(BLOCK=(512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("gather_rows", "launch_gather_rows", _l_gather_rows, dict(BLOCK=(512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("moe_gather_rows", "launch_moe_gather_rows", _l_moe_gather, dict(BLOCK=(512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("engram_gather", "launch_engram_gather", _l_engram_gather, dict(BLOCK=(256, 512), **ROW),
+        dict(BLOCK=256, num_warps=2, num_stages=1)),
+    _Op("engram_hash", "launch_engram_hash", _l_engram_hash, {"num_warps": (1, 2), "num_stages": (1,)},
+        dict(num_warps=1, num_stages=1)),
+    _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
+        dict(BH=1024, num_warps=4, num_stages=1)),
+    _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
+        dict(BLOCK=512, num_warps=2, num_stages=1)),
+    _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
+        dict(BLOCK=512, num_warps=2, num_stages=1)),
+    _Op("engram_hist_write", "launch_engram_hist_write", _l_hist_write, {"num_warps": (1,), "num_stages": (1,)},
+        dict(num_warps=1, num_stages=1)),
+    _Op("compressed_write", "launch_compressed_write", _l_compressed_write, dict(BLOCK=(128, 256), **ROW),
+        dict(BLOCK=256, num_warps=2, num_stages=1)),
+]
+
+
+def _make_render(o: _Op):
+    def render(target, spec: KernelSpec, config) -> KernelSource:
+        cfg = dict(o.default)
+        cfg.update(config or {})
+        launches = o.launches(spec, cfg)
+        main = launches[-1]
+        return KernelSource(
+            language="triton", entry=main.entry, text=kernels_source(), grid=main.grid,
+            block=(32 * main.num_warps,),
+            meta={"module": KERNELS_MODULE, "launcher": o.launcher, "config": cfg,
+                  "launch_attrs": o.attrs(spec.attr), "kernels": [k.as_meta() for k in launches]})
+    return render
+
+
+TEMPLATES_BY_OP: dict[str, Template] = {}
+for _o in OPS:
+    TEMPLATES_BY_OP[_o.op] = register(Template(
+        name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
+        default_config=(lambda target, spec, _d=_o.default: dict(_d)), supports=_o.supports))
+_ATTRS = {o.op: o.attrs for o in OPS}
+LAUNCHERS = {o.op: o.launcher for o in OPS}
+
+
+def launch_attrs(op: str, attrs: dict) -> dict:
+    """The launcher's keyword arguments for an IR node's attrs."""
+    return _ATTRS[op](attrs)
