@@ -1,0 +1,424 @@
+"""Building rendered kernels: nvcc for TileLang-rendered CUDA, Triton's ahead-of-time compiler
+for Triton kernels, CANN's `bisheng` for AscendC; a content-addressed compile cache; parallel
+builds.
+
+Nothing here needs a GPU or an NPU. A result says what happened (`built`, `unbuilt` when the
+toolchain is absent and only the checked source is kept, `failed`, `invalid` when a capacity
+check rejected it); a built kernel is only built: it is never called verified or fast here.
+
+Cache: one directory per key under `$DEEPINFER_CACHE_DIR` (default ~/.cache/deepinfer)
+`/kernels/<key>/`, holding `meta.json` and the artefacts (source, cubin, ptx, ...). The key is
+the sha256 of the source, the entry and launch description, the target's key and the toolchain
+versions, so a changed compiler or target never reuses a stale binary. Entries are written into a
+temporary directory, fsynced, and renamed into place (atomic; a concurrent writer of the same key
+loses the rename and keeps the winner's identical content). No pickle anywhere.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .target import Target, get_target
+from .template import KernelSource
+
+
+class BuildError(RuntimeError):
+    """A toolchain rejected a kernel; the message is one line naming the kernel and the cause."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    status: str  # "built" | "unbuilt" | "failed" | "invalid"
+    target: str
+    language: str
+    entry: str
+    key: str
+    files: dict = field(default_factory=dict)  # artefact name -> path in the cache
+    resources: dict = field(default_factory=dict)  # entry -> registers / smem / stack / spills
+    reason: str = ""
+    cached: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ---- cache ------------------------------------------------------------------------------------
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DEEPINFER_CACHE_DIR") or Path.home() / ".cache" / "deepinfer")
+
+
+def _fsync_write(path: Path, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CompileCache:
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root or cache_root()) / "kernels"
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def get(self, key: str) -> dict | None:
+        meta = self.path(key) / "meta.json"
+        try:
+            m = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            return None
+        if not all((self.path(key) / Path(p).name).is_file() for p in m.get("files", {}).values()):
+            return None  # a damaged entry is rebuilt, never trusted
+        m["files"] = {k: str(self.path(key) / Path(p).name) for k, p in m.get("files", {}).items()}
+        return m
+
+    def put(self, key: str, meta: dict, files: dict[str, tuple[str, bytes]]) -> dict:
+        """files: artefact name -> (file name, bytes). Returns meta with absolute file paths."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=self.root))
+        try:
+            names = {}
+            for art, (fname, data) in files.items():
+                _fsync_write(tmp / fname, data)
+                names[art] = fname
+            meta = dict(meta, files=names)
+            _fsync_write(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+            try:
+                os.rename(tmp, self.path(key))
+            except OSError:
+                if not (self.path(key) / "meta.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        dirfd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+        return self.get(key)
+
+
+# ---- toolchains -------------------------------------------------------------------------------
+
+def _run_version(cmd) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    return lines[-1] if out.returncode == 0 and lines else "absent"
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_path() -> str | None:
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=None)
+def bisheng_path() -> str | None:
+    home = os.environ.get("BISHENG_HOME")
+    if home and Path(home, "bin", "bisheng").is_file():
+        return str(Path(home, "bin", "bisheng"))
+    return shutil.which("bisheng")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_ptxas(cc: int) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(cc).path
+
+
+def _pkg_version(name: str) -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_versions(language: str, cc: int = 0) -> dict:
+    """The versions that decide a binary: they enter the cache key."""
+    if language == "cuda":
+        return {"nvcc": _run_version([nvcc_path(), "--version"]) if nvcc_path() else "absent",
+                "tilelang": _pkg_version("tilelang")}
+    if language == "triton":
+        return {"triton": _pkg_version("triton"), "ptxas": _run_version([triton_ptxas(cc), "--version"])}
+    if language == "ascendc":
+        return {"bisheng": _run_version([bisheng_path(), "--version"]) if bisheng_path() else "absent",
+                "tilelang": _pkg_version("tilelang")}
+    return {}
+
+
+def _cc(target: Target) -> int:
+    return int(re.sub(r"\D", "", target.arch))  # "sm_90a" -> 90
+
+
+def cache_key(src: KernelSource, target: Target, options: dict | None = None) -> str:
+    body = {
+        "language": src.language, "entry": src.entry, "text": src.text, "grid": list(src.grid),
+        "block": list(src.block), "smem": src.smem_bytes, "meta": _jsonable(dict(src.meta)),
+        "target": _jsonable(target.key()),
+        "toolchain": toolchain_versions(src.language, _cc(target) if target.kind == "cuda" else 0),
+        "options": _jsonable(options or {}),
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return repr(v)
+
+
+# ---- ptxas reports ----------------------------------------------------------------------------
+
+_FUNC = re.compile(r"(?:Compiling entry function|Function properties for) '?([\w$.]+)'?")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?"
+                   r"(?:, (\d+) bytes cmem\[0\])?")
+
+
+def parse_ptxas_report(text: str) -> dict:
+    """`ptxas -v` output -> {function: {registers, smem_bytes, stack_bytes, spill_stores, spill_loads,
+    barriers}}. Lines of one function follow its 'Compiling entry function' line."""
+    out: dict = {}
+    cur = None
+    for line in text.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            cur = m.group(1)
+            out.setdefault(cur, {})
+            continue
+        if cur is None:
+            continue
+        m = _STACK.search(line)
+        if m:
+            out[cur].update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            continue
+        m = _USED.search(line)
+        if m:
+            out[cur].update(registers=int(m.group(1)), barriers=int(m.group(2) or 0), smem_bytes=int(m.group(3) or 0))
+    return out
+
+
+# ---- builders ---------------------------------------------------------------------------------
+
+def _tilelang_includes() -> list[str]:
+    spec = importlib.util.find_spec("tilelang")
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError("tilelang is not installed: its CUDA headers are needed to build TileLang kernels")
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    tl_src = os.environ.get("TL_TEMPLATE_PATH") or str(pkg / "src")
+    cutlass = os.environ.get("TL_CUTLASS_PATH") or str(pkg / "3rdparty" / "cutlass" / "include")
+    return [f"-I{tl_src}", f"-I{cutlass}"]
+
+
+def nvcc_command(target: Target, src_file: str, out_file: str) -> list[str]:
+    arch = target.arch  # sm_90a / sm_100a: the "a" features (wgmma, tcgen05) need the arch-specific target
+    comp = "compute_" + arch[3:]
+    return [nvcc_path() or "nvcc", "-cubin", f"-gencode=arch={comp},code={arch}", "-std=c++20", "-O3", "-w",
+            *_tilelang_includes(), "-Xptxas", "-v", "-o", out_file, src_file]
+
+
+def _build_cuda(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
+    if not nvcc_path():
+        return {}, {"source": ("kernel.cu", src.text.encode())}, {"status": "unbuilt", "reason": "nvcc not on PATH"}
+    with tempfile.TemporaryDirectory(prefix="deepinfer-nvcc-") as d:
+        cu, cubin = os.path.join(d, "kernel.cu"), os.path.join(d, "kernel.cubin")
+        Path(cu).write_text(src.text)
+        r = subprocess.run(nvcc_command(target, cu, cubin), capture_output=True, text=True)
+        if r.returncode != 0:
+            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-300:])
+            raise BuildError(f"nvcc failed on {src.entry} for {target.arch}: {err.strip()}")
+        report = parse_ptxas_report(r.stderr)
+        files = {"source": ("kernel.cu", src.text.encode()), "cubin": ("kernel.cubin", Path(cubin).read_bytes()),
+                 "ptxas_log": ("ptxas.log", r.stderr.encode())}
+    return report, files, {"status": "built"}
+
+
+def _load_text_module(text: str):
+    """Execute kernel source text as a module from a real file (Triton reads its functions'
+    source back through `inspect`)."""
+    h = hashlib.sha256(text.encode()).hexdigest()[:16]
+    name = f"_deepinfer_triton_src_{h}"
+    if name in sys.modules:
+        return sys.modules[name]
+    d = cache_root() / "triton-src"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.py"
+    if not path.is_file():
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        _fsync_write(tmp, text.encode())
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_META_FIELDS = ("name", "shared", "num_warps", "num_stages", "num_ctas", "hash", "tmem_size", "global_scratch_size",
+                "profile_scratch_size", "launch_pdl", "launch_cooperative_grid", "triton_version", "arch")
+
+
+def _build_triton(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cc = _cc(target)
+    mod = _load_text_module(src.text)
+    files = {"source": ("kernels.py", src.text.encode())}
+    report, launches = {}, []
+    for i, k in enumerate(src.meta["kernels"]):
+        fn = getattr(mod, k["entry"], None)
+        if fn is None:
+            raise BuildError(f"triton source has no kernel {k['entry']!r}")
+        ast = ASTSource(fn=fn, signature=dict(k["signature"]), constexprs=dict(k["constexprs"]))
+        try:
+            ck = triton.compile(ast, target=GPUTarget("cuda", cc, 32),
+                                options={"num_warps": k["num_warps"], "num_stages": k["num_stages"]})
+        except Exception as e:  # noqa: BLE001  (Triton raises many types; report one line)
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise BuildError(f"triton compile of {k['entry']} for sm_{cc} failed: {msg}") from None
+        md = {f: _jsonable(getattr(ck.metadata, f, None)) for f in _META_FIELDS}
+        # resources: ptxas -v on the kernel's own PTX with Triton's ptxas (Triton drops its log)
+        with tempfile.TemporaryDirectory(prefix="deepinfer-ptxas-") as d:
+            ptx = os.path.join(d, "k.ptx")
+            Path(ptx).write_text(ck.asm["ptx"])
+            arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+            r = subprocess.run([triton_ptxas(cc), "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(d, "k.o")],
+                               capture_output=True, text=True)
+        res = parse_ptxas_report(r.stderr).get(md["name"], {})
+        res.update(shared_bytes=md["shared"], n_regs=res.get("registers"),
+                   n_spills=res.get("spill_stores", 0) + res.get("spill_loads", 0))
+        report[f"{i}:{k['entry']}"] = res
+        launches.append(dict(k, metadata=md))
+        files[f"cubin{i}"] = (f"{i}-{k['entry']}.cubin", ck.asm["cubin"])
+        files[f"ptx{i}"] = (f"{i}-{k['entry']}.ptx", ck.asm["ptx"].encode())
+    files["launches"] = ("launches.json", json.dumps(launches, indent=1, sort_keys=True).encode())
+    return report, files, {"status": "built"}
+
+
+def _build_ascend(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
+    files = {"source": ("kernel.cce", src.text.encode())}
+    if not bisheng_path():
+        return {}, files, {"status": "unbuilt", "reason": "CANN bisheng not on PATH: AscendC source kept, not compiled"}
+    from tilelang.contrib import bisheng
+
+    try:
+        binary = bisheng.compile_ascend(src.text, target_format="o", npu_arch=target.arch, options=[])
+    except Exception as e:  # noqa: BLE001
+        raise BuildError(f"bisheng failed on {src.entry}: {str(e).strip().splitlines()[-1]}") from None
+    files["binary"] = ("kernel.o", bytes(binary))
+    return {}, files, {"status": "built"}
+
+
+BUILDERS = {"cuda": _build_cuda, "triton": _build_triton, "ascendc": _build_ascend}
+
+
+def build_one(src: KernelSource, target: Target | str, cache: CompileCache | None = None,
+              check=None) -> BuildResult:
+    """Build one kernel (or take it from the cache). `check(src, resources)` -> reason or None is
+    the backend's capacity check, run before (resources None) and after the build."""
+    target = get_target(target) if isinstance(target, str) else target
+    cache = cache or CompileCache()
+    t0 = time.perf_counter()
+    key = cache_key(src, target)
+    base = dict(target=target.name, language=src.language, entry=src.entry, key=key)
+    if check:
+        reason = check(src, None)
+        if reason:
+            return BuildResult("invalid", reason=reason, **base)
+    hit = cache.get(key)
+    if hit is not None:
+        return BuildResult(hit["status"], files=hit["files"], resources=hit.get("resources", {}),
+                           reason=hit.get("reason", ""), cached=True, seconds=time.perf_counter() - t0, **base)
+    builder = BUILDERS.get(src.language)
+    if builder is None:
+        return BuildResult("failed", reason=f"no builder for {src.language!r} sources", **base)
+    try:
+        resources, files, status = builder(src, target)
+    except BuildError as e:
+        return BuildResult("failed", reason=str(e), seconds=time.perf_counter() - t0, **base)
+    if check and status["status"] == "built":
+        reason = check(src, resources)
+        if reason:
+            return BuildResult("invalid", resources=resources, reason=reason, seconds=time.perf_counter() - t0, **base)
+    meta = dict(status=status["status"], reason=status.get("reason", ""), resources=resources, **base)
+    stored = cache.put(key, meta, files)
+    return BuildResult(status["status"], files=stored["files"], resources=resources, reason=meta["reason"],
+                       seconds=time.perf_counter() - t0, **base)
+
+
+def _build_in_worker(src_json: dict, target_name: str, cache_dir: str, backend_name: str) -> dict:
+    """Process-pool entry: plain JSON data in and out."""
+    from .backends import get_backend
+
+    src = KernelSource(**{k: (tuple(v) if k in ("grid", "block") else v) for k, v in src_json.items()})
+    return build_one(src, target_name, CompileCache(Path(cache_dir).parent), get_backend(backend_name).check).to_json()
+
+
+def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int = 1,
+               cache: CompileCache | None = None, check=None, backend_name: str | None = None) -> list[BuildResult]:
+    """Build every source; cache hits are served at once, misses in parallel: a thread pool for
+    the subprocess toolchains (nvcc, bisheng), a process pool for Triton (its compiler holds the
+    GIL for much of a compile)."""
+    target = get_target(target) if isinstance(target, str) else target
+    cache = cache or CompileCache()
+    results: list[BuildResult | None] = [None] * len(sources)
+    todo = []
+    for i, s in enumerate(sources):
+        hit = cache.get(cache_key(s, target))
+        if hit is not None and not (check and check(s, None)):
+            results[i] = build_one(s, target, cache, check)
+        else:
+            todo.append(i)
+    if jobs <= 1 or len(todo) <= 1:
+        for i in todo:
+            results[i] = build_one(sources[i], target, cache, check)
+        return results
+    triton_idx = [i for i in todo if sources[i].language == "triton"]
+    other_idx = [i for i in todo if sources[i].language != "triton"]
+    with cf.ThreadPoolExecutor(max_workers=jobs) as tp:
+        futs = {tp.submit(build_one, sources[i], target, cache, check): i for i in other_idx}
+        if triton_idx and backend_name:
+            import multiprocessing as mp
+
+            with cf.ProcessPoolExecutor(max_workers=min(jobs, len(triton_idx)), mp_context=mp.get_context("spawn")) as pp:
+                pf = {pp.submit(_build_in_worker, _source_json(sources[i]), target.name, str(cache.root), backend_name): i
+                      for i in triton_idx}
+                for f in cf.as_completed(pf):
+                    results[pf[f]] = BuildResult(**f.result())
+        else:
+            for i in triton_idx:
+                results[i] = build_one(sources[i], target, cache, check)
+        for f in cf.as_completed(futs):
+            results[futs[f]] = f.result()
+    return results
+
+
+def _source_json(s: KernelSource) -> dict:
+    return {"language": s.language, "entry": s.entry, "text": s.text, "grid": list(s.grid), "block": list(s.block),
+            "smem_bytes": s.smem_bytes, "meta": json.loads(json.dumps(_jsonable(dict(s.meta))))}
