@@ -1,3 +1,8 @@
 """Every kernel template; importing a module registers its templates."""
 from . import torch_ref  # noqa: F401
 from . import triton_ops  # noqa: F401
+from . import tilelang_gemm  # noqa: F401
+from . import tilelang_moe  # noqa: F401
+from . import tilelang_attention  # noqa: F401
+from . import tilelang_indexer  # noqa: F401
+from . import ascend_ops  # noqa: F401
