@@ -1,0 +1,175 @@
+"""Backends, builds and the compile cache, on the CPU machine: Triton AOT for cc 90 and 100,
+nvcc cubins with their ptxas report, Ascend rendering with capacity checks (bisheng is absent
+here, so Ascend sources stay `unbuilt`)."""
+import json
+import shutil
+import time
+
+import pytest
+
+from deepinfer.codegen import build as B
+from deepinfer.codegen.backends import BACKENDS, get_backend
+from deepinfer.codegen.target import TARGETS
+from deepinfer.codegen.template import KernelSource, KernelSpec, select, templates
+from deepinfer.ir.registry import get_op
+from deepinfer.ir.types import quantized, tensor
+
+
+def spec(op, ins, attrs):
+    a = get_op(op).check_attrs(attrs)
+    return KernelSpec(op, tuple(sorted(a.items())), tuple(ins), tuple(get_op(op).infer_types(ins, a)))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    return B.CompileCache(tmp_path)
+
+
+NORM_Q = spec("rms_norm_quant_fp8", [tensor("bf16", 64, 5120), tensor("bf16", 5120)], {"eps": 1e-20})
+ROPE4 = spec("rope_quant_fp4", [tensor("bf16", 64, 32, 128), tensor("i32", 64)],
+             {"rope_dim": 64, "theta": 160000.0, "yarn": [16, 65536, 32, 1], "block": 32, "scale": "ue8m0"})
+
+
+def test_one_backend_per_target_with_its_pipeline():
+    from deepinfer.passes.pipelines import PIPELINES
+
+    assert set(BACKENDS) == set(TARGETS)
+    for name, b in BACKENDS.items():
+        assert b.target is TARGETS[name] and b.pipeline in PIPELINES
+    assert get_backend("sm90").languages == ("cuda", "triton")
+    assert get_backend("ascend950").languages == ("ascendc",)
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("sm80")
+
+
+def test_selection_prefers_the_target_templates():
+    assert select(TARGETS["sm90"], NORM_Q).name == "triton_rms_norm_quant_fp8"
+    assert select(TARGETS["sm100"], ROPE4).name == "triton_rope_quant_fp4"
+    norm = spec("rms_norm", [tensor("bf16", 8, 5120), tensor("bf16", 5120)], {"eps": 1e-20})
+    assert select(TARGETS["ascend950"], norm).name == "ascend_rms_norm"
+    assert select(TARGETS["cpu"], norm).name == "torch_ref"
+
+
+PTXAS = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'gemm_kernel' for 'sm_90a'
+ptxas info    : Function properties for gemm_kernel
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'other' for 'sm_90a'
+ptxas info    : Function properties for other
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers
+"""
+
+
+def test_ptxas_report_parsed():
+    r = B.parse_ptxas_report(PTXAS)
+    assert r["gemm_kernel"] == {"stack_bytes": 8, "spill_stores": 4, "spill_loads": 12, "registers": 168,
+                                "barriers": 1, "smem_bytes": 1024}
+    assert r["other"]["registers"] == 32 and r["other"]["spill_stores"] == 0
+
+
+def test_cache_is_atomic_content_addressed_and_rejects_damage(cache):
+    src = KernelSource("cuda", "k", "__global__ void k() {}")
+    k90, k100 = B.cache_key(src, TARGETS["sm90"]), B.cache_key(src, TARGETS["sm100"])
+    assert k90 != k100 and k90 == B.cache_key(src, TARGETS["sm90"])
+    m = cache.put(k90, {"status": "built"}, {"cubin": ("k.cubin", b"\x7fELF")})
+    assert open(m["files"]["cubin"], "rb").read() == b"\x7fELF"
+    assert not [p for p in cache.root.iterdir() if p.name.startswith(".")]  # no temporary left behind
+    assert json.loads((cache.path(k90) / "meta.json").read_text())["status"] == "built"
+    (cache.path(k90) / "k.cubin").unlink()
+    assert cache.get(k90) is None  # a damaged entry is a miss, never a hit
+
+
+def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
+    for name in ("sm90", "sm100"):
+        b = get_backend(name)
+        srcs = [b.render(templates()[f"triton_{s.op}"], s) for s in (NORM_Q, ROPE4)]
+        res = b.build(srcs, cache=cache)
+        for r in res:
+            assert r.status == "built", r.reason
+            (k,) = r.resources.values()
+            assert k["n_regs"] > 0 and k["n_spills"] == 0 and "shared_bytes" in k
+            launches = json.loads(open(r.files["launches"]).read())
+            assert launches[0]["metadata"]["arch"] == name
+            assert open(r.files["cubin0"], "rb").read()[:4] == b"\x7fELF"
+        t0 = time.perf_counter()
+        again = b.build(srcs, cache=cache)
+        assert all(r.cached for r in again) and time.perf_counter() - t0 < 1.0
+
+
+def test_parallel_triton_builds(cache):
+    b = get_backend("sm90")
+    ops = [spec("moe_router", [tensor("f32", 64, 384), tensor("f32", 384)], {"k": 6, "scale": 1.5}),
+           spec("hc_expand", [tensor("bf16", 64, 5120), tensor("bf16", 64, 4, 5120), tensor("f32", 64, 4),
+                              tensor("f32", 64, 4, 4)], {})]
+    res = b.build([b.render(templates()[f"triton_{s.op}"], s) for s in ops], jobs=2, cache=cache)
+    assert [r.status for r in res] == ["built", "built"], [r.reason for r in res]
+
+
+CUDA_SRC = """extern "C" __global__ void scale_rows(const float* x, float* y, int n) {
+  __shared__ float buf[256];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  buf[threadIdx.x] = i < n ? x[i] : 0.f;
+  __syncthreads();
+  if (i < n) y[i] = 2.f * buf[threadIdx.x];
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_nvcc_cubin_with_ptxas_report(cache):
+    b = get_backend("sm90")
+    r = b.build_one(KernelSource("cuda", "scale_rows", CUDA_SRC, grid=(4,), block=(256,)), cache=cache)
+    assert r.status == "built", r.reason
+    assert r.resources["scale_rows"]["smem_bytes"] == 1024 and r.resources["scale_rows"]["registers"] > 0
+    assert open(r.files["cubin"], "rb").read()[:4] == b"\x7fELF"
+    bad = b.build_one(KernelSource("cuda", "broken", "__global__ void broken( {"), cache=cache)
+    assert bad.status == "failed" and "nvcc failed on broken" in bad.reason and "\n" not in bad.reason
+
+
+def test_cuda_capacity_checks():
+    b = get_backend("sm90")
+    assert "shared memory" in b.validate(KernelSource("cuda", "k", "", block=(128,), smem_bytes=300 * 1024))
+    assert "threads per block" in b.validate(KernelSource("cuda", "k", "", block=(2048,)))
+    assert "registers" in b.check(KernelSource("cuda", "k", "", block=(1024,)), {"k": {"registers": 128}})
+
+
+def test_ascend_render_capacity_checks_and_unbuilt_without_bisheng(cache):
+    b = get_backend("ascend950")
+    norm = spec("rms_norm", [tensor("bf16", 4096, 5120), tensor("bf16", 5120)], {"eps": 1e-20})
+    src = b.render(templates()["ascend_rms_norm"], norm)
+    assert src.language == "ascendc" and "__global__" in src.text and "rms_norm_kernel" in src.text
+    assert b.validate(src) is None and src.grid == (64,)
+    (r,) = b.build([src], cache=cache)
+    if shutil.which("bisheng"):
+        assert r.status == "built", r.reason
+    else:
+        assert r.status == "unbuilt" and "bisheng" in r.reason
+        assert open(r.files["source"]).read() == src.text
+    too_big = KernelSource("ascendc", "k", "", grid=(8,), meta={"buffers": {"ub": [200 * 1024, 64 * 1024]}})
+    assert "exceed" in b.validate(too_big)
+    assert "aligned" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"ub": [100]}}))
+    assert "AI cores" in b.validate(KernelSource("ascendc", "k", "", grid=(65,), meta={"buffers": {"l1": [64]}}))
+    assert "l0c" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"l0c": [512 * 1024]}}))
+    # a row whose bytes are not 32-byte granular is not supported (the template declines it)
+    odd = spec("rms_norm", [tensor("bf16", 4, 24), tensor("bf16", 24)], {"eps": 1e-20})
+    assert not templates()["ascend_rms_norm"].supports(TARGETS["ascend950"], odd)
+
+
+def test_cuda_invalid_build_is_reported_not_cached(cache):
+    b = get_backend("sm90")
+    r = b.build_one(KernelSource("cuda", "k", "x", block=(128,), smem_bytes=10**6), cache=cache)
+    assert r.status == "invalid" and "shared memory" in r.reason
+    assert not cache.root.exists() or not any(cache.root.iterdir())
+
+
+def test_swa_write_renders_two_launches():
+    b = get_backend("sm100")
+    s = spec("swa_write", [quantized("fp8e4m3", (64, 128, 512), "e8m0", (1, 1, 32)),
+                           quantized("fp8e4m3", (64, 512), "e8m0", (1, 32)),
+                           tensor("i32", 64), tensor("i32", 64), tensor("i32", 64)], {})
+    src = b.render(templates()["triton_swa_write"], s)
+    assert [k["entry"] for k in src.meta["kernels"]] == ["seq_newest_kernel", "ring_write_kernel"]
+    assert src.meta["kernels"][1]["constexprs"]["L"] == 128
