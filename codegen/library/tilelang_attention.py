@@ -1,0 +1,270 @@
+"""TileLang attention templates: `sparse_attn`, `window_attn` and `dspark_block_attn`
+(ir/ops/attention.py), one program with a key-source mode.
+
+Layout exactly as the ops define it: q [n, H, D] bf16; this step's window keys kv (fp8 e4m3 [n, D]
++ ue8m0 [n, D/32]); the ring (fp8 [slots, R, D] + ue8m0 [slots, R, D/32]) holding position p in
+slot p mod R as earlier steps left it; the compressed cache (fp4 e2m1 [pages, E, D/2] + e4m3
+[pages, E, D/16]) addressed through block_table[seq][c // E], row c % E; top-k [n, k] (-1 =
+none); sink [H] f32; positions [n] i64; token_seq [n] i32 (rows of a sequence contiguous, in
+position order); seq_slots [num_seqs] i32.
+
+Keys of row t at position p (mode "sparse" / "window"): window key j (0 <= j < W) is position
+kp = p - W + 1 + j, valid when kp >= 0, read from step row t - (p - kp) when that row belongs to
+t's sequence (this step wrote it) and from the ring otherwise; then (mode "sparse") the top-k
+compressed entries of row t. Mode "dspark": window keys are the W ring positions ending at
+P = (first block position) - 1, then every row of t's block (bidirectional).
+
+One CTA = one row x all 64 heads (the wgmma M), a 64-key block at a time: keys are widened to bf16
+in shared memory (fp8 x 2^k and e2m1 x e4m3 are exact in bf16), S = q k^T in fp32, online softmax
+in the exp2 domain, O += P K with P rounded to bf16 (V = K). `splits` > 1 divides a row's key
+blocks over CTAs (decode has too few rows to fill the GPU); a second kernel merges the partial
+(m, l, O) and adds the sink to the denominator (exp(sink - m); it never enters the max).
+"""
+import math
+from typing import Any, Mapping
+
+from ..target import Target
+from ..template import KernelSource, KernelSpec, Template, register
+from .tilelang_gemm import _tl, ceil_div, e8m0_f32, lower
+
+LOG2E = 1.4426950408889634
+NEG = -1.0e30  # running-max floor: keeps exp2(NEG - NEG) finite when a block has no valid key
+
+
+def fp4_value(T, nib):
+    """fp32 value of an e2m1 code: codes 2..7 are normal (exponent (c>>1)-1, mantissa c&1), 1 is
+    0.5, 0 is 0; bit 3 is the sign."""
+    mag = T.bitwise_and(nib, 7)
+    bits = T.if_then_else(mag == 0, 0, T.if_then_else(
+        mag == 1, 0x3F000000, T.bitwise_or(T.shift_left(T.shift_right(mag, 1) + 126, 23),
+                                          T.shift_left(T.bitwise_and(mag, 1), 22))))
+    return T.reinterpret(T.bitwise_or(bits, T.shift_left(T.bitwise_and(nib, 8), 28)), "float32")
+
+
+def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
+                      pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
+                      block_I: int = 64, splits: int = 1, threads: int = 256):
+    """The attention kernel (and, when splits > 1, the partial-output layout the combine reads)."""
+    _, T = _tl()
+    assert mode in ("sparse", "window", "dspark")
+    assert window % block_I == 0 and H == 64 and D % 64 == 0
+    NW = window // block_I
+    NX = {"sparse": ceil_div(topk, block_I), "window": 0, "dspark": ceil_div(max_block, block_I)}[mode]
+    NB = NW + NX
+    per = ceil_div(NB, splits)
+    scale2 = D ** -0.5 * LOG2E
+    BI = block_I
+    pages_ = max(pages, 1)
+    # partial outputs exist only when a row is split (a 1-element placeholder otherwise)
+    op_shape = (splits, n, H, D) if splits > 1 else (1, 1, 1, 1)
+    ml_shape = (splits, n, H, 2) if splits > 1 else (1, 1, 1, 2)
+
+    @T.prim_func
+    def attn(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor((n, D), "float8_e4m3"),
+             KVS: T.Tensor((n, D // 32), "uint8"), RING: T.Tensor((slots, R, D), "float8_e4m3"),
+             RINGS: T.Tensor((slots, R, D // 32), "uint8"), CKV: T.Tensor((pages_, PE, D // 2), "uint8"),
+             CKVS: T.Tensor((pages_, PE, D // 16), "float8_e4m3"), TOP: T.Tensor((n, max(topk, 1)), "int32"),
+             SINK: T.Tensor((H,), "float32"), POS: T.Tensor((n,), "int64"), TSEQ: T.Tensor((n,), "int32"),
+             SLOTS: T.Tensor((nseq,), "int32"), BT: T.Tensor((nseq, maxp), "int32"),
+             O: T.Tensor((n, H, D), "bfloat16"), OP: T.Tensor(op_shape, "float32"),
+             ML: T.Tensor(ml_shape, "float32")):
+        with T.Kernel(n, splits, threads=threads) as (t, sp):
+            Q_s = T.alloc_shared((H, D), "bfloat16")
+            K_s = T.alloc_shared((BI, D), "bfloat16")
+            P_s = T.alloc_shared((H, BI), "bfloat16")
+            kvalid = T.alloc_shared((BI,), "int32")
+            ksrc = T.alloc_shared((BI,), "int32")  # 0: step row, 1: ring, 2: compressed
+            krow = T.alloc_shared((BI,), "int32")  # step row / ring row (slot * R + idx) / page * PE + row
+            acc_s = T.alloc_fragment((H, BI), "float32")
+            acc_o = T.alloc_fragment((H, D), "float32")
+            m = T.alloc_fragment((H,), "float32")
+            m_prev = T.alloc_fragment((H,), "float32")
+            alpha = T.alloc_fragment((H,), "float32")
+            l = T.alloc_fragment((H,), "float32")
+            l_blk = T.alloc_fragment((H,), "float32")
+            r0 = T.alloc_var("int32")
+
+            seq = TSEQ[t]
+            p = T.Cast("int32", POS[t])
+            slot = SLOTS[seq]
+            # first row of t's sequence in this step (rows of a sequence are contiguous; a draft
+            # block has at most max_block rows)
+            r0 = t
+            if mode == "dspark":
+                for i in T.serial(max_block):
+                    if t - i >= 0:
+                        if TSEQ[t - i] == seq:
+                            r0 = t - i
+            wend = T.Cast("int32", POS[r0]) - 1 if mode == "dspark" else p  # newest window position
+
+            T.copy(Q[t, 0, 0], Q_s)
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, NEG)
+            for bi in T.serial(per):
+                b = sp * per + bi
+                if b < NB:
+                    for i in T.Parallel(BI):
+                        if b < NW:
+                            kp = wend - window + 1 + b * BI + i
+                            rr = t - (p - kp)
+                            step = (mode != "dspark") and rr >= 0 and TSEQ[T.max(rr, 0)] == seq
+                            kvalid[i] = T.Cast("int32", kp >= 0)
+                            ksrc[i] = T.if_then_else(step, 0, 1)
+                            krow[i] = T.if_then_else(step, T.max(rr, 0), slot * R + T.max(kp, 0) % R)
+                        else:
+                            j = (b - NW) * BI + i
+                            if mode == "sparse":
+                                c = TOP[t, T.min(j, topk - 1)]
+                                ok = (j < topk) and c >= 0
+                                cc = T.max(c, 0)
+                                kvalid[i] = T.Cast("int32", ok)
+                                ksrc[i] = 2
+                                krow[i] = BT[seq, T.min(cc // PE, maxp - 1)] * PE + cc % PE
+                            else:
+                                rr = r0 + j
+                                ok = (j < max_block) and rr < n and TSEQ[T.min(rr, n - 1)] == seq
+                                kvalid[i] = T.Cast("int32", ok)
+                                ksrc[i] = 0
+                                krow[i] = T.min(rr, n - 1)
+                    for i, d in T.Parallel(BI, D):
+                        if ksrc[i] == 0:
+                            K_s[i, d] = T.Cast("float32", KV[krow[i], d]) * e8m0_f32(T, KVS[krow[i], d // 32])
+                        elif ksrc[i] == 1:
+                            K_s[i, d] = (T.Cast("float32", RING[krow[i] // R, krow[i] % R, d])
+                                         * e8m0_f32(T, RINGS[krow[i] // R, krow[i] % R, d // 32]))
+                        else:
+                            K_s[i, d] = (fp4_value(T, T.bitwise_and(T.shift_right(
+                                T.Cast("int32", CKV[krow[i] // PE, krow[i] % PE, d // 2]), (d % 2) * 4), 15))
+                                * T.Cast("float32", CKVS[krow[i] // PE, krow[i] % PE, d // 16]))
+                    T.clear(acc_s)
+                    T.gemm(Q_s, K_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                    for h, i in T.Parallel(H, BI):
+                        acc_s[h, i] = T.if_then_else(kvalid[i] != 0, acc_s[h, i] * scale2, -T.infinity("float32"))
+                    T.copy(m, m_prev)
+                    T.reduce_max(acc_s, m, dim=1, clear=False)
+                    for h in T.Parallel(H):
+                        alpha[h] = T.exp2(m_prev[h] - m[h])
+                    for h, i in T.Parallel(H, BI):
+                        acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
+                    T.reduce_sum(acc_s, l_blk, dim=1)
+                    for h in T.Parallel(H):
+                        l[h] = l[h] * alpha[h] + l_blk[h]
+                    for h, d in T.Parallel(H, D):
+                        acc_o[h, d] = acc_o[h, d] * alpha[h]
+                    T.copy(acc_s, P_s)
+                    T.gemm(P_s, K_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+            if splits == 1:
+                for h in T.Parallel(H):
+                    l[h] = l[h] + T.exp2(SINK[h] * LOG2E - m[h])
+                for h, d in T.Parallel(H, D):
+                    acc_o[h, d] = acc_o[h, d] / l[h]
+                T.copy(acc_o, O[t, 0, 0])
+            else:
+                T.copy(acc_o, OP[sp, t, 0, 0])
+                for h in T.Parallel(H):
+                    ML[sp, t, h, 0] = m[h]
+                    ML[sp, t, h, 1] = l[h]
+
+    return attn
+
+
+def combine_program(n: int, H: int, D: int, splits: int, *, threads: int = 128):
+    """O[t, h] = sum_s OP[s] 2^(m_s - M) / (sum_s l_s 2^(m_s - M) + 2^(sink' - M)), M = max(m_s, sink')
+    (every m here is in the exp2 domain, sink' = sink * log2 e)."""
+    _, T = _tl()
+    HB = 8  # heads per CTA
+
+    @T.prim_func
+    def combine(OP: T.Tensor((splits, n, H, D), "float32"), ML: T.Tensor((splits, n, H, 2), "float32"),
+                SINK: T.Tensor((H,), "float32"), O: T.Tensor((n, H, D), "bfloat16")):
+        with T.Kernel(n, H // HB, threads=threads) as (t, hb):
+            w = T.alloc_shared((splits, HB), "float32")
+            inv = T.alloc_shared((HB,), "float32")
+            acc = T.alloc_fragment((HB, D), "float32")
+            for h in T.Parallel(HB):
+                mx = T.alloc_var("float32")
+                den = T.alloc_var("float32")
+                mx = SINK[hb * HB + h] * LOG2E
+                for s in T.serial(splits):
+                    mx = T.max(mx, ML[s, t, hb * HB + h, 0])
+                den = T.exp2(SINK[hb * HB + h] * LOG2E - mx)
+                for s in T.serial(splits):
+                    w[s, h] = T.exp2(ML[s, t, hb * HB + h, 0] - mx)
+                    den = den + ML[s, t, hb * HB + h, 1] * w[s, h]
+                inv[h] = 1.0 / den
+            T.fill(acc, 0)
+            for s in T.serial(splits):
+                for h, d in T.Parallel(HB, D):
+                    acc[h, d] += OP[s, t, hb * HB + h, d] * w[s, h]
+            for h, d in T.Parallel(HB, D):
+                O[t, hb * HB + h, d] = acc[h, d] * inv[h]
+
+    return combine
+
+
+# ---- templates ----------------------------------------------------------------------------------
+
+def attention_dims(spec: KernelSpec) -> dict:
+    ins = spec.in_types
+    a = spec.attr
+    q, ring = ins[0], ins[2]
+    d = {"n": int(q.shape[0]), "H": int(q.shape[1]), "D": int(q.shape[2]), "slots": int(ring.shape[0]),
+         "R": int(ring.shape[1]), "window": int(a["window"])}
+    if spec.op == "sparse_attn":
+        ckv, top, bt = ins[3], ins[4], ins[9]
+        d.update(topk=int(top.shape[1]), pages=int(ckv.shape[0]), PE=int(ckv.shape[1]), nseq=int(bt.shape[0]),
+                 maxp=int(bt.shape[1]))
+    else:
+        d.update(nseq=int(ins[6].shape[0]))
+    return d
+
+
+MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
+ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 4, 5, 10), "threads": (256,)}
+
+
+def attention_default_config(target: Target, spec: KernelSpec) -> dict:
+    """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not."""
+    d = attention_dims(spec)
+    mode = MODES[spec.op]
+    nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
+    splits = 1
+    for s in (10, 5, 4, 2):
+        if nb % s == 0 and d["n"] * s <= 2 * target.cores and d["n"] < target.cores:
+            splits = s
+            break
+    return {"block_I": 64, "splits": splits, "threads": 256}
+
+
+def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    d = attention_dims(spec)
+    c = dict(attention_default_config(target, spec), **config)
+    func = attention_program(MODES[spec.op], **d, **c)
+    r = lower(func, target.arch)
+    meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d}
+    if c["splits"] > 1:
+        comb = lower(combine_program(d["n"], d["H"], d["D"], c["splits"]), target.arch)
+        meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"], "block": comb["block"],
+                           "smem_bytes": comb["smem"]}
+    return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
+                        meta=meta)
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    d = attention_dims(spec)
+    return d["H"] == 64 and d["D"] % 64 == 0 and d["window"] % 64 == 0
+
+
+for _op in MODES:
+    register(Template(
+        name=f"tilelang_{_op}",
+        ops=(_op,),
+        targets=("sm90", "sm100"),
+        knobs=ATTN_KNOBS,
+        render=render_attention,
+        default_config=attention_default_config,
+        supports=_supports,
+    ))
+
+__all__ = ["attention_program", "combine_program", "fp4_value", "math"]

@@ -1,0 +1,283 @@
+"""TileLang GEMM templates: `gemm_fp8` (the spec's lin8) and `linear` (bf16 / fp32 inputs).
+
+Also the helpers every TileLang template of this library shares: lowering a program for an
+explicit CUDA arch (no GPU needed), the nvcc/ptxas report of a rendered source, and compiling a
+program into a callable on a machine that has a GPU.
+
+gemm_fp8 numerics (ops `gemm_fp8`, spec §3.6): A is fp8 e4m3 [M, K] with one ue8m0 byte per row
+per 32 columns, B is the fp8 weight [N, K] with one ue8m0 byte per 32x32 tile. Both scales change
+every 32 elements of K, so the tensor cores accumulate one 32-deep slice at a time into a scratch
+fp32 tile and that tile is promoted into the fp32 accumulator with the product of the two scales
+(powers of two, so the promotion is exact up to the fp32 add). On sm90 the slice is one wgmma
+k32 instruction; sm100 renders the same program (TileLang lowers it without wgmma there).
+"""
+# no `from __future__ import annotations`: TileLang reads the kernels' annotations as live objects
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any, Mapping
+
+from ..target import Target
+from ..template import KernelSource, KernelSpec, Template, register
+
+# Pass configs every program of this library is lowered with: plain (non-TMA) copies keep the
+# kernels launchable with raw pointers only, and our pipelines are written explicitly.
+PASS_CONFIGS = {
+    "tl.disable_tma_lower": True,
+    "tl.disable_warp_specialized": True,
+}
+
+
+def _tl():
+    import tilelang  # noqa: F401  (imported lazily: the CPU test suite must not need it)
+    import tilelang.language as T
+
+    return tilelang, T
+
+
+def cuda_target(arch: str):
+    import tvm
+
+    return tvm.target.Target({"kind": "cuda", "arch": arch})
+
+
+def lower(func, arch: str, pass_configs: Mapping[str, Any] | None = None) -> dict:
+    """Render a TileLang program for `arch` (e.g. sm_90a) on any machine: the CUDA source, its
+    entry symbol, launch grid/block and dynamic shared memory (read off the lowered device IR)."""
+    tilelang, _ = _tl()
+    import tvm
+
+    cfg = dict(PASS_CONFIGS, **(pass_configs or {}))
+    with tvm.transform.PassContext(opt_level=3, config=cfg), cuda_target(arch) as tgt:
+        art = tilelang.lower(func, target=tgt)
+    out = {"src": art.kernel_source, "entry": "", "grid": (), "block": (), "smem": 0}
+    for gv, f in art.device_mod.functions.items():
+        attrs = f.attrs
+        if attrs is None or "thread_extent" not in attrs:
+            continue
+        ext = {str(k): int(v) for k, v in attrs["thread_extent"].items()}
+        out["entry"] = gv.name_hint
+        out["grid"] = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
+        out["block"] = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
+        out["smem"] = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
+    return out
+
+
+def source(func, arch: str, meta: Mapping[str, Any]) -> KernelSource:
+    r = lower(func, arch)
+    return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
+                        meta=dict(meta))
+
+
+def nvcc_report(src: str, arch: str, timeout: int = 600) -> dict:
+    """Build `src` into a cubin with nvcc -Xptxas -v; returns registers, spills, smem and the log.
+    `arch` is sm_90a / sm_100a (the -gencode form, which assembles the `a` features)."""
+    import tilelang.env as tenv
+
+    num = arch.removeprefix("sm_")
+    with tempfile.TemporaryDirectory() as d:
+        cu = os.path.join(d, "k.cu")
+        with open(cu, "w") as f:
+            f.write(src)
+        cmd = ["nvcc", "-cubin", "-std=c++20", "-O3", f"-gencode=arch=compute_{num},code=sm_{num}", "-Xptxas", "-v",
+               "-w", "-I" + tenv.TILELANG_TEMPLATE_PATH, "-I" + tenv.CUTLASS_INCLUDE_DIR, "-DENABLE_BF16",
+               "-o", os.path.join(d, "k.cubin"), cu]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    log = p.stdout + p.stderr
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", log)]
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)]
+    stack = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
+    return {"ok": p.returncode == 0, "registers": max(regs, default=0), "spill_bytes": sum(spills),
+            "stack_bytes": max(stack, default=0), "log": log[-4000:]}
+
+
+def compile_kernel(func, out_idx=None):
+    """A callable kernel on the local GPU (the device machine); the arch comes from the device."""
+    tilelang, _ = _tl()
+    return tilelang.compile(func, out_idx=out_idx, target="cuda", pass_configs=dict(PASS_CONFIGS))
+
+
+def e8m0_f32(T, b):
+    """2^(b-127) of a ue8m0 byte as fp32, by placing the byte in the exponent field (exact for
+    b in 1..254; the scale rules of ir.quant never produce 0 or 255)."""
+    return T.reinterpret(T.shift_left(T.Cast("int32", b), 23), "float32")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def out_dtype_name(spec: KernelSpec) -> str:
+    return {"bf16": "bfloat16", "f32": "float32"}[spec.attr.get("out_dtype", "bf16")]
+
+
+# ---- gemm_fp8 ---------------------------------------------------------------------------------
+
+def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
+                     block_K=128, stages=3, threads=256, split_k=1):
+    """C[M, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32], fp32 accumulation.
+
+    split_k > 1 gives each CTA a contiguous range of K and makes C an fp32 buffer that the CTAs
+    add into atomically (the caller zeroes it); decode shapes have too few output tiles to fill
+    the GPU otherwise."""
+    tilelang, T = _tl()
+    assert K % 32 == 0 and block_K % 32 == 0 and block_N % 32 == 0
+    kb = block_K // 32
+    k_iters = ceil_div(K, block_K)
+    assert k_iters % split_k == 0, "split_k must divide the number of K tiles"
+    per_split = k_iters // split_k
+    c_dtype = "float32" if split_k > 1 else out_dtype
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+                 C: T.Tensor((M, N), c_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            A_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SA_s = T.alloc_shared((block_M, kb), "uint8")
+            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            tmp = T.alloc_fragment((block_M, block_N), "float32")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            T.use_swizzle(panel_size=8)
+            T.clear(acc)
+            for ko in T.Pipelined(per_split, num_stages=stages):
+                k = bz * per_split + ko
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[bx * block_N, k * block_K], B_s)
+                T.copy(SA[by * block_M, k * kb], SA_s)
+                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
+                for kk in T.unroll(kb):
+                    # one 32-deep slice per scale block: wgmma k32 on sm90
+                    T.gemm(A_s[:, kk * 32:(kk + 1) * 32], B_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
+                           clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+            if split_k > 1:
+                T.atomic_add(C[by * block_M, bx * block_N], acc)
+            else:
+                T.copy(acc, C[by * block_M, bx * block_N])
+
+    return gemm_fp8
+
+
+def _mnk_fp8(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    m = 1
+    for d in x.shape[:-1]:
+        m *= int(d)
+    return m, int(w.shape[0]), int(w.shape[1])
+
+
+GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+              "threads": (128, 256), "split_k": (1, 2, 4, 8)}
+
+
+def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
+    """Prefill: 128x128 tiles, 2 warpgroups. Decode (m <= 64): one 64-row tile, narrow N tiles and
+    split K so that the weight stream is spread over most SMs."""
+    if m <= 64:
+        bn, bk = 64, 128
+        tiles = ceil_div(n, bn)
+        kt = ceil_div(k, bk)
+        split = 1
+        for s in (8, 4, 2):
+            if kt % s == 0 and tiles * s <= 2 * target.cores and tiles < target.cores:
+                split = s
+                break
+        return {"block_M": 64, "block_N": bn, "block_K": bk, "stages": 4, "threads": 128, "split_k": split}
+    return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256, "split_k": 1}
+
+
+def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    m, n, k = _mnk_fp8(spec)
+    c = dict(gemm_default_config(target, m, n, k), **config)
+    func = gemm_fp8_program(m, n, k, out_dtype_name(spec), **c)
+    return source(func, target.arch, {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k),
+                                      "atomic_f32_out": c["split_k"] > 1})
+
+
+register(Template(
+    name="tilelang_gemm_fp8",
+    ops=("gemm_fp8",),
+    targets=("sm90", "sm100"),
+    knobs=GEMM_KNOBS,
+    render=_render_gemm_fp8,
+    default_config=lambda target, spec: gemm_default_config(target, *_mnk_fp8(spec)),
+    supports=lambda target, spec: _mnk_fp8(spec)[2] % 32 == 0,
+))
+
+
+# ---- linear (bf16 x bf16 or fp32 x fp32, fp32 accumulation) -----------------------------------
+
+def linear_program(M: int, N: int, K: int, in_dtype: str = "bfloat16", out_dtype: str = "bfloat16", *,
+                   block_M=128, block_N=128, block_K=64, stages=3, threads=256, split_k=1):
+    """C = A @ B^T on the bf16 tensor cores, fp32 accumulation."""
+    tilelang, T = _tl()
+    k_iters = ceil_div(K, block_K)
+    assert k_iters % split_k == 0
+    per_split = k_iters // split_k
+    c_dtype = "float32" if split_k > 1 else out_dtype
+
+    @T.prim_func
+    def linear(A: T.Tensor((M, K), in_dtype), B: T.Tensor((N, K), in_dtype), C: T.Tensor((M, N), c_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
+            A_s = T.alloc_shared((block_M, block_K), in_dtype)
+            B_s = T.alloc_shared((block_N, block_K), in_dtype)
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            T.use_swizzle(panel_size=8)
+            T.clear(acc)
+            for ko in T.Pipelined(per_split, num_stages=stages):
+                k = bz * per_split + ko
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[bx * block_N, k * block_K], B_s)
+                T.gemm(A_s, B_s, acc, transpose_B=True)
+            if split_k > 1:
+                T.atomic_add(C[by * block_M, bx * block_N], acc)
+            else:
+                T.copy(acc, C[by * block_M, bx * block_N])
+
+    return linear
+
+
+def _mnk_linear(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    m = 1
+    for d in x.shape[:-1]:
+        m *= int(d)
+    return m, int(w.shape[0]), int(w.shape[1])
+
+
+def _linear_supports(target: Target, spec: KernelSpec) -> bool:
+    from ...ir.types import QuantType
+
+    x, w = spec.in_types[0], spec.in_types[1]
+    if isinstance(x, QuantType) or isinstance(w, QuantType):
+        return False
+    # compute=f32 is an fp32 GEMM in the reference; the tensor cores would make it tf32, a visible
+    # deviation (the router's top-k is sensitive to it), so only bf16 GEMMs are taken here
+    return (spec.attr.get("compute") == "bf16" and x.dtype.name == "bf16" and w.dtype.name == "bf16"
+            and _mnk_linear(spec)[2] % 8 == 0)
+
+
+def _render_linear(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    m, n, k = _mnk_linear(spec)
+    c = dict(gemm_default_config(target, m, n, k), block_K=64, **config)
+    in_dt = "bfloat16"
+    out = spec.out_types[0].dtype.name
+    func = linear_program(m, n, k, in_dt, {"bf16": "bfloat16", "f32": "float32"}[out], **c)
+    return source(func, target.arch, {"template": "tilelang_linear", "config": c, "mnk": (m, n, k),
+                                      "atomic_f32_out": c["split_k"] > 1})
+
+
+register(Template(
+    name="tilelang_linear",
+    ops=("linear",),
+    targets=("sm90", "sm100"),
+    knobs=dict(GEMM_KNOBS, block_K=(32, 64)),
+    render=_render_linear,
+    default_config=lambda target, spec: dict(gemm_default_config(target, *_mnk_linear(spec)), block_K=64),
+    supports=_linear_supports,
+))

@@ -1,0 +1,117 @@
+"""TileLang grouped MoE GEMM: `grouped_gemm_fp4` (ir/ops/fused.py).
+
+Rows [offsets[e], offsets[e+1]) of the fp8 activation (ue8m0 per row per 32) meet expert e's fp4
+e2m1 weight [N, K/2] packed (low nibble = even element) with one ue8m0 byte per output row per 32
+inputs; fp32 accumulation, bf16 out.
+
+sm90 has no fp4 tensor-core operand, so each K tile of the weight is widened in shared memory:
+every e2m1 code is exactly an e4m3 value (magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6), so the widening
+is a byte map and the scales stay outside the MMA, applied per 32-deep slice like gemm_fp8
+(acc += slice * sx[m, kb] * sw[n, kb]). One CTA owns (an N tile, an expert) and walks that
+expert's row tiles; CTAs of empty experts exit at once. Decode (a few rows per expert) and
+prefill (tens to hundreds) differ only by their knobs.
+
+sm100: TileLang 0.1.15 has a block-scaled tcgen05 GEMM (`T.tcgen05_gemm_blockscaled`, used in its
+mxfp8 examples with TMA and a warp-specialised producer); this template does not use it yet: the
+sm100 render is the same widening program (lowered without wgmma), and is never run here.
+"""
+from typing import Any, Mapping
+
+from ..target import Target
+from ..template import KernelSource, KernelSpec, Template, register
+from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
+
+
+def fp4_to_e4m3_byte(T, nib):
+    """e2m1 code (0..15) -> the e4m3 byte of the same value: codes 2..7 are normal in both formats
+    (e4m3 byte = code*4 + 0x30), code 1 (0.5) is e4m3 0x30, bit 3 is the sign."""
+    mag = T.bitwise_and(nib, 7)
+    b = T.if_then_else(mag == 0, 0, T.if_then_else(mag == 1, 0x30, mag * 4 + 0x30))
+    return T.bitwise_or(b, T.shift_left(T.bitwise_and(nib, 8), 4))
+
+
+def grouped_gemm_fp4_program(Mtot: int, N: int, K: int, E: int, *, block_M=64, block_N=128, block_K=128,
+                             stages=3, threads=128):
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
+    kb = block_K // 32
+    k_iters = K // block_K
+
+    @T.prim_func
+    def grouped_gemm_fp4(X: T.Tensor((Mtot, K), "float8_e4m3"), SX: T.Tensor((Mtot, K // 32), "uint8"),
+                         W: T.Tensor((E, N, K // 2), "uint8"), SW: T.Tensor((E, N, K // 32), "uint8"),
+                         offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=threads) as (bx, e):
+            X_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            Wp_s = T.alloc_shared((block_N, block_K // 2), "uint8")
+            W_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SX_s = T.alloc_shared((block_M, kb), "uint8")
+            SW_s = T.alloc_shared((block_N, kb), "uint8")
+            tmp = T.alloc_fragment((block_M, block_N), "float32")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                r0 = start + mt * block_M
+                T.clear(acc)
+                for k in T.Pipelined(k_iters, num_stages=stages):
+                    # rows past the expert's end are read (they are other experts' rows or guarded
+                    # at Mtot) and never stored
+                    T.copy(X[r0, k * block_K], X_s)
+                    T.copy(SX[r0, k * kb], SX_s)
+                    T.copy(W[e, bx * block_N, k * (block_K // 2)], Wp_s)
+                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
+                    for j, kk in T.Parallel(block_N, block_K):
+                        W_s[j, kk] = T.reinterpret(
+                            T.Cast("uint8", fp4_to_e4m3_byte(
+                                T, T.bitwise_and(T.shift_right(T.Cast("int32", Wp_s[j, kk // 2]), (kk % 2) * 4), 15))),
+                            "float8_e4m3")
+                    # generic-proxy stores read next by wgmma (async proxy) need this fence
+                    T.fence_proxy_async()
+                    for s in T.unroll(kb):
+                        T.gemm(X_s[:, s * 32:(s + 1) * 32], W_s[:, s * 32:(s + 1) * 32], tmp, transpose_B=True,
+                               clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                        for i, j in T.Parallel(block_M, block_N):
+                            acc[i, j] += tmp[i, j] * (e8m0_f32(T, SX_s[i, s]) * e8m0_f32(T, SW_s[j, s]))
+                for i, j in T.Parallel(block_M, block_N):
+                    if mt * block_M + i < rows:
+                        C[r0 + i, bx * block_N + j] = acc[i, j]
+
+    return grouped_gemm_fp4
+
+
+def _dims(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
+
+
+MOE_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+             "threads": (128, 256)}
+
+
+def moe_default_config(target: Target, mtot: int, n: int, k: int, e: int) -> dict:
+    """Decode (under ~2 rows per expert on average): 64-row tiles and narrow N tiles, so the few
+    active experts still spread their weight stream over many CTAs. Prefill: 128-row tiles over
+    two warpgroups."""
+    if mtot <= 2 * e:
+        return {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128}
+    return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
+
+
+def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    mtot, n, k, e = _dims(spec)
+    c = dict(moe_default_config(target, mtot, n, k, e), **config)
+    func = grouped_gemm_fp4_program(mtot, n, k, e, **c)
+    return source(func, target.arch, {"template": "tilelang_grouped_gemm_fp4", "config": c,
+                                      "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
+
+
+register(Template(
+    name="tilelang_grouped_gemm_fp4",
+    ops=("grouped_gemm_fp4",),
+    targets=("sm90", "sm100"),
+    knobs=MOE_KNOBS,
+    render=_render,
+    default_config=lambda target, spec: moe_default_config(target, *_dims(spec)),
+    supports=lambda target, spec: _dims(spec)[2] % 128 == 0 and _dims(spec)[1] % 64 == 0,
+))
