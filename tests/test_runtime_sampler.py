@@ -1,0 +1,148 @@
+"""Sampler (spec §10): the SplitMix64 RNG against published and hand-derived values, the top-p then
+top-k filter, the fp64 inverse CDF, greedy ties; SamplingParams validation."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from deepinfer.runtime.sampler import (
+    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, filter_logits, sample, sample_from_logits,
+    sample_uniform, splitmix64, uniform,
+)
+from deepinfer.runtime.sampling_params import SamplingParams, SamplingParamsError
+
+NEG_INF = float("-inf")
+
+
+def test_splitmix64_matches_the_published_sequence():
+    # SplitMix64 seeded with 0 yields e220a8397b1dcdaf, 6e789e6aa1b965f4, 06c45d188009454f (Vigna's
+    # reference generator); our mix(z) includes the increment, so mix(k * GOLD) is output k+1.
+    assert GOLD == 0x9E3779B97F4A7C15
+    assert splitmix64(0) == 0xE220A8397B1DCDAF
+    assert splitmix64(GOLD) == 0x6E789E6AA1B965F4
+    assert splitmix64(2 * GOLD % 2 ** 64) == 0x06C45D188009454F
+    assert uniform(0) == (0xE220A8397B1DCDAF >> 11) / 2 ** 53
+
+
+def _np_mix(z):
+    """The same function written with numpy's wrapping uint64 arithmetic (an independent derivation)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(z) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return int(z ^ (z >> np.uint64(31)))
+
+
+@pytest.mark.parametrize("seed,pos", [(0, 0), (12345, 7), (2 ** 64 - 1, 100003), (987654321987654321, 31)])
+def test_sample_uniforms_follow_section_10(seed, pos):
+    with np.errstate(over="ignore"):
+        for case in (FRESH, RESIDUAL):
+            s = np.uint64(3 * pos + case) * np.uint64(GOLD)
+            z = np.uint64(seed) + (s ^ (s << np.uint64(13)))
+            assert sample_uniform(seed, pos, case) == (_np_mix(z) >> 11) * 2.0 ** -53
+        z = np.uint64(seed) ^ (np.uint64(3 * pos + 2) * np.uint64(GOLD))
+        assert sample_uniform(seed, pos, VERIFY) == (_np_mix(z) >> 11) * 2.0 ** -53
+        s = np.uint64(3 * pos) * np.uint64(GOLD)
+        z = np.uint64((seed + DRAFT_SEED_OFFSET) % 2 ** 64) + (s ^ (s << np.uint64(13)))
+        assert sample_uniform(seed, pos, FRESH, draft=True) == (_np_mix(z) >> 11) * 2.0 ** -53
+
+
+def test_sample_uniform_pinned_values():
+    # computed once from the formulas of §10; pins the function against silent changes
+    assert sample_uniform(0, 0) == pytest.approx(0.8833108082136426, abs=0)
+    assert sample_uniform(12345, 7) == pytest.approx(0.399495514874043, abs=0)
+    assert sample_uniform(12345, 7, VERIFY) == pytest.approx(0.5344270463249408, abs=0)
+    assert sample_uniform(12345, 7, draft=True) == pytest.approx(0.8622881021630102, abs=0)
+    with pytest.raises(ValueError):
+        sample_uniform(0, 0, case=3)
+
+
+def _kept(logits, **kw):
+    out = filter_logits(torch.tensor(logits), kw.get("temperature", 1.0), kw.get("top_p", 1.0), kw.get("top_k", -1))
+    return [i for i, v in enumerate(out.tolist()) if v != NEG_INF]
+
+
+def test_top_p_keeps_tokens_until_the_mass_before_them_exceeds_p():
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().tolist()
+    assert _kept(logits, top_p=0.7) == [0, 1]  # mass before token 2 is 0.8 > 0.7
+    assert _kept(logits, top_p=0.4) == [0]  # the top token always stays
+    assert _kept(logits, top_p=0.9) == [0, 1, 2]
+    assert _kept(logits, top_p=1.0) == [0, 1, 2, 3]
+    # order by probability, not by id
+    assert _kept([math.log(0.05), math.log(0.3), math.log(0.5), math.log(0.15)], top_p=0.7) == [1, 2]
+
+
+def test_top_p_applies_before_top_k():
+    # top-p on the full distribution keeps {0, 1}; top-k 2 keeps both. (Top-k first would renormalise
+    # to [.57, .43] and top-p 0.5 would then keep only token 0.)
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log().tolist()
+    assert _kept(logits, top_p=0.5, top_k=2) == [0, 1]
+    assert _kept(logits, top_k=3) == [0, 1, 2]
+    assert _kept(logits, top_k=10 ** 6) == [0, 1, 2, 3]  # k above the vocabulary keeps everything
+
+
+def test_ties_go_to_the_lowest_id():
+    assert _kept([1.0, 3.0, 3.0, 3.0, 0.0], top_k=2) == [1, 2]
+    greedy = SamplingParams(temperature=0)
+    assert sample(torch.tensor([[1.0, 3.0, 3.0], [5.0, 5.0, 0.0]]), [SampleRequest(greedy, 0, 0)] * 2) == [1, 0]
+    # below the 1e-5 clamp is greedy too; the seed plays no part
+    tiny_t = SamplingParams(temperature=1e-6)
+    assert sample(torch.tensor([[0.0, 2.0, 1.0]]), [SampleRequest(tiny_t, 99, 5)]) == [1]
+
+
+def test_temperature_scales_logits():
+    out = filter_logits(torch.tensor([1.0, 2.0]), 0.5, 1.0, -1)
+    assert out.tolist() == [2.0, 4.0]
+
+
+def test_inverse_cdf_in_fp64():
+    logits = torch.tensor([0.25, 0.25, 0.5]).log()
+    assert sample_from_logits(logits, 0.0) == 0
+    assert sample_from_logits(logits, 0.3) == 1
+    assert sample_from_logits(logits, 0.5) == 2  # cdf[1] == 0.5 is not > 0.5
+    assert sample_from_logits(logits, 1 - 2 ** -53) == 2
+    masked = torch.tensor([NEG_INF, 0.0, NEG_INF, 0.0])
+    assert {sample_from_logits(masked, u) for u in (0.0, 0.2, 0.49, 0.51, 0.99)} == {1, 3}
+
+
+def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
+    probs = torch.tensor([0.1, 0.6, 0.05, 0.25])
+    logits = probs.log().unsqueeze(0)
+    p = SamplingParams(temperature=1.0, top_k=3)
+    draws = [sample(logits, [SampleRequest(p, 42, pos)])[0] for pos in range(4000)]
+    assert draws == [sample(logits, [SampleRequest(p, 42, pos)])[0] for pos in range(4000)]
+    assert draws != [sample(logits, [SampleRequest(p, 43, pos)])[0] for pos in range(4000)]
+    counts = np.bincount(draws, minlength=4) / len(draws)
+    assert counts[2] == 0  # the top-k 3 drops the 0.05 token
+    kept = probs.clone()
+    kept[2] = 0
+    kept /= kept.sum()
+    # 4000 draws: the standard error of a frequency is <= 0.008; 0.03 is ~4 sigma
+    assert np.abs(counts - kept.numpy()).max() < 0.03, counts
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.01}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": -2}, "top_k"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"seed": -1}, "seed"),
+    ({"stop": [""]}, "stop"),
+    ({"stop_token_ids": [-3]}, "stop_token_ids"),
+])
+def test_sampling_params_reject_bad_values_in_one_line(kwargs, needle):
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**kwargs)
+    assert isinstance(e.value, ValueError)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sampling_params_accept_edges():
+    SamplingParams(temperature=0, top_p=1.0, top_k=-1, max_tokens=1, seed=2 ** 64 - 1)
+    assert SamplingParams(top_k=10 ** 9).top_k == 10 ** 9
+    assert SamplingParams(stop="###").stop == ["###"]
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-5).greedy
