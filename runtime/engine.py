@@ -1,0 +1,199 @@
+"""The engine: requests in, one step at a time, finished requests out.
+
+A step is four functions run in order: `schedule` (scheduler) -> `prepare_inputs` (the ragged
+batch and what the sampler needs) -> `execute` (the model step and the sampler: device work) ->
+`process_outputs` (append tokens, detokenize, finish). Only `execute` touches the executor, and
+`prepare_inputs` needs nothing from the previous step's `execute` except the caches it filled, so
+a later version can schedule and prepare step N+1 while step N runs on the device.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from itertools import count
+
+
+from ..models.tokenizer import Tokenizer
+from .batch import SeqChunk
+from .cache import CacheManager
+from .executor import Executor
+from .sampler import SampleRequest, sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduled, Scheduler
+from .sequence import RequestOutput, Sequence
+
+
+class RequestError(ValueError):
+    """A request the engine cannot take (empty or too long prompt, token outside the vocabulary)."""
+
+
+class EngineConfigError(ValueError):
+    """Engine limits that do not fit together or do not fit the executor's pools."""
+
+
+@dataclass
+class PreparedStep:
+    batch: list[Scheduled]
+    chunks: list[SeqChunk]
+    samples: list[SampleRequest]  # one per sampled chunk, in chunk order
+    sampled: list[Sequence]
+
+
+class LLMEngine:
+    def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
+                 max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None):
+        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_model_len", max_model_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise EngineConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        if executor.num_slots < max_num_seqs:
+            raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
+                                    f"the executor has {executor.num_slots}")
+        self.cache = CacheManager(executor.num_slots, executor.num_pages, executor.page_tokens)
+        if self.cache.pages_for(max_model_len) > executor.num_pages:
+            # one sequence at max_model_len must fit alone, or preemption could never make room for it
+            raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "
+                                    f"pages; the executor has {executor.num_pages}")
+        self.executor, self.tokenizer = executor, tokenizer
+        self.max_model_len = max_model_len
+        self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
+        self._seeds = random.Random(seed)  # seeds of requests that bring none
+        self._ids = count()
+        self._sequences: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []  # finished by abort_request, reported by the next step()
+        self.num_steps = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise RequestError("the prompt is empty (it needs at least one token)")
+        if len(prompt_token_ids) > self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt_token_ids)} tokens, more than max_model_len "
+                               f"{self.max_model_len}")
+        vocab = self.executor.vocab_size
+        bad = next((t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, int)
+                    or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt token {bad!r} is not an id in [0, {vocab})")
+
+    def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None, request_id: str | None = None) -> str:
+        """Queue a request (text, or token ids); returns its id. Text prompts start with BOS."""
+        if prompt_token_ids is None:
+            if prompt is None:
+                raise RequestError("a request needs a prompt or prompt_token_ids")
+            prompt_token_ids = self.tokenizer.encode(prompt, add_bos=True) if prompt else []
+        prompt_token_ids = list(prompt_token_ids)
+        self.validate_prompt(prompt_token_ids)
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self._sequences:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
+        seq = Sequence(request_id, prompt, prompt_token_ids, params, seed, time.time())
+        self._sequences[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> bool:
+        """End a waiting or running request now; its output (reason "abort") comes with the next step.
+        Returns False for an unknown or already finished request."""
+        seq = self.scheduler.find(str(request_id))
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        self._aborted.append(seq)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # ---- one step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the requests that finished in it (and any aborted since)."""
+        finished, self._aborted = self._aborted, []
+        batch = self.scheduler.schedule()
+        if batch:
+            prepared = self.prepare_inputs(batch)
+            tokens = self.execute(prepared)
+            finished += self.process_outputs(prepared, tokens)
+        elif self.scheduler.has_unfinished():
+            raise RuntimeError("the scheduler found nothing to run while requests are pending")
+        return [RequestOutput.of(s) for s in finished]
+
+    def prepare_inputs(self, batch: list[Scheduled]) -> PreparedStep:
+        chunks, samples, sampled = [], [], []
+        for s in batch:
+            seq, start = s.seq, s.seq.num_cached
+            slot = self.cache.slot(seq.request_id)
+            if start == 0:
+                self.executor.reset_slot(slot)  # a fresh (or recomputed) sequence starts from a clean slot
+            chunks.append(SeqChunk(slot, start, seq.token_ids[start:start + s.num_tokens],
+                                   list(self.cache.pages(seq.request_id)), sample=s.samples))
+            if s.samples:
+                # §10: the sample position is the position the new token takes (seqlen_k)
+                samples.append(SampleRequest(seq.params, seq.seed, len(seq.token_ids)))
+                sampled.append(seq)
+        return PreparedStep(batch, chunks, samples, sampled)
+
+    def execute(self, prepared: PreparedStep) -> list[int]:
+        logits = self.executor.step(prepared.chunks)
+        return sample(logits, prepared.samples) if prepared.samples else []
+
+    def process_outputs(self, prepared: PreparedStep, tokens: list[int]) -> list[Sequence]:
+        self.scheduler.advance(prepared.batch)
+        now, finished = time.time(), []
+        for seq, token in zip(prepared.sampled, tokens):
+            seq.token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._check_stop(seq, token)
+            if reason:
+                self._finish(seq, reason)
+                finished.append(seq)
+        self.num_steps += 1
+        return finished
+
+    # ---- finishing ------------------------------------------------------------------------------
+
+    def _check_stop(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        if not p.ignore_eos and token == self.tokenizer.eos_id:
+            seq.stop_reason = token
+            return "stop"
+        if p.stop_token_ids and token in p.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if p.stop:
+            text = self._detokenize(seq)
+            hits = [(text.find(s), s) for s in p.stop if s in text]
+            if hits:
+                at, s = min(hits)
+                seq.text, seq.stop_reason = text[:at], s  # like vLLM, the stop string is not emitted
+                return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _detokenize(self, seq: Sequence) -> str:
+        ids = seq.output_token_ids
+        if seq.stop_reason is not None and not isinstance(seq.stop_reason, str):
+            ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
+        return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        if not isinstance(seq.stop_reason, str):  # a stop string already cut the text
+            seq.text = self._detokenize(seq)
+        seq.finish_time = time.time()
+        del self._sequences[seq.request_id]
+
+    def stats(self) -> dict:
+        return {"steps": self.num_steps, "preemptions": self.scheduler.num_preemptions,
+                "free_slots": self.cache.free_slots, "free_pages": self.cache.free_pages,
+                "free_tokens": self.cache.free_tokens}

@@ -1,0 +1,95 @@
+"""Continuous batching: which sequences run in the next step, with how many tokens each.
+
+Every step gets a budget of `max_num_batched_tokens` rows. Running sequences go first, oldest
+first: a decode row each, or the next chunk of a prompt (chunked prefill). Then waiting sequences
+are admitted in arrival order while the budget, `max_num_seqs`, a free state slot and pages last.
+When a running sequence needs a page and none is free, the newest running sequence is preempted
+by recompute: its slot and pages go back to the pool and it returns to the front of the queue
+with its generated tokens as part of its prompt (the sampler's positions make its later tokens
+the same as if it had never stopped).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .cache import CacheManager
+from .sequence import Sequence, SeqStatus
+
+
+@dataclass
+class Scheduled:
+    seq: Sequence
+    num_tokens: int  # rows this step: token_ids[num_cached : num_cached + num_tokens]
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the end of the sequence's tokens (so the step samples it)."""
+        return self.seq.num_cached + self.num_tokens == len(self.seq.token_ids)
+
+
+class Scheduler:
+    def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.cache = cache
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Scheduled]:
+        budget, batch = self.max_num_batched_tokens, []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncached, budget)
+            while not self.cache.can_cover(seq.request_id, seq.num_cached + n) and self.running[-1] is not seq:
+                self._preempt(self.running[-1])
+            if not self.cache.can_cover(seq.request_id, seq.num_cached + n):
+                self._preempt(seq)  # the newest left: nothing younger to take pages from
+                break
+            self.cache.grow(seq.request_id, seq.num_cached + n)
+            batch.append(Scheduled(seq, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncached, budget)
+            if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, n):
+                break  # first come first served: nobody overtakes the head of the queue
+            self.cache.allocate(seq.request_id, n)
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.append(Scheduled(seq, n))
+            budget -= n
+        return batch
+
+    def advance(self, batch: list[Scheduled]) -> None:
+        """After the step ran: the caches now hold each scheduled chunk."""
+        for s in batch:
+            s.seq.num_cached += s.num_tokens
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        self.cache.free(seq.request_id)
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+
+    def find(self, request_id: str) -> Sequence | None:
+        return next((s for q in (self.running, self.waiting) for s in q if s.request_id == request_id), None)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.cache.free(seq.request_id)
+        seq.num_cached, seq.status = 0, SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

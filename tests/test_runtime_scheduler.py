@@ -1,0 +1,274 @@
+"""Cache manager and scheduler, driven through the engine with a fake executor that behaves like a
+real cache: it remembers, per slot and per page, exactly what it was fed, refuses a chunk that does
+not continue its slot's history or whose pages do not hold that history, and derives each logits
+row from the sequence's whole history. So any scheduling bug (wrong start, a page shared by two
+live sequences, a lost token at preemption) changes tokens or raises, and the expected output of
+every request is known without running a model."""
+import random
+
+import pytest
+import torch
+
+from deepinfer.runtime.cache import CacheFull, CacheManager
+from deepinfer.runtime.engine import EngineConfigError, LLMEngine, RequestError
+from deepinfer.runtime.executor import Executor
+from deepinfer.runtime.sampling_params import SamplingParams
+
+VOCAB = 50
+EOS = 1
+
+
+class FakeTokenizer:
+    eos_id = EOS
+
+    def encode(self, text, add_bos=False):
+        return ([0] if add_bos else []) + [3 + (ord(c) % (VOCAB - 3)) for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def next_token(history: list[int]) -> int:
+    """The fake model's greedy choice after `history`; never EOS, so lengths are decided by max_tokens."""
+    return 2 + (sum((i + 1) * t for i, t in enumerate(history)) * 2654435761) % (VOCAB - 2)
+
+
+class FakeExecutor:
+    def __init__(self, num_slots, num_pages, page_tokens=4):
+        self.num_slots, self.num_pages, self.page_tokens, self.vocab_size = num_slots, num_pages, page_tokens, VOCAB
+        self.history = {s: [] for s in range(num_slots)}
+        self.page_data = {p: [None] * page_tokens for p in range(num_pages)}
+        self.steps = self.rows = 0
+
+    def reset_slot(self, slot):
+        self.history[slot] = []
+
+    def step(self, chunks):
+        slots = [c.slot for c in chunks]
+        assert len(set(slots)) == len(slots), "a slot twice in one step"
+        pages = [p for c in chunks for p in c.pages]
+        assert len(set(pages)) == len(pages), "a page shared by two sequences"
+        rows = []
+        for c in chunks:
+            hist = self.history[c.slot]
+            assert c.start == len(hist), f"slot {c.slot}: chunk starts at {c.start}, cache holds {len(hist)}"
+            end = c.start + len(c.tokens)
+            assert len(c.pages) == -(-end // self.page_tokens), "pages do not cover the chunk exactly"
+            for pos in range(c.start):  # the pages still hold this sequence's earlier tokens
+                assert self.page_data[c.pages[pos // self.page_tokens]][pos % self.page_tokens] == hist[pos], \
+                    f"slot {c.slot}: page content of position {pos} was overwritten"
+            for pos, t in zip(range(c.start, end), c.tokens):
+                self.page_data[c.pages[pos // self.page_tokens]][pos % self.page_tokens] = t
+            hist.extend(c.tokens)
+            if c.sample:
+                row = torch.linspace(0, 1, VOCAB)  # a spread-out distribution for sampled requests
+                row[next_token(hist)] = 5.0
+                rows.append(row)
+        self.steps += 1
+        self.rows += sum(len(c.tokens) for c in chunks)
+        return torch.stack(rows) if rows else torch.zeros(0, VOCAB)
+
+    def draft(self, seqs, block=3):
+        """The fake model's own greedy continuation after t*, with zero confidence logits."""
+        drafts = []
+        for d in seqs:
+            hist = self.history[d.slot] + [d.first]
+            drafts.append(expected(hist, block))
+        return torch.tensor(drafts), torch.zeros(len(seqs), block)
+
+
+def expected(prompt, n):
+    hist = list(prompt)
+    for _ in range(n):
+        hist.append(next_token(hist))
+    return hist[len(prompt):]
+
+
+def make_engine(num_slots=4, num_pages=8, page_tokens=4, **kw):
+    ex = FakeExecutor(num_slots, num_pages, page_tokens)
+    kw.setdefault("max_num_seqs", num_slots)
+    kw.setdefault("max_num_batched_tokens", 16)
+    kw.setdefault("max_model_len", 32)
+    return LLMEngine(ex, FakeTokenizer(), **kw), ex
+
+
+def run_all(engine, limit=10_000):
+    outs = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return outs
+        for o in engine.step():
+            outs[o.request_id] = o
+    raise AssertionError("engine did not finish")
+
+
+# ---- cache manager ------------------------------------------------------------------------------
+
+def test_cache_manager_allocates_grows_and_frees_without_leaks():
+    cm = CacheManager(num_slots=2, num_pages=5, page_tokens=128)
+    assert cm.pages_for(0) == 0 and cm.pages_for(1) == 1 and cm.pages_for(128) == 1 and cm.pages_for(129) == 2
+    assert cm.allocate("a", 200) == 0 and cm.pages("a") == [0, 1]
+    assert cm.free_tokens == 3 * 128
+    assert cm.grow("a", 256) == [0, 1] and cm.grow("a", 257) == [0, 1, 2]
+    assert cm.allocate("b", 1) == 1
+    with pytest.raises(CacheFull):
+        cm.allocate("c", 1)  # no slot left
+    with pytest.raises(CacheFull):
+        cm.grow("b", 129 + 128)  # needs 2 more pages, 1 free
+    assert cm.pages("b") == [3]  # all or nothing
+    assert not cm.can_cover("a", 5 * 128) and cm.can_cover("a", 4 * 128)
+    cm.free("a")
+    cm.free("a")  # freeing twice is harmless
+    assert cm.free_pages == 4 and cm.free_slots == 1
+    cm.check_no_leak()
+    cm.free("b")
+    assert cm.free_pages == 5 and cm.free_slots == 2
+    cm.check_no_leak()
+    assert cm.allocate("d", 1) == 0 and cm.pages("d") == [0]  # lowest ids first again
+
+
+# ---- scheduler through the engine ---------------------------------------------------------------
+
+def test_preemption_by_recompute_gives_the_same_tokens():
+    # 5 pages of 4 tokens; two sequences growing to 12 tokens (3 pages) each cannot both fit: the newer is
+    # preempted, restarts with its generated tokens as prompt, and still produces the same tokens
+    engine, ex = make_engine(num_slots=2, num_pages=5, page_tokens=4, max_num_batched_tokens=64, max_model_len=20)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    a = engine.add_request(prompt_token_ids=[5, 6, 7, 8], params=greedy)
+    b = engine.add_request(prompt_token_ids=[9, 10, 11, 12], params=greedy)
+    outs = run_all(engine)
+    assert engine.scheduler.num_preemptions >= 1
+    assert outs[a].token_ids == expected([5, 6, 7, 8], 8)
+    assert outs[b].token_ids == expected([9, 10, 11, 12], 8)
+    engine.cache.check_no_leak()
+    assert engine.cache.free_pages == 5 and engine.cache.free_slots == 2
+
+
+def test_chunked_prefill_respects_the_token_budget():
+    engine, ex = make_engine(num_slots=3, num_pages=30, page_tokens=4, max_num_batched_tokens=5, max_model_len=40)
+    prompts = [list(range(3, 3 + n)) for n in (17, 3, 11)]
+    ids = [engine.add_request(prompt_token_ids=p, params=SamplingParams(temperature=0, max_tokens=4))
+           for p in prompts]
+    rows_before = 0
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id] = o
+        assert ex.rows - rows_before <= 5
+        rows_before = ex.rows
+    for rid, p in zip(ids, prompts):
+        assert outs[rid].token_ids == expected(p, 4)
+    # 31 prompt rows + 3 * 3 decode rows, no recompute
+    assert ex.rows == 31 + 9
+
+
+def test_random_load_with_aborts_and_preemption_leaks_nothing():
+    rng = random.Random(7)
+    engine, ex = make_engine(num_slots=6, num_pages=10, page_tokens=4, max_num_batched_tokens=20, max_model_len=24)
+    want, aborted, outs = {}, set(), {}
+    pending = 300
+    while pending or engine.has_unfinished_requests():
+        for _ in range(min(rng.randint(0, 4), pending)):
+            prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
+            n = rng.randint(1, 8)
+            rid = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=n))
+            want[rid] = expected(prompt, n)
+            pending -= 1
+        if rng.random() < 0.15 and want:
+            victim = rng.choice(sorted(want))
+            if engine.abort_request(victim):
+                aborted.add(victim)
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert engine.scheduler.num_preemptions > 0
+    assert set(outs) == set(want)
+    for rid, o in outs.items():
+        if rid in aborted:
+            assert o.finish_reason == "abort"
+            assert o.token_ids == want[rid][:len(o.token_ids)]
+        else:
+            assert o.finish_reason == "length" and o.token_ids == want[rid], rid
+    engine.cache.check_no_leak()
+    assert engine.cache.free_pages == 10 and engine.cache.free_slots == 6
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_finish_reasons_and_stop_strings():
+    engine, _ = make_engine(num_slots=4, num_pages=40, max_model_len=12)
+    prompt = [4, 5, 6]
+    gen = expected(prompt, 9)
+    text = FakeTokenizer().decode(gen)
+    stop_id = engine.add_request(prompt_token_ids=prompt,
+                                 params=SamplingParams(temperature=0, max_tokens=9, stop_token_ids=[gen[2]]))
+    stop_str = engine.add_request(prompt_token_ids=prompt,
+                                  params=SamplingParams(temperature=0, max_tokens=9, stop=[text[3:5]]))
+    length = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=9))
+    outs = run_all(engine)
+    first = min(i for i in range(len(gen)) if gen[i] == gen[2])
+    assert outs[stop_id].finish_reason == "stop" and outs[stop_id].token_ids == gen[:first + 1]
+    assert outs[stop_id].stop_reason == gen[2]
+    assert outs[stop_id].text == text[:first]  # the stop token's text is left out
+    at = text.find(text[3:5])
+    assert outs[stop_str].finish_reason == "stop" and outs[stop_str].text == text[:at]
+    assert outs[stop_str].stop_reason == text[3:5]
+    # max_model_len 12 ends it before max_tokens: 3 prompt + 9 generated = 12
+    assert outs[length].finish_reason == "length" and outs[length].token_ids == gen
+    m = outs[length].metrics
+    assert m.arrival_time <= m.first_token_time <= m.finish_time
+
+
+def test_eos_ends_a_request_unless_ignored():
+    engine, ex = make_engine()
+    real_step = ex.step
+
+    def eos_after_two(chunks):
+        logits = real_step(chunks)
+        for i, c in enumerate(c for c in chunks if c.sample):
+            if len(ex.history[c.slot]) >= 5:
+                logits[i, EOS] = 100.0
+        return logits
+
+    ex.step = eos_after_two
+    stops = engine.add_request(prompt_token_ids=[3, 4, 5], params=SamplingParams(temperature=0, max_tokens=6))
+    ignores = engine.add_request(prompt_token_ids=[3, 4, 5],
+                                 params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    outs = run_all(engine)
+    assert outs[stops].finish_reason == "stop" and outs[stops].token_ids[-1] == EOS
+    assert len(outs[stops].token_ids) == 3 and outs[stops].stop_reason == EOS
+    assert outs[ignores].finish_reason == "length" and len(outs[ignores].token_ids) == 6
+
+
+def test_seeded_sampling_does_not_depend_on_batch_or_preemption():
+    params = SamplingParams(temperature=2.0, top_p=0.9, seed=1234, max_tokens=10)
+    alone, _ = make_engine(num_slots=1, num_pages=40, max_model_len=20)
+    rid = alone.add_request(prompt_token_ids=[7, 8, 9], params=params)
+    ref = run_all(alone)[rid].token_ids
+    crowded, _ = make_engine(num_slots=4, num_pages=6, max_model_len=20, max_num_batched_tokens=3)
+    others = [crowded.add_request(prompt_token_ids=[3 + i] * (2 + i), params=SamplingParams(seed=i, max_tokens=10))
+              for i in range(3)]
+    rid = crowded.add_request(prompt_token_ids=[7, 8, 9], params=params)
+    outs = run_all(crowded)
+    assert crowded.scheduler.num_preemptions > 0
+    assert outs[rid].token_ids == ref
+    assert len(set(ref)) > 3  # temperature 2 over a spread distribution really samples
+    assert all(outs[o].finish_reason == "length" for o in others)
+
+
+def test_request_and_engine_errors_are_one_line():
+    engine, _ = make_engine(max_model_len=16)
+    for kwargs, needle in [({"prompt_token_ids": []}, "empty"), ({"prompt": ""}, "empty"),
+                           ({"prompt_token_ids": [3] * 17}, "max_model_len"),
+                           ({"prompt_token_ids": [3, VOCAB]}, "not an id"), ({}, "prompt")]:
+        with pytest.raises(RequestError) as e:
+            engine.add_request(**kwargs)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    engine.add_request(prompt_token_ids=[3], request_id="x")
+    with pytest.raises(RequestError, match="already in use"):
+        engine.add_request(prompt_token_ids=[3], request_id="x")
+    assert engine.abort_request("x") and not engine.abort_request("x") and not engine.abort_request("nope")
+    assert [o.finish_reason for o in engine.step()] == ["abort"]
+    with pytest.raises(EngineConfigError, match="max_model_len 100 needs 25 pages"):
+        make_engine(num_pages=8, max_model_len=100)
+    with pytest.raises(EngineConfigError, match="max_num_seqs"):
+        make_engine(num_slots=2, max_num_seqs=3)
+    assert isinstance(FakeExecutor(1, 1), Executor)
