@@ -95,10 +95,11 @@ def fp4_encode(x: torch.Tensor) -> torch.Tensor:
     return code | ((x < 0).to(torch.uint8) << 3)
 
 
+_FP4_VALUES = torch.cat([FP4_GRID, -FP4_GRID])  # value of each 4-bit code 0..15
+
+
 def fp4_decode(codes: torch.Tensor) -> torch.Tensor:
-    c = codes.to(torch.int64)
-    mag = FP4_GRID.to(codes.device)[c & 7]
-    return torch.where((c & 8) != 0, -mag, mag)
+    return _FP4_VALUES.to(codes.device)[codes.to(torch.int64) & 15]
 
 
 def fp4_pack(codes: torch.Tensor) -> torch.Tensor:

@@ -193,8 +193,20 @@ class Graph:
                 g.add_edge(prod.get(v, v), i, key=v)
         return g
 
+    def state_order_edges(self) -> list[tuple[int, int]]:
+        """(reader, writer) pairs: a node reading a state buffer's old version must run before the
+        node that overwrites it in place (not a dataflow edge, so sorting must add it)."""
+        prod = self.producers()
+        edges = []
+        for root, writers in self.state_writes().items():
+            w = writers[0]
+            old = {v for v in self.types if self.state_root(v, prod) == root and (v not in prod or prod[v] < w)}
+            edges += [(i, w) for i, n in enumerate(self.nodes) if i != w and old.intersection(n.inputs)]
+        return edges
+
     def topo_order(self) -> list[int]:
         g = self.to_networkx()
+        g.add_edges_from(self.state_order_edges())
         # ties broken by program order, so an already-ordered graph keeps its order
         key = lambda v: (1, "", v) if isinstance(v, int) else (0, v, 0)  # noqa: E731
         return [v for v in nx.lexicographical_topological_sort(g, key=key) if isinstance(v, int)]
@@ -242,6 +254,11 @@ class Graph:
         for n in self.nodes:
             out[n.op] = out.get(n.op, 0) + 1
         return dict(sorted(out.items()))
+
+    def reordered(self) -> "Graph":
+        """A copy with nodes in a topological order that keeps state reads before their in-place
+        writes and otherwise keeps the current order."""
+        return self.replace_nodes([self.nodes[i] for i in self.topo_order()])
 
     def copy(self) -> "Graph":
         g = Graph(self.name, dict(self.types), list(self.inputs), list(self.params), list(self.state),

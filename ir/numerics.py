@@ -14,9 +14,27 @@ from __future__ import annotations
 import torch
 
 
+# fp64 copies of constant tensors (weights), made once where a plan executor asks for them: the
+# conversion of a large weight every step would cost more than the product itself on the CPU.
+_F64: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def keep_f64(t: torch.Tensor, t64: torch.Tensor | None = None) -> None:
+    _F64[id(t)] = (t, t.double() if t64 is None else t64)
+
+
+def forget_f64() -> None:
+    _F64.clear()
+
+
+def as64(t: torch.Tensor) -> torch.Tensor:
+    hit = _F64.get(id(t))
+    return hit[1] if hit is not None and hit[0] is t else t.double()
+
+
 def mm32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w^T, fp32 result accumulated in fp64."""
-    return (x.double() @ w.double().t()).float()
+    return (as64(x) @ as64(w).t()).float()
 
 
 def sum32(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:

@@ -52,6 +52,9 @@ class OpDef:
     n_inputs: int | None = None  # None: variadic
 
     def check_attrs(self, attrs: Mapping[str, Any]) -> dict:
+        """The op's attributes with defaults filled in. Keys starting with '@' are annotations that
+        passes attach (kernel choice, operand formats); they do not change the semantics."""
+        attrs = {k: v for k, v in attrs.items() if not k.startswith("@")}
         unknown = set(attrs) - set(self.attrs)
         if unknown:
             raise ShapeError(f"unknown attribute(s) {', '.join(sorted(unknown))}")

@@ -6,7 +6,7 @@ sympy can simplify `(num_tokens*4)/4` and decide `Max(1, num_tokens)`.
 """
 from __future__ import annotations
 
-from functools import reduce
+from functools import lru_cache, reduce
 from typing import Iterable, Mapping, Union
 
 import sympy
@@ -35,6 +35,8 @@ num_slots = sym("num_slots")  # per-sequence state slots of the cache manager
 
 def dim(d) -> Dim:
     """Normalise a dim: ints stay ints, expressions are simplified and collapse to ints if constant."""
+    if isinstance(d, sympy.Basic):
+        return _simplified(d)
     if isinstance(d, bool):
         raise TypeError("a dim cannot be a bool")
     if isinstance(d, int):
@@ -45,7 +47,15 @@ def dim(d) -> Dim:
         return parse_dim(d)
     if isinstance(d, float):
         raise TypeError(f"a dim cannot be a float ({d})")
-    e = sympy.simplify(sympy.sympify(d))
+    return _simplified(sympy.sympify(d))
+
+
+@lru_cache(maxsize=65536)
+def _simplified(e: sympy.Basic) -> Dim:
+    # graphs repeat the same few dims thousands of times; simplify is the slow part
+    if e.is_Symbol:
+        return e
+    e = sympy.simplify(e)
     if e.is_Integer:
         return int(e)
     return e
@@ -55,6 +65,7 @@ def shape(dims: Iterable) -> tuple[Dim, ...]:
     return tuple(dim(d) for d in dims)
 
 
+@lru_cache(maxsize=65536)
 def parse_dim(text: str) -> Dim:
     """Parse `4*num_tokens` etc.; unknown names become positive-integer symbols."""
     text = text.strip()
@@ -132,6 +143,19 @@ def bind(dims: tuple[Dim, ...], concrete: tuple[int, ...], env: dict, what: str)
 
 
 def evaluate(dims: tuple[Dim, ...], env: Mapping[str, int]) -> tuple[int, ...]:
+    """Every dim as an int under `env` (name -> int); raises naming the unbound symbols."""
+    table = {sym(k): v for k, v in env.items()}
+    fast = []
+    for d in dims:
+        if isinstance(d, int):
+            fast.append(d)
+            continue
+        v = d.xreplace(table)
+        if not (isinstance(v, int) or v.is_Integer):
+            break
+        fast.append(int(v))
+    else:
+        return tuple(fast)
     out = subs(dims, env)
     if not is_static(out):
         missing = sorted(s.name for s in free_symbols(out))

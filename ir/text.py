@@ -67,7 +67,7 @@ def print_graph(g: Graph) -> str:
 
 # ---- parsing ----------------------------------------------------------------------------------
 
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.@")
 
 
 class _Cursor:
@@ -209,6 +209,14 @@ class _Cursor:
             return float(tok)
         except ValueError:
             raise self.error(f"bad number {tok!r}", i) from None
+
+
+def parse_type(text: str) -> Type:
+    """A type in the text form, e.g. `fp8e4m3[num_slots,22,128]{e8m0[num_slots,22,4],1x1x32}`."""
+    c = _Cursor(text, 1)
+    t = c.type_()
+    c.done()
+    return t
 
 
 def parse_graph(text: str) -> Graph:

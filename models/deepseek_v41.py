@@ -435,16 +435,19 @@ def _name(cfg: ModelConfig) -> str:
 
 # ---- weights ------------------------------------------------------------------------------------
 
+TOKEN_MAP_SOURCE = "data:engram_token_map_v41"
+
+
 def param_sources(program: ModelProgram) -> dict[str, list[str]]:
     """Graph param -> the checkpoint tensors it is made of, in order: a quantised param is
     [weight, scale]; stacked routed experts are [e0.weight, e0.scale, e1.weight, ...]; the Engram
-    token map comes from the shipped data file, not the checkpoint (empty list)."""
+    token map is the shipped data file (`data:` source), not a checkpoint tensor."""
     out: dict[str, list[str]] = {}
     for g in program.graphs.values():
         for name in g.params:
             t = g.types[name]
             if name == "engram.token_map":
-                out[name] = []
+                out[name] = [TOKEN_MAP_SOURCE]
             elif ".ffn.experts." in name:
                 prefix, w = name.rsplit(".experts.", 1)
                 out[name] = [f"{prefix}.experts.{e}.{w}.{k}" for e in range(t.shape[0]) for k in ("weight", "scale")]
@@ -455,21 +458,28 @@ def param_sources(program: ModelProgram) -> dict[str, list[str]]:
     return out
 
 
-def load_params(program: ModelProgram, checkpoint) -> dict:
-    """Graph params from a checkpoint mapping (name -> tensor, see models.checkpoint)."""
+def materialize_params(sources: dict[str, list[str]], checkpoint) -> dict:
+    """Graph params from their sources (see param_sources) and a checkpoint mapping
+    (name -> tensor, models.checkpoint): one tensor as is, [weight, scale] as a quantised value,
+    a longer list as the stack of its [weight, scale] pairs."""
     import torch
 
     from ..ir.quant import QTensor
 
     params = {}
-    for name, sources in param_sources(program).items():
-        if not sources:
+    for name, src in sources.items():
+        if src == [TOKEN_MAP_SOURCE]:
             params[name] = torch.from_numpy(load_engram_token_map().astype("int32"))
-        elif len(sources) == 1:
-            params[name] = checkpoint[sources[0]]
-        elif ".ffn.experts." in name:
-            params[name] = QTensor(torch.stack([checkpoint[s] for s in sources[0::2]]),
-                                   torch.stack([checkpoint[s] for s in sources[1::2]]))
+        elif len(src) == 1:
+            params[name] = checkpoint[src[0]]
+        elif len(src) == 2:
+            params[name] = QTensor(checkpoint[src[0]], checkpoint[src[1]])
         else:
-            params[name] = QTensor(checkpoint[sources[0]], checkpoint[sources[1]])
+            params[name] = QTensor(torch.stack([checkpoint[s] for s in src[0::2]]),
+                                   torch.stack([checkpoint[s] for s in src[1::2]]))
     return params
+
+
+def load_params(program: ModelProgram, checkpoint) -> dict:
+    """Every param of the program's graphs from a checkpoint mapping."""
+    return materialize_params(param_sources(program), checkpoint)

@@ -152,10 +152,10 @@ def _linear_flops(ins, outs, a):
 def linear(x, w, *, out_dtype, compute):
     """y = x @ w^T with fp32 accumulation; `compute` is the operand precision: "f32" (weights
     promoted, spec §3.6) or "bf16" (a bf16 GEMM: bf16 operands, fp32 accumulation)."""
-    if compute == "f32":
-        y = nm.mm32(x.float(), w.float())
+    if compute == "f32":  # a bf16 weight promoted to fp32 is exact, and so is its fp64 copy
+        y = nm.mm32(x.float(), w)
     elif compute == "bf16":
-        y = nm.mm32(x.bfloat16().float(), w.bfloat16().float())
+        y = nm.mm32(x.bfloat16().float(), w if w.dtype == torch.bfloat16 else w.bfloat16())
     else:
         raise ValueError(f"unknown compute precision {compute!r}")
     return y.to(dt.dtype(out_dtype).storage if out_dtype else x.dtype)
@@ -180,6 +180,18 @@ def reshape(x, *, shape):
 
 
 def _concat_rule(ins, a):
+    from ..types import QuantType
+
+    if ins and all(isinstance(t, QuantType) for t in ins):
+        # quantised operands concatenate data and scales alike; blocks must not straddle the seam
+        ax = norm_axis(a["axis"], ins[0].rank)
+        if any(t.block != ins[0].block or t.scale.dtype != ins[0].scale.dtype for t in ins):
+            raise ShapeError("concat of quantised operands needs one block shape and scale format")
+        if any(not isinstance(t.shape[ax], int) or t.shape[ax] % t.block[ax] for t in ins):
+            raise ShapeError("concat axis must be a whole number of blocks in every operand")
+        (data,) = _concat_rule([t.data for t in ins], a)
+        (scale,) = _concat_rule([t.scale for t in ins], a)
+        return [QuantType(data, scale, ins[0].block)]
     ts = [want_tensor(t, f"operand {i}") for i, t in enumerate(ins)]
     if not ts:
         raise ShapeError("concat needs at least one operand")
@@ -196,6 +208,10 @@ def _concat_rule(ins, a):
 
 @op("concat", infer=_concat_rule, flops=lambda i, o, a: 0, attrs={"axis": -1})
 def concat(*xs, axis):
+    from ..quant import QTensor
+
+    if isinstance(xs[0], QTensor):
+        return QTensor(torch.cat([x.data for x in xs], dim=axis), torch.cat([x.scale for x in xs], dim=axis))
     return torch.cat(xs, dim=axis)
 
 

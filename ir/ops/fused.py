@@ -13,7 +13,7 @@ from ..types import TensorType, quantized
 from . import attention as at
 from . import core, mhc, moe
 from .core import want_dims, want_float, want_tensor
-from .quantized import last_dim_block, want_quant
+from .quantized import expert_weight, last_dim_block, want_quant
 
 
 def _infer(name, ins, attrs):
@@ -106,8 +106,10 @@ def _router_rule(ins, a):
 def moe_router(logits, bias, *, k, scale, renorm):
     """s = sqrt(softplus(logits)); the top k of s + bias (lowest id on ties); weights s[sel]
     renormalised and scaled (noaux_tc: the bias only selects)."""
-    s = torch.sqrt(core.softplus(logits))
-    sel = moe.topk_ids(core.add(s, bias), k=k)
+    from ..registry import get_op
+
+    s = get_op("sqrt").ref(get_op("softplus").ref(logits))
+    sel = moe.topk_ids(get_op("add").ref(s, bias), k=k)
     return sel, moe.route_weights(s, sel, scale=scale, renorm=renorm, eps=1e-20)
 
 
@@ -243,7 +245,7 @@ def grouped_gemm_fp4(x, w, offsets):
     for e in range(len(offs) - 1):
         a, b = offs[e], offs[e + 1]
         if b > a:
-            out[a:b] = nm.mm32(xf[a:b], q.dequant_fp4_weight(w.data[e], w.scale[e])).to(torch.bfloat16)
+            out[a:b] = nm.mm32(xf[a:b], expert_weight(w, e)).to(torch.bfloat16)
     return out
 
 
@@ -286,3 +288,20 @@ def moe_combine(y, pairs, offsets, like, *, k):
         seg = slice(offs[e], offs[e + 1])
         out[tok[seg]] += y[seg].float()
     return out
+
+
+# ---- expert parallelism -------------------------------------------------------------------------
+
+def _a2a_rule(ins, a):
+    if a["direction"] not in ("dispatch", "combine") or a["ep"] < 2:
+        raise ShapeError("all_to_all needs direction dispatch|combine and ep >= 2")
+    return [ins[0]]
+
+
+@op("all_to_all", infer=_a2a_rule, flops=lambda i, o, a: Cost(0, i[0].nbytes, i[0].nbytes),
+    attrs={"ep": REQUIRED, "direction": REQUIRED}, n_inputs=1)
+def all_to_all(x, *, ep, direction):
+    """Expert-parallel exchange of expert-ordered rows: each rank's rows go to the rank holding
+    their expert (dispatch) and come back (combine). In one process, which holds every expert,
+    the exchange moves nothing: the identity is its exact single-process meaning."""
+    return x

@@ -14,7 +14,7 @@ from ..registry import REQUIRED, Cost, ShapeError, op
 from ..types import TensorType
 from .attention import stable_topk
 from .core import want_dims, want_float, want_tensor
-from .quantized import dequant_value, want_quant
+from .quantized import dequant_value, expert_weight, want_quant
 
 
 def _topk_ids_rule(ins, a):
@@ -100,9 +100,7 @@ def moe_experts(x, sel, wt, w1, w3, w2, *, limit):
     sel = sel.long()
     for e in torch.unique(sel).tolist():
         rows, lane = (sel == e).nonzero(as_tuple=True)
-        w1e = q.dequant_fp4_weight(w1.data[e], w1.scale[e])
-        w3e = q.dequant_fp4_weight(w3.data[e], w3.scale[e])
-        w2e = q.dequant_fp4_weight(w2.data[e], w2.scale[e])
+        w1e, w3e, w2e = (expert_weight(w, e) for w in (w1, w3, w2))
         g = nm.mm32(xf[rows], w1e).to(torch.bfloat16)
         u = nm.mm32(xf[rows], w3e).to(torch.bfloat16)
         a = swiglu_limited(g, u, limit, wt[rows, lane].float().unsqueeze(-1)).to(torch.bfloat16)

@@ -34,8 +34,51 @@ def last_dim_block(x: TensorType, data: str, scale: str, block: int) -> QuantTyp
     return quantized(data, x.shape, scale, (1,) * (x.rank - 1) + (block,))
 
 
+# fp32 copies of quantised weights, made once by `preload_dequantized` (the cpu target dequantises
+# weights at load): keyed by the id of the data tensor, which also keeps that tensor alive.
+_DEQUANTIZED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def preload_dequantized(params: dict) -> None:
+    """Dequantise every quantised param once (and keep fp64 copies of plain float params for the
+    fp64-accumulated products); later uses are lookups. Values are identical to converting on
+    every use: dequantised fp8/fp4 and bf16 values are exact in fp32 and fp64."""
+    for v in params.values():
+        if isinstance(v, q.QTensor) and id(v.data) not in _DEQUANTIZED:
+            if v.data.dim() == 3 and v.data.dtype in (torch.uint8, torch.int8):
+                # stacked fp4 experts: kept in fp64, so each expert slice feeds mm32 unconverted
+                full = torch.stack([q.dequant_fp4_weight(v.data[e], v.scale[e]) for e in range(v.data.shape[0])])
+                full = full.double()
+            else:
+                full = _dequant(v)
+                nm.keep_f64(full)
+            _DEQUANTIZED[id(v.data)] = (v.data, full)
+        elif isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() == 2:
+            nm.keep_f64(v)
+
+
+def release_dequantized() -> None:
+    _DEQUANTIZED.clear()
+    nm.forget_f64()
+
+
+def expert_weight(w, e: int) -> torch.Tensor:
+    """Weight of expert e of a stacked fp4 expert tensor (fp32 values; fp64 storage when preloaded)."""
+    hit = _DEQUANTIZED.get(id(w.data))
+    if hit is not None and hit[0] is w.data:
+        return hit[1][e]
+    return q.dequant_fp4_weight(w.data[e], w.scale[e])
+
+
 def dequant_value(v) -> torch.Tensor:
     """fp32 content of a quantised value of any of the formats above (by its storage dtypes)."""
+    hit = _DEQUANTIZED.get(id(v[0]))
+    if hit is not None and hit[0] is v[0]:
+        return hit[1]
+    return _dequant(v)
+
+
+def _dequant(v) -> torch.Tensor:
     data, scale = v
     if data.dtype == torch.float8_e4m3fn:
         block = data.shape[-1] // scale.shape[-1]

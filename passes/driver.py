@@ -1,0 +1,209 @@
+"""The compile driver: model config -> graphs -> target pipeline -> buckets -> kernels -> plan."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..codegen.plan import versions, write_plan
+from ..codegen.target import get_target
+from ..codegen.template import KernelSpec, templates
+from ..ir import shapes as sh
+from ..ir.graph import Graph
+from ..ir.text import print_graph
+from ..models.config import load_config
+from ..models.deepseek_v41 import PAGE_TOKENS, build_model, param_sources
+from .memory import plan_memory
+from .pipelines import PIPELINES
+from .shapes import Bucket, default_buckets
+
+
+@dataclass
+class CompileOptions:
+    target: str
+    max_model_len: int = 65536
+    max_num_seqs: int = 256
+    ep: int = 1
+    jobs: int = 1
+    dump_ir: str | None = None
+    decode_batches: tuple[int, ...] | None = None
+    prefill_tokens: tuple[int, ...] | None = None
+
+
+@dataclass
+class CompileReport:
+    plan_dir: Path
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    calls_per_template: dict[str, int] = field(default_factory=dict)
+    unique_kernels: int = 0
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [f"plan written to {self.plan_dir}"]
+        lines.append("  calls per template: " + ", ".join(f"{k} {v}" for k, v in
+                                                          sorted(self.calls_per_template.items(), key=lambda kv: -kv[1])))
+        lines.append(f"  unique kernel instances: {self.unique_kernels}")
+        lines.append("  peak activation memory: " + ", ".join(f"{b} {v / 2**20:.1f} MiB"
+                                                               for b, v in self.peak_bytes.items()))
+        lines.append("  time per stage: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
+        return "\n".join(lines)
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="compile", unit="stage", leave=False)
+
+    def step(self, what: str):
+        if self.bar:
+            self.bar.set_postfix_str(what)
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar:
+            self.bar.close()
+
+
+def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = None, tag: str = "",
+                 timings: dict | None = None, on_stage=None) -> Graph:
+    for k, (name, fn) in enumerate(PIPELINES[target](ep=ep)):
+        t = time.perf_counter()
+        g = fn(g)
+        if timings is not None:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+        if dump_dir is not None:
+            (dump_dir / f"{k:02d}-{name}{tag}.ir").write_text(print_graph(g))
+        if on_stage:
+            on_stage(name)
+    return g
+
+
+def load_time_nodes(g: Graph) -> set[int]:
+    """Nodes whose inputs are all params or values derived from params only (weight layout work
+    such as w13 = concat(w1, w3)): the plan runs them once at load, not every step."""
+    const = set(g.params)
+    out = set()
+    for i, n in enumerate(g.nodes):
+        if n.inputs and all(v in const for v in n.inputs):
+            out.add(i)
+            const.update(n.outputs)
+    return out
+
+
+def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict, files: dict) -> list:
+    tmpl = templates()
+    calls = []
+    for i, n in enumerate(g.nodes):
+        if i in load:
+            continue
+        kernel = n.attr.get("@kernel")
+        call = {"op": n.op, "kernel": kernel, "inputs": list(n.inputs), "outputs": list(n.outputs),
+                "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")}, "launch": {}}
+        for bname, env in buckets.items():
+            types = {v: g.types[v].subs(env) for v in (*n.inputs, *n.outputs)}
+            shapes = {v: [sh.shape_str(p.storage_shape()) for p in ((t.data, t.scale) if hasattr(t, "scale") else (t,))]
+                      for v, t in types.items()}
+            entry = {"shapes": shapes}
+            if kernel != "view":
+                spec = KernelSpec(n.op, tuple(sorted(call["attrs"].items())), tuple(types[v] for v in n.inputs),
+                                  tuple(types[v] for v in n.outputs))
+                t = tmpl[kernel]
+                config = t.default_config(target, spec)
+                key = json.dumps([kernel, spec.key(), config], sort_keys=True, default=str)
+                inst = instances.get(key)
+                if inst is None:
+                    src = t.render(target, spec, config)
+                    inst = f"k{len(instances):05d}"
+                    instances[key] = inst
+                    if src.language != "torch":  # torch instances run the op's reference: nothing to ship
+                        ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}.get(src.language, "txt")
+                        files[f"kernels/{inst}.{ext}"] = src.text.encode()
+                        files[f"kernels/{inst}.json"] = json.dumps(
+                            {"template": kernel, "spec": spec.key(), "config": config, "language": src.language,
+                             "entry": src.entry, "grid": list(src.grid), "block": list(src.block)},
+                            sort_keys=True).encode()
+                entry["kernel"] = inst
+            call["launch"][bname] = entry
+        calls.append(call)
+    return calls
+
+
+def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
+    target = get_target(options.target)
+    timings: dict[str, float] = {}
+    bar = _Progress(progress, total=2 + 2 * len(PIPELINES[options.target](ep=options.ep)) + 2)
+    t = time.perf_counter()
+    cfg = load_config(model)
+    program = build_model(cfg)
+    timings["build"] = time.perf_counter() - t
+    bar.step("build")
+    dump = Path(options.dump_ir) if options.dump_ir else None
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / "00-input.ir").write_text(print_graph(program.step))
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep, dump, "", timings, bar.step)}
+    if program.draft.nodes:
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, dump, ".draft", timings, bar.step)
+
+    t = time.perf_counter()
+    max_pages = -(-options.max_model_len // PAGE_TOKENS)
+    decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
+    buckets = default_buckets(options.max_num_seqs, decode=decode,
+                              prefill=options.prefill_tokens or (512, 2048, 8192))
+    envs = {"step": {b.name: b.env(max_pages) for b in buckets},
+            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} for b in decode}}
+    files: dict[str, bytes] = {}
+    instances: dict[str, str] = {}
+    plan_graphs, memory, load_program = {}, {}, []
+    seen_load = set()
+    for name, g in graphs.items():
+        load = load_time_nodes(g)
+        for i in sorted(load):
+            n = g.nodes[i]
+            if n.outputs[0] not in seen_load:
+                seen_load.update(n.outputs)
+                load_program.append({"op": n.op, "inputs": list(n.inputs), "outputs": list(n.outputs),
+                                     "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")},
+                                     "types": [str(g.types[o]) for o in n.outputs]})
+        files[f"ir/{name}.ir"] = print_graph(g).encode()
+        plan_graphs[name] = {"ir": f"ir/{name}.ir", "calls": _calls(g, load, envs[name], target, instances, files)}
+        resident = {o for i in load for o in g.nodes[i].outputs}
+        memory[name] = {b: plan_memory(g, env, resident) for b, env in envs[name].items()}
+    timings["specialize+kernels"] = time.perf_counter() - t
+    bar.step("kernels")
+
+    params = {}
+    sources = param_sources(program)
+    for g in graphs.values():
+        for p in g.params:
+            params[p] = {"type": str(g.types[p]), "sources": sources[p]}
+    calls_per_template = Counter(c["kernel"] for pg in plan_graphs.values() for c in pg["calls"])
+    plan = {
+        # the config.json as read, so loading rebuilds exactly this config (vision flag included)
+        "model": {"id": cfg.model_id, "config_hash": cfg.config_hash,
+                  "config": json.loads(Path(cfg.source).read_text()) if cfg.source else cfg.canonical_dict()},
+        "target": target.key(),
+        "versions": versions(),
+        "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
+                    "page_tokens": PAGE_TOKENS, "max_pages": max_pages},
+        "buckets": {name: envs[name] for name in graphs},
+        "bucket_kinds": {b.name: b.kind for b in buckets},
+        "state": {k: str(v) for k, v in program.state.items()},
+        "params": params,
+        "load_program": load_program,
+        "graphs": plan_graphs,
+        "memory": memory,
+        "kernel_instances": len(instances),
+    }
+    t = time.perf_counter()
+    out = write_plan(plan, files, out_dir)
+    timings["write"] = time.perf_counter() - t
+    bar.step("write")
+    bar.close()
+    return CompileReport(out, timings, dict(calls_per_template), len(instances),
+                         {b: m["peak_bytes"] for b, m in memory["step"].items()})

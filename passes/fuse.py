@@ -1,0 +1,169 @@
+"""Fusion as a rule list. Each rule matches a chain of primitive ops whose inner values have no
+other use and replaces it with the fused op defined as exactly that composition (ir/ops/fused.py),
+so the interpreter's output is unchanged bit for bit."""
+from __future__ import annotations
+
+from ..ir.graph import Graph, Node
+from .rewrite import Context, Rewrite, apply_rules
+
+
+def _chain_end(ctx: Context, i: int, root_op: str, inner_op: str):
+    """(inner index, inner node) when node i is `root_op` fed by an `inner_op` used only there."""
+    n = ctx.g.nodes[i]
+    if n.op != root_op:
+        return None, None
+    j, inner = ctx.producer_op(n.inputs[0], inner_op)
+    if inner is None or not ctx.sole_user(n.inputs[0], i):
+        return None, None
+    return j, inner
+
+
+def fuse_norm_quant(ctx: Context, i: int):
+    """RMSNorm + activation quantisation: the normalised value never goes to memory in bf16."""
+    j, norm = _chain_end(ctx, i, "quant_fp8", "rms_norm")
+    if norm is None:
+        return None
+    q = ctx.g.nodes[i]
+    return Rewrite([j, i], [Node.make("rms_norm_quant_fp8", norm.inputs, q.outputs,
+                                      {"eps": norm.attr["eps"], "block": q.attr.get("block", 32)})])
+
+
+def fuse_rope_quant(ctx: Context, i: int):
+    """RoPE + fp8 / fp4 quantisation of window keys, compressed KV and index q/k."""
+    n = ctx.g.nodes[i]
+    if n.op not in ("quant_fp8", "quant_fp4"):
+        return None
+    j, rope = _chain_end(ctx, i, n.op, "rope")
+    if rope is None or rope.attr.get("inverse"):
+        return None
+    attrs = {k: v for k, v in rope.attrs if k != "inverse"}
+    if n.op == "quant_fp8":
+        return Rewrite([j, i], [Node.make("rope_quant_fp8", rope.inputs, n.outputs,
+                                          attrs | {"block": n.attr.get("block", 32)})])
+    return Rewrite([j, i], [Node.make("rope_quant_fp4", rope.inputs, n.outputs,
+                                      attrs | {"block": n.attr["block"], "scale": n.attr["scale"]})])
+
+
+def fuse_swiglu_quant(ctx: Context, i: int):
+    """The shared expert's SwiGLU-with-limit + quantisation for the w2 GEMM."""
+    j, sw = _chain_end(ctx, i, "quant_fp8", "swiglu")
+    if sw is None:
+        return None
+    q = ctx.g.nodes[i]
+    return Rewrite([j, i], [Node.make("swiglu_quant_fp8", sw.inputs, q.outputs,
+                                      {"limit": sw.attr["limit"], "block": q.attr.get("block", 32)})])
+
+
+def fuse_hc_pre(ctx: Context, i: int):
+    """mHC entry of a sub-layer: mix GEMM + Sinkhorn on the stream, and RMSNorm of the stream
+    collapsed with the previous pre, in one pass over the [n, 4, H] stream."""
+    norm = ctx.g.nodes[i]
+    if norm.op != "rms_norm":
+        return None
+    j, coll = ctx.producer_op(norm.inputs[0], "hc_collapse")
+    if coll is None or not ctx.sole_user(norm.inputs[0], i):
+        return None
+    stream, pre_in = coll.inputs
+    for k in ctx.users.get(stream, []):
+        mix = ctx.g.nodes[k]
+        if mix.op != "hc_mix_gemm":
+            continue
+        users = ctx.users.get(mix.outputs[0], [])
+        if len(users) != 1 or ctx.g.nodes[users[0]].op != "hc_sinkhorn" or mix.outputs[0] in ctx.outputs:
+            continue
+        s = users[0]
+        sk = ctx.g.nodes[s]
+        fused = Node.make("hc_pre", [stream, mix.inputs[1], sk.inputs[1], sk.inputs[2], pre_in, norm.inputs[1]],
+                          [norm.outputs[0], *sk.outputs],
+                          {"eps": mix.attr["eps"], "copies": sk.attr["copies"], "iters": sk.attr["iters"],
+                           "hc_eps": sk.attr["eps"], "post_mult": sk.attr.get("post_mult", 2.0)})
+        return Rewrite([k, s, j, i], [fused])
+    return None
+
+
+def fuse_router(ctx: Context, i: int):
+    """Router: sqrt-softplus + bias + top-k + renormalise + scale."""
+    rw = ctx.g.nodes[i]
+    if rw.op != "route_weights":
+        return None
+    s_val, sel_val = rw.inputs
+    t, topk = ctx.producer_op(sel_val, "topk_ids")
+    a, add = ctx.producer_op(topk.inputs[0], "add") if topk else (None, None)
+    q, sqrt = ctx.producer_op(s_val, "sqrt")
+    p, sp = ctx.producer_op(sqrt.inputs[0], "softplus") if sqrt else (None, None)
+    if None in (topk, add, sqrt, sp) or add.inputs[0] != s_val:
+        return None
+    if sorted(ctx.users.get(s_val, [])) != sorted([a, i]) or not ctx.sole_user(add.outputs[0], t) \
+            or not ctx.sole_user(sp.outputs[0], q):
+        return None
+    fused = Node.make("moe_router", [sp.inputs[0], add.inputs[1]], [sel_val, rw.outputs[0]],
+                      {"k": topk.attr["k"], "scale": rw.attr["scale"], "renorm": rw.attr.get("renorm", True)})
+    return Rewrite([p, q, a, t, i], [fused])
+
+
+def fuse_compress_pool_norm(ctx: Context, i: int):
+    """Compressor pooling + the compressor RMSNorm."""
+    norm = ctx.g.nodes[i]
+    if norm.op != "rms_norm":
+        return None
+    c, cast = ctx.producer_op(norm.inputs[0], "cast")
+    if cast is None or cast.attr["dtype"] != "bf16" or not ctx.sole_user(norm.inputs[0], i):
+        return None
+    p, pool = ctx.producer_op(cast.inputs[0], "compress_pool")
+    if pool is None or not ctx.sole_user(cast.inputs[0], c):
+        return None
+    return Rewrite([p, c, i], [Node.make("compress_pool_norm", [*pool.inputs, norm.inputs[1]], norm.outputs,
+                                         {"ratio": pool.attr["ratio"], "eps": norm.attr["eps"]})])
+
+
+def fuse_indexer(ctx: Context, i: int):
+    """Indexer scoring + candidate masking + top-k (and the pool at the candidate source), so
+    the [rows, entries] score matrix never goes to memory."""
+    top = ctx.g.nodes[i]
+    if top.op != "topk_select":
+        return None
+    score_val = top.inputs[0]
+    remove, cand = [i], None
+    m, mask = ctx.producer_op(score_val, "candidate_mask")
+    if mask is not None:
+        if not ctx.sole_user(score_val, i):
+            return None
+        remove.append(m)
+        score_val, cand = mask.inputs
+    s, scores = ctx.producer_op(score_val, "indexer_scores")
+    if scores is None:
+        return None
+    users = ctx.users.get(score_val, [])
+    attrs = {"ratio": top.attr["ratio"], "k": top.attr["k"]}
+    outputs = list(top.outputs)
+    if len(users) == 2 and mask is None:
+        b = next(u for u in users if u != i)
+        blocks = ctx.g.nodes[b]
+        if blocks.op != "candidate_blocks":
+            return None
+        remove.append(b)
+        outputs.append(blocks.outputs[0])
+        attrs |= {"emit_candidates": True, "block_size": blocks.attr["block_size"],
+                  "topk_blocks": blocks.attr["topk_blocks"]}
+    elif users != [remove[-1]] or score_val in ctx.outputs:
+        return None
+    if cand is not None:
+        attrs["block_size"] = mask.attr["block_size"]
+    remove.append(s)
+    inputs = list(scores.inputs) + ([cand] if cand is not None else [])
+    return Rewrite(remove, [Node.make("indexer_topk", inputs, outputs, attrs)])
+
+
+FUSION_RULES = [
+    fuse_hc_pre,
+    fuse_norm_quant,
+    fuse_rope_quant,
+    fuse_swiglu_quant,
+    fuse_router,
+    fuse_compress_pool_norm,
+    fuse_indexer,
+]
+
+
+def fuse(g: Graph) -> Graph:
+    return apply_rules(g, FUSION_RULES)

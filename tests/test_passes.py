@@ -1,0 +1,206 @@
+"""Every pass keeps the interpreter's output on the tiny model (prefill and decode, and the draft
+graph); the fusion and lowering rules fire where the spec says; the compiled cpu plan matches the
+reference; damaged and foreign plans are refused with one line."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from deepinfer.codegen.plan import PlanError, load_plan
+from deepinfer.ir import interpret
+from deepinfer.models.checkpoint import load_checkpoint, make_checkpoint
+from deepinfer.models.config import load_config
+from deepinfer.models.deepseek_v41 import build_model, load_params
+from deepinfer.passes.driver import CompileOptions, compile_model, load_time_nodes
+from deepinfer.passes.pipelines import PIPELINES
+from deepinfer.runtime.batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
+from deepinfer.runtime.plan_executor import PlanExecutor
+from deepinfer.runtime.state import allocate_state
+
+from reference import ReferenceModel
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    ckpt = make_checkpoint("v4.1-flash-tiny", tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
+    cfg = load_config("v4.1-flash-tiny")
+    prog = build_model(cfg)
+    return ckpt, prog, load_params(prog, load_checkpoint(ckpt, cfg))
+
+
+def _params_for(g, params):
+    """Params of a lowered graph: derived weights (load-time nodes) are evaluated once here."""
+    from deepinfer.ir.registry import get_op
+
+    p = dict(params)
+    for i in sorted(load_time_nodes(g)):
+        n = g.nodes[i]
+        p[n.outputs[0]] = get_op(n.op).ref(*(p[v] for v in n.inputs), **get_op(n.op).check_attrs(n.attr))
+    return p
+
+
+def _run_steps(g, params, state_types, steps):
+    state = allocate_state(state_types, num_slots=2, num_pages=4)
+    outs = []
+    for chunks in steps:
+        o, state, _ = interpret(g, step_inputs(chunks), params, state)
+        outs.append(o["logits"])
+    return outs, state
+
+
+def test_every_pass_keeps_the_interpreter_output(tiny):
+    _, prog, params = tiny
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randint(3, prog.cfg.vocab_size, (45,), generator=gen).tolist()
+    b = torch.randint(3, prog.cfg.vocab_size, (20,), generator=gen).tolist()
+    steps = [[SeqChunk(0, 0, a, [0]), SeqChunk(1, 0, b[:13], [1], sample=False)],
+             [SeqChunk(0, 45, [7], [0]), SeqChunk(1, 13, b[13:], [1])],
+             [SeqChunk(0, 46, [9], [0]), SeqChunk(1, 20, [11], [1])]]
+    want, want_state = _run_steps(prog.step, params, prog.state, steps)
+    seqs = [DraftSeq(0, 5, 47), DraftSeq(1, 6, 21)]
+    d_want, _, _ = interpret(prog.draft, draft_inputs(seqs, 5, prog.cfg.dspark_noise_token_id), params, want_state)
+    g, d = prog.step, prog.draft
+    for name, fn in PIPELINES["cpu"]():
+        g, d = fn(g), fn(d)
+        got, state = _run_steps(g, _params_for(g, params), prog.state, steps)
+        for w, x in zip(want, got):
+            assert torch.equal(w, x), f"pass {name} changed the step graph's logits"
+        d_got, _, _ = interpret(d, draft_inputs(seqs, 5, prog.cfg.dspark_noise_token_id), _params_for(d, params), state)
+        assert torch.equal(d_want["drafts"], d_got["drafts"]) and torch.equal(d_want["confidence"], d_got["confidence"]), \
+            f"pass {name} changed the draft graph"
+
+
+def test_fusion_and_lowering_rules_fire_where_the_spec_says():
+    cfg = load_config("v4.1-flash")
+    g = build_model(cfg).step
+    for name, fn in PIPELINES["sm90"]()[:-1]:  # everything but kernel selection (templates in progress)
+        g = fn(g)
+    ops = g.op_counts()
+    n = cfg.num_hidden_layers
+    assert ops["hc_pre"] == 2 * n - 1  # every sub-layer entry but layer 0's attention (its input is the embedding)
+    assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
+    assert ops["swiglu_quant_fp8"] == n and "swiglu" not in ops
+    assert ops["indexer_topk"] == len(cfg.index_source_layer_ids) and "indexer_scores" not in ops
+    assert ops["compress_pool_norm"] == 3  # the ratio-2 owners
+    assert ops["rope_quant_fp8"] == n + 3  # window keys of every layer and the DSpark context keys
+    assert ops["grouped_gemm_fp4"] == 2 * n and "moe_experts" not in ops
+    assert ops["concat"] == n + 1  # w13 per layer (load time) + the DSpark taps
+    shared = [x for x in g.nodes if x.op == "sparse_attn" and "@shares_topk_of" in x.attr]
+    assert len(shared) == ops["sparse_attn"] - len(cfg.index_source_layer_ids)  # REUSE layers share a buffer
+    assert all(x.attr["@operands"] == "fp4->fp8 in prologue" for x in g.nodes if x.op == "grouped_gemm_fp4")
+
+
+def test_expert_parallel_inserts_all_to_all():
+    g = build_model("v4.1-flash-tiny").step
+    for name, fn in PIPELINES["cpu"](ep=4):
+        g = fn(g)
+    assert g.op_counts()["all_to_all"] == 2 * 10
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "tiny"
+    dump = tmp_path_factory.mktemp("dump")
+    report = compile_model("v4.1-flash-tiny", CompileOptions("cpu", max_model_len=1024, dump_ir=str(dump)), out)
+    return out, report, dump
+
+
+def test_compile_writes_plan_with_report_and_dumps(tiny_plan):
+    out, report, dump = tiny_plan
+    plan = load_plan(out, target="cpu")
+    assert plan["model"]["id"] == "v4.1-flash-tiny" and plan["target"]["name"] == "cpu"
+    assert set(plan["graphs"]) == {"step", "draft"} and plan["files"]
+    assert len(plan["load_program"]) == 10 + 3  # w13 of each layer and DSpark stage
+    assert report.calls_per_template["torch_ref"] > 300 and report.unique_kernels > 0
+    assert report.peak_bytes["decode_b1"] < report.peak_bytes["prefill_t8192"]
+    names = sorted(p.name for p in dump.iterdir())
+    assert "03-fuse.ir" in names and "05-lower_moe_dispatch.ir" in names and "08-select_kernels.draft.ir" in names
+
+
+def test_cpu_plan_matches_reference(tiny, tiny_plan):
+    ckpt = tiny[0]
+    ex = PlanExecutor(tiny_plan[0], ckpt, num_slots=2, num_pages=4)
+    ref = ReferenceModel.from_checkpoint(ckpt)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, ex.vocab_size, (n,), generator=gen).tolist() for n in (101, 63)]
+    seqs = [ref.new_sequence() for _ in prompts]
+    logits = ex.step([SeqChunk(0, 0, prompts[0], [0, 1]), SeqChunk(1, 0, prompts[1], [2, 3])])
+    pos = [len(p) for p in prompts]
+    for step in range(41):
+        toks = []
+        for i, (s, p) in enumerate(zip(seqs, prompts)):
+            r = ref.prefill(s, p) if step == 0 else ref.decode(s, p[-1])
+            err = ((logits[i] - r).abs().max() / r.abs().max()).item()
+            assert err < 1e-3, f"step {step} seq {i}: relative error {err:.2e}"
+            tok = int(torch.argmax(logits[i]))
+            assert tok == int(torch.argmax(r))
+            p.append(tok)
+            toks.append(tok)
+        if step == 40:
+            break
+        logits = ex.step([SeqChunk(i, pos[i] + step, [toks[i]], [2 * i, 2 * i + 1]) for i in range(2)])
+    drafts, conf = ex.draft([DraftSeq(i, prompts[i][-1], len(prompts[i]) - 1) for i in range(2)])
+    for i in range(2):
+        want_d, want_c = ref.draft(seqs[i], prompts[i][-1])
+        assert drafts[i].tolist() == want_d
+        assert ((conf[i] - want_c).abs().max() / want_c.abs().max()).item() < 1e-3
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_damaged_and_foreign_plans_are_refused(tiny_plan, tmp_path):
+    src = tiny_plan[0]
+    p = _copy(src, tmp_path / "edited")
+    body = json.loads((p / "plan.json").read_text())
+    body["options"]["max_model_len"] = 7
+    (p / "plan.json").write_text(json.dumps(body))
+    with pytest.raises(PlanError, match="does not match its own hash"):
+        load_plan(p)
+    p = _copy(src, tmp_path / "ir")
+    (p / "ir" / "step.ir").write_text("graph x\nend\n")
+    with pytest.raises(PlanError, match="ir/step.ir does not match its hash"):
+        load_plan(p)
+    p = _copy(src, tmp_path / "missing")
+    (p / "ir" / "draft.ir").unlink()
+    with pytest.raises(PlanError, match="ir/draft.ir is missing"):
+        load_plan(p)
+    p = _copy(src, tmp_path / "truncated")
+    (p / "plan.json").write_bytes((p / "plan.json").read_bytes()[:100])
+    with pytest.raises(PlanError, match="plan.json is damaged"):
+        load_plan(p)
+    with pytest.raises(PlanError, match="compiled for cpu, not sm90"):
+        load_plan(src, target="sm90")
+    with pytest.raises(PlanError, match="no such directory"):
+        load_plan(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PlanError, match="plan.json is missing"):
+        load_plan(tmp_path / "empty")
+
+
+def test_plan_from_another_version_is_refused(tiny_plan, tmp_path, monkeypatch):
+    import deepinfer.version
+
+    monkeypatch.setattr(deepinfer.version, "VERSION", "9.9.9")
+    with pytest.raises(PlanError, match="written by DeepInfer 0.1.0, this is 9.9.9"):
+        load_plan(tiny_plan[0])
+
+
+def test_weights_of_another_model_are_refused(tiny_plan, tmp_path):
+    cfg = json.loads(open(load_config("v4.1-flash-tiny").source).read())
+    cfg["moe_intermediate_size"] = 64
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PlanError, match="weights .* are for model"):
+        PlanExecutor(tiny_plan[0], tmp_path / "other", num_slots=1, num_pages=1)
+
+
+def test_failed_compile_keeps_existing_plan(tiny_plan, tmp_path):
+    out = _copy(tiny_plan[0], tmp_path / "plan")
+    before = (out / "plan.json").read_bytes()
+    with pytest.raises(Exception, match="unknown target"):
+        compile_model("v4.1-flash-tiny", CompileOptions("tpu"), out)
+    assert (out / "plan.json").read_bytes() == before
