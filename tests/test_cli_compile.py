@@ -1,0 +1,37 @@
+"""`deepinfer compile` end to end through the CLI, and its one-line errors."""
+import time
+
+from deepinfer.cli import main
+from deepinfer.codegen.plan import load_plan
+
+
+def test_compile_tiny_cpu_with_dump(tmp_path, capsys):
+    rc = main(["compile", "--model", "v4.1-flash-tiny", "--target", "cpu", "-o", str(tmp_path / "plan"),
+               "--dump-ir", str(tmp_path / "ir"), "--max-model-len", "2048"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "calls per template" in out and "peak activation memory" in out
+    assert load_plan(tmp_path / "plan")["options"]["max_pages"] == 16
+    assert (tmp_path / "ir" / "08-select_kernels.ir").read_text().count("@kernel=") > 300
+
+
+def test_compile_real_model_cpu_under_two_minutes(tmp_path, capsys):
+    t = time.perf_counter()
+    assert main(["compile", "--model", "v4.1-flash", "--target", "cpu", "-o", str(tmp_path / "plan")]) == 0
+    assert time.perf_counter() - t < 120
+    plan = load_plan(tmp_path / "plan", target="cpu")
+    assert len(plan["graphs"]["step"]["calls"]) > 1500 and len(plan["load_program"]) == 40 + 3
+
+
+def test_compile_errors_are_one_line(tmp_path, capsys):
+    assert main(["compile", "--model", "v4.1-flash-tiny", "--target", "tpu", "-o", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "deepinfer: error: unknown target 'tpu' (known: sm90, sm100, ascend950, cpu)"
+    assert main(["compile", "--model", str(tmp_path / "nowhere"), "--target", "cpu", "-o", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nowhere" in err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    assert main(["compile", "--model", str(bad), "--target", "cpu", "-o", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "p").exists()
