@@ -602,46 +602,19 @@ def _resolve_topology(c: ModelConfig) -> tuple[tuple[LayerRole, ...], int]:
 # Engram table heights (§4.3 (b)): sums of consecutive primes above engram_vocab_size
 # ---------------------------------------------------------------------------------------------
 
-def _is_prime(m: int) -> bool:
-    if m < 2:
-        return False
-    for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
-        if m % p == 0:
-            return m == p
-    d, s = m - 1, 0
-    while d % 2 == 0:
-        d, s = d // 2, s + 1
-    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):  # deterministic below 3.3e24
-        x = pow(a, d, m)
-        if x in (1, m - 1):
-            continue
-        for _ in range(s - 1):
-            x = x * x % m
-            if x == m - 1:
-                break
-        else:
-            return False
-    return True
+def _engram_constants(c: ModelConfig):
+    from .engram import engram_constants  # the one place the hash constants are derived
+
+    return engram_constants(c.engram_layer_ids, c.engram_vocab_size, c.engram_n_heads, c.engram_max_ngram_size,
+                            c.engram_compressed_vocab_size)
 
 
 def engram_primes(c: ModelConfig) -> list[list[list[int]]]:
     """primes[layer slot][n-gram size - 2][head], allocated as HF-REF does (§4.3 (b))."""
-    used: set[int] = set()
-    out = []
-    for _ in c.engram_layer_ids:
-        per_layer = []
-        for _ in range(2, c.engram_max_ngram_size + 1):
-            cur, heads = c.engram_vocab_size - 1, []
-            for _ in range(c.engram_n_heads):
-                cur += 1
-                while not _is_prime(cur) or cur in used:
-                    cur += 1
-                used.add(cur)
-                heads.append(cur)
-            per_layer.append(heads)
-        out.append(per_layer)
-    return out
+    h = c.engram_n_heads
+    return [[[int(p) for p in k.primes[o * h:(o + 1) * h]] for o in range(c.engram_max_ngram_size - 1)]
+            for k in _engram_constants(c).values()]
 
 
 def engram_table_rows(c: ModelConfig) -> list[int]:
-    return [sum(sum(size) for size in layer) for layer in engram_primes(c)]
+    return [k.rows for k in _engram_constants(c).values()]

@@ -283,25 +283,9 @@ def engram_hash(compressed_ids_history: torch.Tensor, positions: torch.Tensor,
         raise ValueError(f"engram_hash positions must lie in [0, {history.numel()}), got "
                          f"[{int(positions.min())}, {int(positions.max())}]")
 
-    lookback = torch.arange(max_ngram, dtype=torch.int64)
-    source_positions = positions[:, None] - lookback[None, :]  # [n, max_ngram]
-    sources = history[source_positions.clamp(min=0)]
-    unusable = (source_positions < 0) | (sources == dead)
-    # A gap (sequence start or an image token) cuts the n-gram there: every
-    # longer look-back is padded as well, even if its source is an ordinary token.
-    blocked = torch.cummax(unusable.to(torch.int64), dim=1).values.bool()
-    grams = torch.where(blocked, torch.full_like(sources, pad_id), sources)
+    from ..ir.ops.engram import block_ngrams, hash_columns  # the graph op's own arithmetic
 
-    rows_per_layer = []
-    for layer in layers:
-        multipliers = torch.as_tensor(np.asarray(layer.multipliers), dtype=torch.int64)
-        primes = torch.as_tensor(np.asarray(layer.primes), dtype=torch.int64).view(max_ngram - 1, n_heads)
-        offsets = torch.as_tensor(np.asarray(layer.offsets), dtype=torch.int64).view(max_ngram - 1, n_heads)
-        products = grams * multipliers[None, :]
-        accumulated = products[:, 0]
-        columns = []
-        for order in range(1, max_ngram):
-            accumulated = torch.bitwise_xor(accumulated, products[:, order])
-            columns.append(torch.remainder(accumulated[:, None], primes[order - 1]) + offsets[order - 1])
-        rows_per_layer.append(torch.cat(columns, dim=1))
-    return torch.stack(rows_per_layer, dim=1)
+    source_positions = positions[:, None] - torch.arange(max_ngram, dtype=torch.int64)[None, :]  # [n, max_ngram]
+    grams = block_ngrams(history[source_positions.clamp(min=0)], source_positions, pad_id, dead)
+    return torch.stack([hash_columns(grams, [int(m) for m in layer.multipliers], [int(p) for p in layer.primes],
+                                     [int(o) for o in layer.offsets], n_heads) for layer in layers], dim=1)

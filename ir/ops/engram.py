@@ -16,10 +16,10 @@ from .quantized import want_quant
 DEAD = -1  # compressed id of an image token: it blocks n-grams through it
 
 
-def block_ngrams(sources: torch.Tensor, source_pos: torch.Tensor, pad: int) -> torch.Tensor:
+def block_ngrams(sources: torch.Tensor, source_pos: torch.Tensor, pad: int, dead: int = DEAD) -> torch.Tensor:
     """g[r] for look-backs r = 0..: a slot whose source is before the sequence start or DEAD is
     blocked, and so is every longer look-back; blocked slots take the compressed pad id."""
-    unusable = (source_pos < 0) | (sources == DEAD)
+    unusable = (source_pos < 0) | (sources == dead)
     blocked = torch.cummax(unusable.long(), dim=-1).values.bool()
     return torch.where(blocked, torch.full_like(sources, pad), sources)
 
