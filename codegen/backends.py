@@ -83,7 +83,10 @@ def _cuda_check(target: Target):
             return f"{src.entry}: {threads} threads per block exceed {MAX_THREADS}"
         if src.smem_bytes > target.smem_bytes:
             return f"{src.entry}: {src.smem_bytes} B dynamic shared memory exceed {target.smem_bytes} B"
+        kernels = src.meta.get("kernels", [])
         for name, r in (resources or {}).items():
+            if src.language == "triton" and ":" in name:  # "i:entry": that launch's own warps
+                threads = 32 * kernels[int(name.split(":")[0])]["num_warps"]
             regs = r.get("registers") or 0
             smem = max(r.get("smem_bytes") or 0, r.get("shared_bytes") or 0) + (
                 src.smem_bytes if src.language == "cuda" else 0)

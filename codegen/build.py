@@ -298,7 +298,9 @@ def _build_triton(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
         ast = ASTSource(fn=fn, signature=dict(k["signature"]), constexprs=dict(k["constexprs"]))
         try:
             ck = triton.compile(ast, target=GPUTarget("cuda", cc, 32),
-                                options={"num_warps": k["num_warps"], "num_stages": k["num_stages"]})
+                                # fusion pinned: Triton 3.10 flips its default, and the cache key must decide the binary
+                                options={"num_warps": k["num_warps"], "num_stages": k["num_stages"],
+                                         "enable_fp_fusion": True})
         except Exception as e:  # noqa: BLE001  (Triton raises many types; report one line)
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise BuildError(f"triton compile of {k['entry']} for sm_{cc} failed: {msg}") from None

@@ -318,3 +318,48 @@ OUTPUT_KINDS = {
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
 }
+
+
+# ---- interpreter runs --------------------------------------------------------------------------
+
+SMALL_BLOCKS = dict(BLOCK_H=64, BLOCK=64, BH=32, BK=32, BM=16)  # loops over chunks and partial tiles run
+
+
+def run_interpreted(ops, dims: dict, n: int, overrides: dict | None = None, timeout: float = 600) -> dict:
+    """Check `ops` under TRITON_INTERPRET=1 in a fresh interpreter process: Triton decides
+    interpretation when `triton.language` is first imported (its own jit helpers, e.g. tl.zeros,
+    are fixed then), so a process that already imported Triton cannot interpret. Returns
+    op -> None (agrees) or a one-line reason."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    job = json.dumps({"ops": list(ops), "dims": dims, "n": n, "overrides": overrides or {}})
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", "from deepinfer.codegen.library.triton_check import _interp_main; "
+                        "_interp_main()"], input=job, capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"interpreter run failed: {tail}")
+    return json.loads(lines[-1])
+
+
+def _interp_main():
+    import json
+    import sys
+
+    from . import triton_kernels, triton_ops
+
+    job = json.loads(sys.stdin.read())
+    out = {}
+    for op in job["ops"]:
+        ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+        cfg = dict(triton_ops.TEMPLATES_BY_OP[ref_op].default_config(None, None))
+        cfg.update({k: v for k, v in job["overrides"].items() if k in cfg})
+        try:
+            out[op] = check(op, getattr(triton_kernels, triton_ops.LAUNCHERS[ref_op]), job["dims"], job["n"], cfg=cfg)
+        except Exception as e:  # noqa: BLE001  (reported per case, the run goes on)
+            out[op] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    print(json.dumps(out))

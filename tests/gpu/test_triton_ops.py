@@ -1,0 +1,43 @@
+"""Triton templates on an NVIDIA GPU (the H200 machine), compiled for real, against their ops'
+reference semantics (computed on the CPU): tiny sizes, and real V4.1-Flash widths at decode
+batch 1 and 64 and a 4096-token prefill. Tolerances: codegen.library.triton_check.
+
+Run: python -m pytest -m gpu tests/gpu/test_triton_ops.py
+"""
+import pytest
+import torch
+
+from deepinfer.codegen.library import triton_check, triton_kernels, triton_ops
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+OPS = sorted(triton_check.OUTPUT_KINDS) + ["rope_quant_fp4_e4m3"]
+
+
+def _launcher(op):
+    return getattr(triton_kernels, triton_ops.LAUNCHERS["rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op])
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_tiny(op):
+    dims = triton_check.TINY
+    msg = triton_check.check(op, _launcher(op), dims, dims["n"], device="cuda")
+    assert msg is None, msg
+
+
+@pytest.mark.parametrize("n", [1, 64, 4096], ids=["decode1", "decode64", "prefill4k"])
+@pytest.mark.parametrize("op", OPS)
+def test_real_widths(op, n):
+    msg = triton_check.check(op, _launcher(op), triton_check.REAL, n, device="cuda", seed=n)
+    assert msg is None, msg
+
+
+@pytest.mark.parametrize("op", ["rms_norm_quant_fp8", "hc_pre", "rope_quant_fp8", "moe_router", "engram_gate"])
+def test_every_knob_point_of_the_space_agrees(op):
+    """Each config of the tuning space is a different kernel; all of them must match."""
+    t = triton_ops.TEMPLATES_BY_OP[op]
+    dims = dict(triton_check.REAL)
+    for cfg in t.configs(None, None):
+        msg = triton_check.check(op, _launcher(op), dims, 64, device="cuda", cfg=cfg)
+        assert msg is None, f"{cfg}: {msg}"
