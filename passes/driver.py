@@ -9,12 +9,13 @@ from pathlib import Path
 
 from ..codegen.plan import versions, write_plan
 from ..codegen.target import get_target
-from ..codegen.template import KernelSpec, templates
+from ..codegen.template import select
 from ..ir import shapes as sh
 from ..ir.graph import Graph
 from ..ir.text import print_graph
 from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, param_sources
+from .kernels import kernel_spec
 from .memory import plan_memory
 from .pipelines import PIPELINES
 from .shapes import Bucket, default_buckets
@@ -30,6 +31,15 @@ class CompileOptions:
     dump_ir: str | None = None
     decode_batches: tuple[int, ...] | None = None
     prefill_tokens: tuple[int, ...] | None = None
+    num_slots: int | None = None  # state slots of the cache pool; default int(1.2 * max_num_seqs) + 1
+    num_pages: int | None = None  # pages of the compressed caches; default room for max_num_seqs / 4 full contexts
+
+    def pool(self, max_pages: int) -> dict[str, int]:
+        """Kernels are built for a fixed cache pool, as DeepInfer sizes its own: slots for every
+        running sequence plus headroom for preempted ones, pages for the given share of contexts."""
+        slots = self.num_slots or int(1.2 * self.max_num_seqs) + 1
+        pages = self.num_pages or max(max_pages, max_pages * self.max_num_seqs // 4)
+        return {"num_slots": slots, "num_pages": pages}
 
 
 @dataclass
@@ -96,7 +106,6 @@ def load_time_nodes(g: Graph) -> set[int]:
 
 
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict, files: dict) -> list:
-    tmpl = templates()
     calls = []
     for i, n in enumerate(g.nodes):
         if i in load:
@@ -110,11 +119,11 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
                       for v, t in types.items()}
             entry = {"shapes": shapes}
             if kernel != "view":
-                spec = KernelSpec(n.op, tuple(sorted(call["attrs"].items())), tuple(types[v] for v in n.inputs),
-                                  tuple(types[v] for v in n.outputs))
-                t = tmpl[kernel]
+                spec = kernel_spec(g, n, types)
+                t = select(target, spec)  # per bucket: decode and prefill shapes may want different templates
+                entry["template"] = t.name
                 config = t.default_config(target, spec)
-                key = json.dumps([kernel, spec.key(), config], sort_keys=True, default=str)
+                key = json.dumps([t.name, spec.key(), config], sort_keys=True, default=str)
                 inst = instances.get(key)
                 if inst is None:
                     src = t.render(target, spec, config)
@@ -124,7 +133,7 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
                         ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}.get(src.language, "txt")
                         files[f"kernels/{inst}.{ext}"] = src.text.encode()
                         files[f"kernels/{inst}.json"] = json.dumps(
-                            {"template": kernel, "spec": spec.key(), "config": config, "language": src.language,
+                            {"template": t.name, "spec": spec.key(), "config": config, "language": src.language,
                              "entry": src.entry, "grid": list(src.grid), "block": list(src.block)},
                             sort_keys=True).encode()
                 entry["kernel"] = inst
@@ -155,8 +164,9 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
     buckets = default_buckets(options.max_num_seqs, decode=decode,
                               prefill=options.prefill_tokens or (512, 2048, 8192))
-    envs = {"step": {b.name: b.env(max_pages) for b in buckets},
-            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} for b in decode}}
+    pool = options.pool(max_pages)
+    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets},
+            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
     files: dict[str, bytes] = {}
     instances: dict[str, str] = {}
     plan_graphs, memory, load_program = {}, {}, []
@@ -190,7 +200,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "target": target.key(),
         "versions": versions(),
         "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
-                    "page_tokens": PAGE_TOKENS, "max_pages": max_pages},
+                    "page_tokens": PAGE_TOKENS, "max_pages": max_pages} | pool,
         "buckets": {name: envs[name] for name in graphs},
         "bucket_kinds": {b.name: b.kind for b in buckets},
         "state": {k: str(v) for k, v in program.state.items()},
