@@ -99,7 +99,97 @@ def add_make_checkpoint(sub):
     p.set_defaults(func=cmd_make_checkpoint)
 
 
-COMMANDS = [add_inspect, add_make_checkpoint]
+# ---- generate -----------------------------------------------------------------------------------
+
+def _read_prompts(args) -> list:
+    """--prompt TEXT, or --prompts FILE.jsonl: each line a JSON string, {"prompt": TEXT} or, for
+    --chat, {"messages": [...]}; blank lines are skipped."""
+    from .runtime.engine import RequestError
+
+    if args.prompt is not None:
+        return [[{"role": "user", "content": args.prompt}] if args.chat else args.prompt]
+    items = []
+    with open(args.prompts, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"{args.prompts} line {number}: not JSON ({e.msg})") from None
+            if isinstance(item, dict) and "messages" in item and args.chat:
+                items.append(item["messages"])
+            elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
+                items.append([{"role": "user", "content": item["prompt"]}] if args.chat else item["prompt"])
+            elif isinstance(item, str):
+                items.append([{"role": "user", "content": item}] if args.chat else item)
+            else:
+                raise RequestError(f"{args.prompts} line {number}: expected a JSON string, {{\"prompt\": ...}}"
+                                   + (" or {\"messages\": [...]}" if args.chat else ""))
+    if not items:
+        raise RequestError(f"{args.prompts}: no prompts")
+    return items
+
+
+def _load_llm(args):
+    """The engine the arguments name. (The compiled-plan form, `generate PLAN_DIR`, is decided here.)"""
+    from .llm import LLM
+
+    return LLM(args.model, args.weights, target=args.target, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+
+
+def cmd_generate(args) -> int:
+    from .runtime.engine import EngineConfigError, RequestError
+    from .runtime.sampling_params import SamplingParams, SamplingParamsError
+
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                max_tokens=args.max_tokens, seed=args.seed)
+        prompts = _read_prompts(args)
+        llm = _load_llm(args)
+        t = time.perf_counter()
+        outs = llm.chat(prompts, params) if args.chat else llm.generate(prompts, params)
+        seconds = time.perf_counter() - t
+    except (RequestError, SamplingParamsError, EngineConfigError) as e:
+        if os.environ.get("DEEPINFER_DEBUG"):
+            raise
+        print(f"deepinfer: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for i, out in enumerate(outs):
+        prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
+        print(f"[{i}] prompt: {json.dumps(prompt, ensure_ascii=False)}")
+        print(f"[{i}] output: {json.dumps(out.text, ensure_ascii=False)}  "
+              f"({len(out.token_ids)} tokens, {out.finish_reason})")
+    n_prompt = sum(len(o.prompt_token_ids) for o in outs)
+    n_gen = sum(len(o.token_ids) for o in outs)
+    print(f"{len(outs)} requests, {n_prompt} prompt tokens, {n_gen} generated tokens in {seconds:.2f} s: "
+          f"{n_gen / seconds:.1f} generated tokens/s, {(n_prompt + n_gen) / seconds:.1f} total tokens/s")
+    return 0
+
+
+def add_generate(sub):
+    p = sub.add_parser("generate", help="generate text from prompts (continuous batching on the graph interpreter)")
+    p.add_argument("--model", required=True, help="preset name or a directory holding config.json")
+    p.add_argument("--weights", required=True, help="checkpoint directory (deepinfer make-checkpoint writes one)")
+    p.add_argument("--target", default="cpu", help="where the model runs (the interpreter runs on cpu)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", metavar="FILE.jsonl", help="one prompt per line (a JSON string or {\"prompt\": ...})")
+    p.add_argument("--chat", action="store_true", help="render each prompt as a user turn of the chat format "
+                   "(a --prompts line may also be {\"messages\": [...]})")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed of every request (reproducible output)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
+    p.add_argument("--max-model-len", type=int, default=4096, help="longest sequence (prompt + output)")
+    p.set_defaults(func=cmd_generate)
+
+
+COMMANDS = [add_inspect, add_make_checkpoint, add_generate]
 
 
 def build_parser() -> argparse.ArgumentParser:

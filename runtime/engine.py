@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from itertools import count
 
 
+from ..models.deepseek_v41 import PAGE_TOKENS
 from ..models.tokenizer import Tokenizer
 from .batch import SeqChunk
 from .cache import CacheManager
@@ -32,6 +33,13 @@ class EngineConfigError(ValueError):
     """Engine limits that do not fit together or do not fit the executor's pools."""
 
 
+def check_limits(**limits) -> None:
+    """Engine limits are positive integers (checked before anything is loaded)."""
+    for name, v in limits.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise EngineConfigError(f"{name} must be an integer >= 1, got {v!r}")
+
+
 @dataclass
 class PreparedStep:
     batch: list[Scheduled]
@@ -43,14 +51,13 @@ class PreparedStep:
 class LLMEngine:
     def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None):
-        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                        ("max_model_len", max_model_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise EngineConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     max_model_len=max_model_len)
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
-        self.cache = CacheManager(executor.num_slots, executor.num_pages, executor.page_tokens)
+        self.cache = CacheManager(executor.num_slots, executor.num_pages,
+                                  getattr(executor, "page_tokens", PAGE_TOKENS))
         if self.cache.pages_for(max_model_len) > executor.num_pages:
             # one sequence at max_model_len must fit alone, or preemption could never make room for it
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "

@@ -17,9 +17,11 @@ from .state import allocate_state
 
 @runtime_checkable
 class Executor(Protocol):
+    """An executor may also declare `page_tokens` (raw tokens per page); without it the engine uses
+    the V4.1 graphs' PAGE_TOKENS."""
+
     num_slots: int  # state slots (window rings, compressor rings, Engram history) in the pool
     num_pages: int  # pages of the compressed caches in the pool
-    page_tokens: int  # raw tokens whose cache entries one page holds
     vocab_size: int
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:

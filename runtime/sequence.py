@@ -58,6 +58,7 @@ class RequestMetrics:
     arrival_time: float
     first_token_time: float | None
     finish_time: float | None
+    num_preemptions: int = 0  # times it lost its caches and was recomputed
 
 
 @dataclass
@@ -75,4 +76,5 @@ class RequestOutput:
     def of(cls, seq: Sequence) -> "RequestOutput":
         return cls(seq.request_id, seq.prompt, list(seq.prompt_token_ids), seq.text, list(seq.output_token_ids),
                    seq.finish_reason, seq.stop_reason,
-                   RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time))
+                   RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time,
+                                  seq.num_preemptions))

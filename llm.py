@@ -1,0 +1,121 @@
+"""`LLM`: offline generation in the vLLM style.
+
+    from deepinfer import LLM, SamplingParams
+    llm = LLM(model="v4.1-flash-tiny", weights="ckpt/")
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+
+The model runs on the graph interpreter (target "cpu"); compiled plans for the GPU targets will
+load through the plan executor behind the same engine.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from tqdm import tqdm
+
+from .models.checkpoint import load_checkpoint
+from .models.config import load_config
+from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
+from .models.tokenizer import Tokenizer
+from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits
+from .runtime.executor import InterpreterExecutor
+from .runtime.sampling_params import SamplingParams
+from .runtime.sequence import RequestOutput
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+
+INTERPRETER_TARGETS = ("cpu",)
+
+
+class LLM:
+    def __init__(self, model: str | os.PathLike, weights: str | os.PathLike | None = None, *, target: str = "cpu",
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 512, max_model_len: int = 4096,
+                 num_pages: int | None = None, seed: int | None = None,
+                 tokenizer: str | os.PathLike | None = None):
+        """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
+        `num_pages`: pages (128 tokens each) of the compressed-cache pool; by default enough for
+        `max_num_seqs` sequences of `max_model_len` tokens. `seed` seeds the seeds of requests
+        that bring none. `tokenizer`: a tokenizer.json (default: the bundled one)."""
+        if target not in INTERPRETER_TARGETS:
+            raise EngineConfigError(f"target {target!r}: LLM(model=...) runs the graph interpreter on "
+                                    f"{', '.join(INTERPRETER_TARGETS)} only; other targets need a compiled plan")
+        if weights is None:
+            raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
+        check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     max_model_len=max_model_len)
+        if num_pages is None:
+            num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
+        check_limits(num_pages=num_pages)
+        cfg = load_config(model)
+        program = build_model(cfg)
+        params = load_params(program, load_checkpoint(weights, cfg))
+        executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)
+        self.config = cfg
+        self.tokenizer = Tokenizer(tokenizer)
+        self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                                seed=seed)
+
+    def generate(self, prompts: str | list[str] | None = None,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 prompt_token_ids: list[int] | list[list[int]] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run the prompts (text, which gets BOS, or token ids) to completion; outputs in input order.
+        With both given, `prompt_token_ids` are the prompts and `prompts` their display text."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if prompt_token_ids is not None and prompt_token_ids and isinstance(prompt_token_ids[0], int):
+            prompt_token_ids = [prompt_token_ids]
+        if prompt_token_ids is None:
+            if prompts is None:
+                raise RequestError("generate needs prompts or prompt_token_ids")
+            prompt_token_ids = [self.tokenizer.encode(p, add_bos=True) if p else [] for p in prompts]
+        elif prompts is not None and len(prompts) != len(prompt_token_ids):
+            raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
+        texts = list(prompts) if prompts is not None else [None] * len(prompt_token_ids)
+        return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm)
+
+    def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
+             thinking: bool = False, reasoning_effort: str | None = None) -> list[RequestOutput]:
+        """Generate the assistant turn of one conversation (a list of messages) or of several."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        texts, ids = [], []
+        for conv in conversations:
+            try:
+                texts.append(self.tokenizer.render_chat_prompt(conv, thinking, reasoning_effort))
+                ids.append(self.tokenizer.render_chat(conv, thinking, reasoning_effort))
+            except (ValueError, KeyError, TypeError) as e:
+                raise RequestError(f"chat: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        return self._run(texts, ids, sampling_params, use_tqdm)
+
+    def _run(self, texts: list[str | None], ids: list[list[int]], sampling_params, use_tqdm: bool):
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(ids)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(ids):
+                raise RequestError(f"{len(params)} sampling params for {len(ids)} prompts")
+        for prompt_ids, p in zip(ids, params):  # all checked before any is queued: a bad one queues nothing
+            self.engine.validate_prompt(prompt_ids)
+            if not isinstance(p, SamplingParams):
+                raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
+        request_ids = [self.engine.add_request(text, p, prompt_ids)
+                       for text, p, prompt_ids in zip(texts, params, ids)]
+        wanted = set(request_ids)
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="requests", unit="req", disable=not use_tqdm)
+        try:
+            while len(done) < len(request_ids):
+                for out in self.engine.step():
+                    if out.request_id not in wanted:
+                        continue  # a request of an earlier, interrupted call
+                    done[out.request_id] = out
+                    bar.update(1)
+        finally:
+            bar.close()
+            for rid in request_ids:  # an interrupted call leaves nothing queued behind it
+                if rid not in done:
+                    self.engine.abort_request(rid)
+        return [done[rid] for rid in request_ids]

@@ -1,0 +1,273 @@
+"""The engine end to end on the tiny model (random checkpoint) with the graph interpreter: greedy
+tokens equal the independent reference's argmax under continuous batching, chunked prefill and
+preemption; seeded sampling is reproducible; bad input ends in one line."""
+import json
+import random
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.cli import main as cli_main
+from deepinfer.models.checkpoint import CheckpointError, make_checkpoint
+from deepinfer.models.config import ConfigError
+from deepinfer.runtime.batch import DraftSeq, SeqChunk
+from deepinfer.runtime.engine import EngineConfigError, RequestError
+from deepinfer.runtime.sampling_params import SamplingParamsError
+
+from reference import ReferenceModel
+
+MODEL = "v4.1-flash-tiny"
+# mixed lengths: one token, shorter than the 16-token window, several pages (> 128), odd lengths
+PROMPT_LENS = [5, 150, 33, 1, 200, 17, 129, 64]
+ARRIVAL_STEP = [0, 0, 1, 2, 4, 7, 11, 16]  # engine step before which each prompt is added
+GEN_TOKENS = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The tiny model's ops are too small to gain from intra-op threads, and on a shared 2-core
+    # machine two spinning torch threads per process made steps ~10x slower (measured).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(MODEL, tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def ref(ckpt):
+    return ReferenceModel.from_checkpoint(ckpt)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 129280, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+def reference_greedy(ref, prompt, n):
+    """The reference's own greedy loop: prefill, then argmax and decode one token at a time."""
+    seq = ref.new_sequence()
+    logits = ref.prefill(seq, prompt)
+    out = []
+    for _ in range(n):
+        out.append(int(torch.argmax(logits)))  # first maximum = lowest id, as the engine's greedy path
+        if len(out) < n:
+            logits = ref.decode(seq, out[-1])
+    return out
+
+
+def reference_accepts(ref, prompt, tokens) -> int:
+    """How many of `tokens` are the reference's greedy choice given the prompt and the tokens before.
+
+    One reference prefill over prompt + tokens gives every row's logits at once (the reference's
+    chunked prefill equals its token-by-token decode), so this checks greedy equality token for
+    token at the cost of a prefill instead of len(tokens) decodes: if each token is the argmax
+    after the ones before it, the whole list is exactly the reference's greedy continuation."""
+    logits = ref.prefill(ref.new_sequence(), prompt + tokens[:-1], all_logits=True)[len(prompt) - 1:]
+    argmax = torch.argmax(logits, dim=-1).tolist()
+    return next((i for i, (a, t) in enumerate(zip(argmax, tokens)) if a != t), len(tokens))
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=GEN_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(ckpt, prompts):
+    """The 8 prompts through one engine, arriving at different steps, 64 greedy tokens each."""
+    llm = LLM(MODEL, ckpt, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=320)
+    engine = llm.engine
+    ids, outs, step = {}, {}, 0
+    while len(outs) < len(prompts):
+        for i, at in enumerate(ARRIVAL_STEP):
+            if at == step:
+                ids[engine.add_request(params=GREEDY, prompt_token_ids=prompts[i])] = i
+        for o in engine.step():
+            outs[ids[o.request_id]] = o
+        step += 1
+    return [outs[i] for i in range(len(prompts))], engine
+
+
+def test_greedy_continuous_batching_equals_the_reference(greedy_outputs, prompts, ref):
+    outs, engine = greedy_outputs
+    for i, o in enumerate(outs):
+        assert o.finish_reason == "length" and o.prompt_token_ids == prompts[i] and len(o.token_ids) == GEN_TOKENS
+        agree = reference_accepts(ref, prompts[i], o.token_ids)
+        assert agree == GEN_TOKENS, f"prompt {i} ({PROMPT_LENS[i]} tokens): token {agree} differs"
+    # and literally: the reference's own greedy loop for the one-token prompt
+    assert outs[3].token_ids == reference_greedy(ref, prompts[3], GEN_TOKENS)
+    assert engine.scheduler.num_preemptions == 0
+    engine.cache.check_no_leak()
+    # the engine really batched: far fewer steps than one sequence at a time would need
+    assert engine.num_steps < GEN_TOKENS + max(ARRIVAL_STEP) + 4
+
+
+def test_chunked_prefill_gives_the_same_tokens(ckpt, prompts, greedy_outputs):
+    # a 37-row budget splits the 150- and 200-token prompts into chunks that straddle ratio-2 groups,
+    # window edges and the 128-token page boundary, interleaved with the other sequences' decodes
+    llm = LLM(MODEL, ckpt, max_num_seqs=4, max_num_batched_tokens=37, max_model_len=320)
+    picked = [1, 2, 4]
+    outs = llm.generate(prompt_token_ids=[prompts[i] for i in picked],
+                        sampling_params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    for i, o in zip(picked, outs):
+        assert o.token_ids == greedy_outputs[0][i].token_ids[:6], f"prompt {i} differs under chunked prefill"
+    assert llm.engine.num_steps >= (150 + 33 + 200) // 37
+
+
+def test_random_load_with_aborts_and_preemption(ckpt, ref):
+    """200 requests with 20 pages for up to 32 sequences: first a burst of 12 prompts just under the
+    128-token page boundary that fill the pool and all need a second page a few tokens later (so
+    the newest are preempted), then 188 short requests (1-20 tokens, 1-4 new tokens) arriving over
+    time, some aborted. Everything ends finished or aborted, nothing leaks, and greedy requests
+    (the preempted ones above all) still equal the reference."""
+    rng = random.Random(11)
+    llm = LLM(MODEL, ckpt, max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=160, num_pages=20)
+    engine = llm.engine
+    specs = []  # (prompt, params, long)
+    for i in range(200):
+        long = i < 12
+        prompt = [rng.randrange(3, 129280) for _ in range(rng.randint(126, 127) if long else rng.randint(1, 20))]
+        if long or i % 3 == 0:
+            params = SamplingParams(temperature=0, max_tokens=4 if long else rng.randint(1, 4), ignore_eos=True)
+        else:
+            params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=i, max_tokens=rng.randint(1, 4))
+        specs.append((prompt, params, long))
+    queued, by_id, outs = 0, {}, {}
+    while queued < len(specs) or engine.has_unfinished_requests():
+        for _ in range(min(len(specs) - queued, 20 if queued == 0 else rng.randint(0, 20))):
+            prompt, params, _ = specs[queued]
+            by_id[engine.add_request(params=params, prompt_token_ids=prompt)] = queued
+            queued += 1
+        if rng.random() < 0.5:
+            live = [rid for rid in by_id if rid not in outs and not specs[by_id[rid]][2]]
+            if live:
+                engine.abort_request(rng.choice(live))  # False (and harmless) if it just finished
+        for o in engine.step():
+            outs[o.request_id] = o
+    assert len(outs) == len(specs)
+    aborted = {rid for rid, o in outs.items() if o.finish_reason == "abort"}
+    assert 5 <= len(aborted) < 100
+    for rid, o in outs.items():
+        prompt, params, _ = specs[by_id[rid]]
+        if rid in aborted:
+            assert len(o.token_ids) < params.max_tokens
+        else:
+            assert o.finish_reason in ("length", "stop") and 1 <= len(o.token_ids) <= params.max_tokens
+    engine.cache.check_no_leak()
+    assert engine.cache.free_pages == 20 and engine.cache.free_slots == 32
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    preempted = [rid for rid, o in outs.items() if o.metrics.num_preemptions]
+    assert preempted and engine.scheduler.num_preemptions >= len(preempted)
+    for rid in preempted:
+        prompt, params, _ = specs[by_id[rid]]
+        if params.greedy:
+            assert reference_accepts(ref, prompt, outs[rid].token_ids) == len(outs[rid].token_ids), rid
+    short_greedy = [rid for rid, i in by_id.items() if specs[i][1].greedy and not specs[i][2]
+                    and rid not in aborted][:6]
+    for rid in short_greedy:
+        prompt, params, _ = specs[by_id[rid]]
+        assert outs[rid].token_ids == reference_greedy(ref, prompt, params.max_tokens), rid
+
+
+def test_seeded_sampling_is_reproducible(ckpt):
+    llm = LLM(MODEL, ckpt, max_num_seqs=4, max_model_len=256)
+    texts = ["The quick brown fox", "Once upon a time"]
+
+    def run(seed, prompts=texts):
+        params = SamplingParams(temperature=0.8, top_p=0.95, top_k=200, seed=seed, max_tokens=6)
+        return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+    # the same request beside a different neighbour samples the same tokens
+    assert run(7, [texts[0], "Something else entirely, and longer than the rest"])[0] == first[0]
+
+
+def test_generate_text_chat_and_progress_bar(ckpt, capsys):
+    llm = LLM(MODEL, ckpt, max_num_seqs=2, max_model_len=64)
+    outs = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=3))
+    assert capsys.readouterr().err.count("requests") >= 1  # tqdm's bar over requests
+    (o,) = outs
+    assert o.prompt == "Hello" and o.prompt_token_ids[0] == llm.tokenizer.bos_id
+    assert len(o.token_ids) == 3 and o.text == llm.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+    chat = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert chat[0].prompt_token_ids == llm.tokenizer.render_chat([{"role": "user", "content": "Hi"}])
+    assert chat[0].prompt.endswith("<｜Assistant｜></think>")
+    with pytest.raises(RequestError, match="System") as e:
+        llm.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], use_tqdm=False)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("call,error,needle", [
+    (lambda llm: llm.generate("", use_tqdm=False), RequestError, "empty"),
+    (lambda llm: llm.generate(prompt_token_ids=[[]], use_tqdm=False), RequestError, "empty"),
+    (lambda llm: llm.generate(prompt_token_ids=[[5] * 33], use_tqdm=False), RequestError, "max_model_len 32"),
+    (lambda llm: llm.generate("hi", SamplingParams(top_p=0.0)), SamplingParamsError, "top_p"),
+    (lambda llm: llm.generate("hi", SamplingParams(top_p=1.5)), SamplingParamsError, "top_p"),
+    (lambda llm: llm.generate("hi", SamplingParams(temperature=-1)), SamplingParamsError, "temperature"),
+    (lambda llm: llm.generate(["a", "b"], [SamplingParams()]), RequestError, "1 sampling params for 2"),
+])
+def test_bad_requests_fail_in_one_line_and_queue_nothing(small_llm, call, error, needle):
+    with pytest.raises(error) as e:
+        call(small_llm)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert not small_llm.engine.has_unfinished_requests()
+
+
+@pytest.fixture(scope="module")
+def small_llm(ckpt):
+    return LLM(MODEL, ckpt, max_num_seqs=2, max_model_len=32)
+
+
+def test_bad_engine_arguments_fail_in_one_line(ckpt, tmp_path):
+    cases = [
+        (dict(model=str(tmp_path / "no-such-model"), weights=ckpt), ConfigError, "unknown model"),
+        (dict(model=MODEL, weights=tmp_path / "no-such-ckpt"), CheckpointError, "not a directory"),
+        (dict(model=MODEL, weights=ckpt, target="sm90"), EngineConfigError, "compiled plan"),
+        (dict(model=MODEL, weights=None), EngineConfigError, "weights"),
+        (dict(model=MODEL, weights=ckpt, max_model_len=300, num_pages=2), EngineConfigError, "needs 3 pages"),
+        (dict(model=MODEL, weights=ckpt, max_num_seqs=0), EngineConfigError, "max_num_seqs"),
+    ]
+    for kwargs, error, needle in cases:
+        with pytest.raises(error) as e:
+            LLM(**kwargs)
+        assert needle in str(e.value) and "\n" not in str(e.value), kwargs
+
+
+def test_executor_draft_matches_the_reference(small_llm, ref, prompts):
+    ex = small_llm.engine.executor
+    prompt = prompts[2]
+    ex.reset_slot(1)
+    logits = ex.step([SeqChunk(1, 0, prompt, [0], sample=True)])
+    first = int(torch.argmax(logits[0]))
+    drafts, conf = ex.draft([DraftSeq(1, first, len(prompt))])
+    seq = ref.new_sequence()
+    ref.prefill(seq, prompt)
+    want_drafts, want_conf = ref.draft(seq, first)
+    assert drafts[0].tolist() == want_drafts
+    assert torch.allclose(conf[0], want_conf, rtol=1e-3, atol=1e-4)
+
+
+def test_cli_generate(ckpt, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hello"}) + "\n\n" + json.dumps("Second prompt") + "\n")
+    rc = cli_main(["generate", "--model", MODEL, "--weights", str(ckpt), "--prompts", str(prompts),
+                   "--max-tokens", "2", "--temperature", "0", "--max-model-len", "64"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert '[0] prompt: "Hello"' in out and '[1] prompt: "Second prompt"' in out
+    assert "2 requests, " in out and "4 generated tokens" in out and "tokens/s" in out
+    bad = [(["--prompt", "x", "--top-p", "0"], "top_p"), (["--prompt", "x", "--temperature", "-1"], "temperature"),
+           (["--prompt", ""], "empty"), (["--prompts", str(tmp_path / "missing.jsonl")], "missing.jsonl")]
+    for extra, needle in bad:
+        rc = cli_main(["generate", "--model", MODEL, "--weights", str(ckpt), "--max-model-len", "64"] + extra)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and err.startswith("deepinfer: error:") and needle in err and "\n" not in err, err
+    rc = cli_main(["generate", "--model", "no-such-model", "--weights", str(ckpt), "--prompt", "x"])
+    assert rc == 2 and "unknown model" in capsys.readouterr().err
