@@ -50,7 +50,7 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     """One row's logits / T with the tokens top-p and then top-k drop set to -inf (fp32)."""
     scaled = logits.float() / temperature
     vocab = scaled.shape[-1]
-    if top_p < 1:
+    if top_p < 1:  # at 1 every token stays (fp32 rounding of the cumsum could otherwise cut the far tail)
         probs = torch.softmax(scaled, -1)
         # stable descending sort: among equal probabilities the lower id ranks first
         sorted_probs, order = torch.sort(probs, descending=True, stable=True)
