@@ -49,12 +49,14 @@ class CompileReport:
     calls_per_template: dict[str, int] = field(default_factory=dict)
     unique_kernels: int = 0
     peak_bytes: dict[str, int] = field(default_factory=dict)
+    build_status: dict[str, int] = field(default_factory=dict)  # built / unbuilt / failed / invalid / torch
 
     def summary(self) -> str:
         lines = [f"plan written to {self.plan_dir}"]
         lines.append("  calls per template: " + ", ".join(f"{k} {v}" for k, v in
                                                           sorted(self.calls_per_template.items(), key=lambda kv: -kv[1])))
-        lines.append(f"  unique kernel instances: {self.unique_kernels}")
+        lines.append(f"  unique kernel instances: {self.unique_kernels} ("
+                     + ", ".join(f"{v} {k}" for k, v in sorted(self.build_status.items())) + ")")
         lines.append("  peak activation memory: " + ", ".join(f"{b} {v / 2**20:.1f} MiB"
                                                                for b, v in self.peak_bytes.items()))
         lines.append("  time per stage: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
@@ -105,7 +107,12 @@ def load_time_nodes(g: Graph) -> set[int]:
     return out
 
 
-def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict, files: dict) -> list:
+TORCH_TEMPLATES = ("torch_ref", "torch_device")  # run the op's reference: nothing to render or build
+
+
+def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict) -> list:
+    """The plan's call list; every non-view call gets, per bucket, its static shapes and the
+    kernel instance that serves it (`instances`: key -> (id, template, spec, config), filled here)."""
     calls = []
     for i, n in enumerate(g.nodes):
         if i in load:
@@ -121,25 +128,44 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
             if kernel != "view":
                 spec = kernel_spec(g, n, types)
                 t = select(target, spec)  # per bucket: decode and prefill shapes may want different templates
-                entry["template"] = t.name
                 config = t.default_config(target, spec)
                 key = json.dumps([t.name, spec.key(), config], sort_keys=True, default=str)
-                inst = instances.get(key)
-                if inst is None:
-                    src = t.render(target, spec, config)
-                    inst = f"k{len(instances):05d}"
-                    instances[key] = inst
-                    if src.language != "torch":  # torch instances run the op's reference: nothing to ship
-                        ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}.get(src.language, "txt")
-                        files[f"kernels/{inst}.{ext}"] = src.text.encode()
-                        files[f"kernels/{inst}.json"] = json.dumps(
-                            {"template": t.name, "spec": spec.key(), "config": config, "language": src.language,
-                             "entry": src.entry, "grid": list(src.grid), "block": list(src.block)},
-                            sort_keys=True).encode()
-                entry["kernel"] = inst
+                if key not in instances:
+                    instances[key] = (f"k{len(instances):05d}", t.name, spec, config)
+                entry["template"] = t.name
+                entry["kernel"] = instances[key][0]
             call["launch"][bname] = entry
         calls.append(call)
     return calls
+
+
+def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> dict:
+    """Render (cached) and build every generated instance; their sources, binaries and resource
+    reports go into the plan. Torch instances need neither."""
+    from ..codegen.backends import get_backend
+    from ..codegen.instances import render_many
+
+    gen = [v for v in instances.values() if v[1] not in TORCH_TEMPLATES]
+    out = {inst: {"template": t, "spec": spec.key(), "config": cfg, "language": "torch"}
+           for inst, t, spec, cfg in instances.values() if t in TORCH_TEMPLATES}
+    if not gen:
+        return out
+    sources = render_many([(t, spec, cfg) for _, t, spec, cfg in gen], target, jobs, on_done)
+    results = get_backend(target.name).build(sources, jobs=jobs)
+    ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
+    for (inst, t, spec, cfg), src, res in zip(gen, sources, results):
+        files[f"kernels/{inst}.{ext.get(src.language, 'txt')}"] = src.text.encode()
+        built = {}
+        for art, path in res.files.items():
+            p = Path(path)
+            if p.suffix in (".cubin", ".o", ".bin", ".json") or art in ("cubin", "binary"):
+                built[art] = f"kernels/{inst}{p.suffix or '.' + art}"
+                files[built[art]] = p.read_bytes()
+        out[inst] = {"template": t, "spec": spec.key(), "config": cfg, "language": src.language,
+                     "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,
+                     "meta": src.meta, "build": {"status": res.status, "reason": res.reason, "files": built,
+                                                 "resources": res.resources, "cached": res.cached}}
+    return out
 
 
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
@@ -181,10 +207,13 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                                      "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")},
                                      "types": [str(g.types[o]) for o in n.outputs]})
         files[f"ir/{name}.ir"] = print_graph(g).encode()
-        plan_graphs[name] = {"ir": f"ir/{name}.ir", "calls": _calls(g, load, envs[name], target, instances, files)}
+        plan_graphs[name] = {"ir": f"ir/{name}.ir", "calls": _calls(g, load, envs[name], target, instances)}
         resident = {o for i in load for o in g.nodes[i].outputs}
         memory[name] = {b: plan_memory(g, env, resident) for b, env in envs[name].items()}
-    timings["specialize+kernels"] = time.perf_counter() - t
+    timings["specialize"] = time.perf_counter() - t
+    t = time.perf_counter()
+    kernels = _kernels(instances, target, options.jobs, files)
+    timings["render+build"] = time.perf_counter() - t
     bar.step("kernels")
 
     params = {}
@@ -208,12 +237,13 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "load_program": load_program,
         "graphs": plan_graphs,
         "memory": memory,
-        "kernel_instances": len(instances),
+        "kernels": kernels,
     }
     t = time.perf_counter()
     out = write_plan(plan, files, out_dir)
     timings["write"] = time.perf_counter() - t
     bar.step("write")
     bar.close()
+    status = Counter(k.get("build", {}).get("status", "torch") for k in kernels.values())
     return CompileReport(out, timings, dict(calls_per_template), len(instances),
-                         {b: m["peak_bytes"] for b, m in memory["step"].items()})
+                         {b: m["peak_bytes"] for b, m in memory["step"].items()}, dict(status))

@@ -264,7 +264,7 @@ def _linear_supports(target: Target, spec: KernelSpec) -> bool:
 
 def _render_linear(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     m, n, k = _mnk_linear(spec)
-    c = dict(gemm_default_config(target, m, n, k), block_K=64, **config)
+    c = {**gemm_default_config(target, m, n, k), "block_K": 64, **config}
     in_dt = "bfloat16"
     out = spec.out_types[0].dtype.name
     func = linear_program(m, n, k, in_dt, {"bf16": "bfloat16", "f32": "float32"}[out], **c)
