@@ -9,11 +9,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from ..atomic import replace_file
 from .build import cache_root, toolchain_versions
 from .target import Target, get_target
 from .template import KernelSource, KernelSpec, templates
@@ -35,14 +34,7 @@ def _cache_path(key: str) -> Path:
 
 
 def _store(key: str, src: KernelSource) -> None:
-    path = _cache_path(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".render-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(src), f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_file(_cache_path(key), json.dumps(asdict(src), sort_keys=True).encode())
 
 
 def _load(key: str) -> KernelSource | None:

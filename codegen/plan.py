@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..atomic import fsync_dir, write_new_file
+
 PLAN_FORMAT = "deepinfer-plan"
 PLAN_VERSION = 1
 
@@ -51,14 +53,6 @@ def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_plan(plan: dict, files: dict[str, bytes], out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -70,24 +64,18 @@ def write_plan(plan: dict, files: dict[str, bytes], out_dir: str | os.PathLike) 
         for rel, data in sorted(files.items()):
             p = tmp / rel
             p.parent.mkdir(parents=True, exist_ok=True)
-            with open(p, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            write_new_file(p, data)
             hashes[rel] = _sha256(data)
         body = dict(plan, format=PLAN_FORMAT, format_version=PLAN_VERSION, files=hashes)
         body["self_sha256"] = _sha256(_canonical(body))
-        with open(tmp / "plan.json", "w") as f:
-            json.dump(body, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        write_new_file(tmp / "plan.json", json.dumps(body, indent=1, sort_keys=True).encode())
+        fsync_dir(tmp)
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(old)
         tmp.rename(out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

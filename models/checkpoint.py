@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import fsync_dir, write_new_file
 from ..ir import quant
 from .config import ModelConfig, load_config
 
@@ -440,14 +441,6 @@ def _plan_shards(specs: list[TensorSpec], max_shard_bytes: int) -> list[list[Ten
     return shards
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_shard(path: Path, cfg: ModelConfig, specs: list[TensorSpec], seed: int, chunk_rows: int) -> None:
     # Widest dtypes first keeps every tensor aligned to its element size (as safetensors does).
     order = sorted(specs, key=lambda s: -DTYPE_BYTES[s.dtype])
@@ -535,9 +528,9 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
             weight_map.update({s.name: fname for s in shard})
         index = {"metadata": {"total_size": total},
                  "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}
-        _write_file(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
-        _write_file(tmp / "config.json", config_bytes)
-        _fsync_dir(tmp)
+        write_new_file(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+        write_new_file(tmp / "config.json", config_bytes)
+        fsync_dir(tmp)
         if out.is_dir():
             if any(out.iterdir()):
                 old = parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
@@ -548,15 +541,10 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
                 os.rename(tmp, out)  # rename(2) replaces an empty directory
         else:
             os.rename(tmp, out)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())

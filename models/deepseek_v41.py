@@ -268,7 +268,7 @@ class _StepBuilder(_Builder):
 
     # ---- attention ------------------------------------------------------------------------------
     def attention(self, role: LayerRole, x: str) -> str:
-        c, g, p = self.cfg, self.g, role.prefix
+        c, g = self.cfg, self.g
         q, qrq, kvq = self.q_and_window_kv(role, x, self.pos)
         ring = self.state_buf(f"swa.{role.index}")
         if role.ratio == 0:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..atomic import replace_file
 
 ENGRAM_COMPRESSED_VOCAB_SIZE_V41 = 99_092
 ENGRAM_DEAD = -1
@@ -95,19 +95,7 @@ def _sha256_of_file(path: Path) -> str:
 
 
 def _write_atomically(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
+    replace_file(path, write)
 
 
 def write_engram_token_map(tokenizer, npy_path: Path = TOKEN_MAP_PATH,

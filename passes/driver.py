@@ -18,7 +18,7 @@ from ..models.deepseek_v41 import PAGE_TOKENS, build_model, param_sources
 from .kernels import kernel_spec
 from .memory import plan_memory
 from .pipelines import PIPELINES
-from .shapes import Bucket, default_buckets
+from .shapes import default_buckets
 
 
 @dataclass

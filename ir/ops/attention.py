@@ -23,7 +23,7 @@ from .. import numerics as nm
 from .. import shapes as sh
 from ..quant import QTensor
 from ..registry import REQUIRED, Cost, ShapeError, op
-from ..types import QuantType, TensorType
+from ..types import TensorType
 from .core import want_dims, want_float, want_tensor
 from .quantized import dequant_value, want_quant
 

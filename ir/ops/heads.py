@@ -5,7 +5,7 @@ import torch
 
 from .. import dtypes as dt
 from .. import numerics as nm
-from ..registry import REQUIRED, ShapeError, op
+from ..registry import REQUIRED, op
 from ..types import TensorType
 from .attention import want_index
 from .core import want_dims, want_float

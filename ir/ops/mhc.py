@@ -6,8 +6,6 @@ entering it (`hc_mix_gemm` + `hc_sinkhorn`), collapses the stream with the previ
 """
 from __future__ import annotations
 
-import torch
-
 from .. import dtypes as dt
 from .. import numerics as nm
 from ..registry import REQUIRED, ShapeError, op
