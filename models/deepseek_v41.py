@@ -17,8 +17,9 @@ Spec notes (where the sources disagree or are silent, and what this graph does):
 - Window rings have sliding_window + max_backtrack slots (134 for the real model, §6.4) so a
   rejected draft never evicts a key that is still needed; ratio-2 compressor state rings have
   ratio + max_backtrack - 1 slots (7) and the Engram history ring max_ngram - 1 + max_backtrack.
-- Text only: the vision tower is not part of the graph; image tokens would take bias_vl and no
-  Engram, which this graph does not model yet.
+- Image tokens (with a vision config): the router selects with `bias_vl` and Engram leaves them
+  out (DEAD in the n-grams, gate 0). The vision tower itself and the replacement of image-token
+  embeddings by its outputs are not part of these graphs.
 """
 from __future__ import annotations
 
@@ -177,7 +178,11 @@ class _Builder:
         if c.gate_temp != 1.0:
             logits = g.add1("scale", logits, factor=1.0 / c.gate_temp)
         s = g.add1("sqrt", g.add1("softplus", logits))
-        biased = g.add1("add", s, self.param(f"{p}.ffn.gate.bias", tensor("f32", e)))
+        bias = self.param(f"{p}.ffn.gate.bias", tensor("f32", e))
+        if c.vision and not role.is_draft:  # image tokens select with bias_vl; drafts are text
+            bias = g.add1("route_bias", self.ids, bias, self.param(f"{p}.ffn.gate.bias_vl", tensor("f32", e)),
+                          image_token_id=c.image_token_id)
+        biased = g.add1("add", s, bias)
         sel = g.add1("topk_ids", biased, k=k)
         wt = g.add1("route_weights", s, sel, scale=float(c.routed_scaling_factor), renorm=c.norm_topk_prob)
         xq = self.quant8(x)
@@ -243,7 +248,8 @@ class _StepBuilder(_Builder):
         tmap = load_engram_token_map()
         if len(tmap) != c.vocab_size:
             raise BuildError(f"engram: the token map has {len(tmap)} ids but vocab_size is {c.vocab_size}")
-        cids = g.add1("lookup", self.param("engram.token_map", tensor("i32", c.vocab_size)), self.ids)
+        cids = g.add1("lookup", self.param("engram.token_map", tensor("i32", c.vocab_size)), self.ids,
+                      dead_ids=[c.image_token_id] if c.vision else [])
         hist = self.state_buf("engram.history")
         pad = int(tmap[c.engram_pad_token_id])
         grams = g.add1("engram_ngram_ids", cids, hist, self.pos, self.tseq, self.slots,
@@ -264,6 +270,8 @@ class _StepBuilder(_Builder):
         kv = self.lin8(e, f"{p}.engram.wkv.weight", (c.hc_mult + 1) * c.hidden_size, width)
         qw = self.param(f"{p}.engram.q_weight", tensor("bf16", c.hc_mult, c.hidden_size))
         kw = self.param(f"{p}.engram.k_weight", tensor("bf16", c.hc_mult, c.hidden_size))
+        if c.vision:
+            return g.add1("engram_gate", r, kv, qw, kw, self.ids, eps=self.eps, image_token_id=c.image_token_id)
         return g.add1("engram_gate", r, kv, qw, kw, eps=self.eps)
 
     # ---- attention ------------------------------------------------------------------------------

@@ -340,7 +340,9 @@ OPS = [
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
-    _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
+    # a per-row bias ([n, E], bias_vl for image tokens) is not what this kernel reads
+    _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1),
+        supports=lambda t, s: s.in_types[1].rank == 1),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
     _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
@@ -357,8 +359,9 @@ OPS = [
         dict(BLOCK=256, num_warps=2, num_stages=1)),
     _Op("engram_hash", "launch_engram_hash", _l_engram_hash, {"num_warps": (1, 2), "num_stages": (1,)},
         dict(num_warps=1, num_stages=1)),
+    # with token ids (image tokens gated off) the call has a fifth operand this kernel does not read
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
-        dict(BH=1024, num_warps=4, num_stages=1)),
+        dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: len(s.in_types) == 4),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),

@@ -122,6 +122,10 @@ def engram_gather(cols, table):
 
 
 def _gate_rule(ins, a):
+    if len(ins) not in (4, 5):
+        raise ShapeError("engram_gate takes stream, kv, q_weight, k_weight [, token ids]")
+    if (len(ins) == 5) != (a["image_token_id"] is not None):
+        raise ShapeError("token ids go with image_token_id")
     r, kv, qw, kw = (want_float(t, n) for t, n in zip(ins, ("stream", "kv", "q_weight", "k_weight")))
     if r.rank != 3:
         raise ShapeError(f"stream must be [n, C, H], got {r}")
@@ -131,8 +135,9 @@ def _gate_rule(ins, a):
     return [r]
 
 
-@op("engram_gate", infer=_gate_rule, flops=lambda i, o, a: 8 * i[0].numel, attrs={"eps": REQUIRED}, n_inputs=4)
-def engram_gate(r, kv, q_weight, k_weight, *, eps):
+@op("engram_gate", infer=_gate_rule, flops=lambda i, o, a: 8 * i[0].numel,
+    attrs={"eps": REQUIRED, "image_token_id": None})
+def engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_id):
     """R[c] += sigmoid(signed sqrt of the normalised (q_w * k_w)-weighted dot of R[c] and key[c])
     * value; per-copy normalisation over H (spec §4.3e), fp32 math, result in the stream dtype."""
     n, c, h = r.shape
@@ -143,6 +148,8 @@ def engram_gate(r, kv, q_weight, k_weight, *, eps):
     dot = nm.sum32(rf * w * key, -1) * nm.rsqrt32(nm.mean_sq32(rf, keepdim=False) + eps) \
         * nm.rsqrt32(nm.mean_sq32(key, keepdim=False) + eps) * h ** -0.5
     gate = nm.sigmoid32(torch.copysign(torch.sqrt(dot.abs().clamp_min(1e-6)), dot))
+    if ids is not None:  # image tokens take no part in Engram: their gate is 0
+        gate = gate.masked_fill((ids.long() == image_token_id).unsqueeze(1), 0.0)
     return (rf + gate.unsqueeze(-1) * val.unsqueeze(1)).to(r.dtype)
 
 
@@ -152,9 +159,12 @@ def _lookup_rule(ins, a):
     return [TensorType(dt.i64, ids.shape)]
 
 
-@op("lookup", infer=_lookup_rule, flops=lambda i, o, a: 0, n_inputs=2)
-def lookup(table, ids):
-    """out[t] = table[ids[t]] for an integer table (the Engram token map); ids outside -> DEAD."""
+@op("lookup", infer=_lookup_rule, flops=lambda i, o, a: 0, attrs={"dead_ids": ()}, n_inputs=2)
+def lookup(table, ids, *, dead_ids):
+    """out[t] = table[ids[t]] for an integer table (the Engram token map); ids outside it and
+    `dead_ids` (the image token) -> DEAD."""
     ids = ids.long()
     inside = (ids >= 0) & (ids < table.shape[0])
+    for d in dead_ids:
+        inside &= ids != d
     return torch.where(inside, table.long()[ids.clamp(0, table.shape[0] - 1)], DEAD)

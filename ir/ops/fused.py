@@ -96,7 +96,7 @@ def rope_quant_fp4(x, positions, *, rope_dim, theta, yarn, pos_offset, block, sc
 
 def _router_rule(ins, a):
     logits, bias = want_float(ins[0], "logits"), want_float(ins[1], "bias")
-    want_dims(bias.shape[0], logits.shape[1], "bias vs experts")
+    want_dims(bias.shape[-1], logits.shape[1], "bias vs experts")  # [E], or [n, E] with image rows
     (sel,) = _infer("topk_ids", [logits], {"k": a["k"]})
     return [sel, TensorType(dt.f32, sel.shape)]
 

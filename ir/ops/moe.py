@@ -107,3 +107,17 @@ def moe_experts(x, sel, wt, w1, w3, w2, *, limit):
         y = nm.mm32(q.fake_quant_fp8_32(a).float(), w2e).to(torch.bfloat16)
         out.index_add_(0, rows, y.float())
     return out
+
+
+def _route_bias_rule(ins, a):
+    ids = want_tensor(ins[0], "token ids")
+    bias, bias_vl = want_float(ins[1], "bias"), want_float(ins[2], "bias_vl")
+    want_dims(bias.shape[0], bias_vl.shape[0], "bias vs bias_vl")
+    return [TensorType(dt.f32, (ids.shape[0], bias.shape[0]))]
+
+
+@op("route_bias", infer=_route_bias_rule, flops=lambda i, o, a: 0, attrs={"image_token_id": REQUIRED}, n_inputs=3)
+def route_bias(ids, bias, bias_vl, *, image_token_id):
+    """The selection bias of each row: `bias_vl` for image tokens, `bias` for text (spec §4.5)."""
+    image = (ids.long() == image_token_id).unsqueeze(1)
+    return torch.where(image, bias_vl.float().unsqueeze(0), bias.float().unsqueeze(0))
