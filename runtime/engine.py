@@ -109,7 +109,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> bool:
         """End a waiting or running request now; its output (reason "abort") comes with the next step.
         Returns False for an unknown or already finished request."""
-        seq = self.scheduler.find(str(request_id))
+        seq = self.scheduler.abort(str(request_id))
         if seq is None:
             return False
         self._finish(seq, "abort")
@@ -194,7 +194,8 @@ class LLMEngine:
         return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        self.scheduler.finish(seq, reason)
+        if not seq.finished:
+            self.scheduler.finish(seq, reason)
         if not isinstance(seq.stop_reason, str):  # a stop string already cut the text
             seq.text = self._detokenize(seq)
         seq.finish_time = time.time()

@@ -44,12 +44,13 @@ class Scheduler:
 
     def schedule(self) -> list[Scheduled]:
         budget, batch = self.max_num_batched_tokens, []
+        # 1. running sequences, oldest first: the next prompt chunk or one decode row each
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncached, budget)
             while not self.cache.can_cover(seq.request_id, seq.num_cached + n) and self.running[-1] is not seq:
-                self._preempt(self.running[-1])
+                self._preempt(self.running[-1])  # the newest, not yet scheduled in this step
             if not self.cache.can_cover(seq.request_id, seq.num_cached + n):
                 self._preempt(seq)  # the newest left: nothing younger to take pages from
                 break
@@ -57,6 +58,7 @@ class Scheduler:
             batch.append(Scheduled(seq, n))
             budget -= n
             i += 1
+        # 2. waiting sequences in order (preempted ones sit at the front) while room is left
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_uncached, budget)
@@ -83,8 +85,12 @@ class Scheduler:
         self.cache.free(seq.request_id)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
 
-    def find(self, request_id: str) -> Sequence | None:
-        return next((s for q in (self.running, self.waiting) for s in q if s.request_id == request_id), None)
+    def abort(self, request_id: str) -> Sequence | None:
+        """End a waiting or running request now, freeing what it holds; None if there is none."""
+        seq = next((s for q in (self.running, self.waiting) for s in q if s.request_id == request_id), None)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
