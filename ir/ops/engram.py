@@ -137,7 +137,7 @@ def _gate_rule(ins, a):
 
 @op("engram_gate", infer=_gate_rule, flops=lambda i, o, a: 8 * i[0].numel,
     attrs={"eps": REQUIRED, "image_token_id": None})
-def engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_id):
+def engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_id=None):
     """R[c] += sigmoid(signed sqrt of the normalised (q_w * k_w)-weighted dot of R[c] and key[c])
     * value; per-copy normalisation over H (spec §4.3e), fp32 math, result in the stream dtype."""
     n, c, h = r.shape
