@@ -15,8 +15,11 @@ def _user_errors() -> tuple[type, ...]:
     from .models.checkpoint import CheckpointError
     from .models.config import ConfigError
     from .models.deepseek_v41 import BuildError
+    from .codegen.plan import PlanError
+    from .codegen.target import UnknownTargetError
 
-    return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, FileNotFoundError,
+    return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, PlanError, UnknownTargetError,
+            FileNotFoundError,
             FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
@@ -99,6 +102,35 @@ def add_make_checkpoint(sub):
     p.set_defaults(func=cmd_make_checkpoint)
 
 
+# ---- compile ------------------------------------------------------------------------------------
+
+def cmd_compile(args) -> int:
+    from .passes.driver import CompileOptions, compile_model
+
+    opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                          ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir)
+    t = time.perf_counter()
+    report = compile_model(args.model, opts, args.output, progress=sys.stderr.isatty())
+    print(report.summary())
+    print(f"  total {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+def add_compile(sub):
+    from .codegen.target import TARGETS
+
+    p = sub.add_parser("compile", help="compile a model for a target into a plan directory")
+    p.add_argument("--model", required=True, help="preset name or a directory holding config.json")
+    p.add_argument("--target", required=True, help=f"one of {', '.join(TARGETS)}")
+    p.add_argument("-o", "--output", required=True, help="plan directory (replaced atomically)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel kernel builds")
+    p.add_argument("--dump-ir", metavar="DIR", help="write every pipeline stage as NN-passname.ir")
+    p.add_argument("--max-model-len", type=int, default=65536, help="longest sequence the plan serves")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="largest decode batch the plan serves")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (inserts the all-to-all)")
+    p.set_defaults(func=cmd_compile)
+
+
 # ---- generate -----------------------------------------------------------------------------------
 
 def _read_prompts(args) -> list:
@@ -134,8 +166,11 @@ def _read_prompts(args) -> list:
 def _load_llm(args):
     """The engine the arguments name. (The compiled-plan form, `generate PLAN_DIR`, is decided here.)"""
     from .llm import LLM
+    from .runtime.engine import EngineConfigError
 
-    return LLM(args.model, args.weights, target=args.target, max_num_seqs=args.max_num_seqs,
+    if (args.plan is None) == (args.model is None):
+        raise EngineConfigError("give a compiled PLAN_DIR or --model (not both)")
+    return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
 
 
@@ -169,8 +204,10 @@ def cmd_generate(args) -> int:
 
 
 def add_generate(sub):
-    p = sub.add_parser("generate", help="generate text from prompts (continuous batching on the graph interpreter)")
-    p.add_argument("--model", required=True, help="preset name or a directory holding config.json")
+    p = sub.add_parser("generate", help="generate text from prompts with a compiled plan (or a model on the "
+                       "graph interpreter), continuous batching")
+    p.add_argument("plan", nargs="?", metavar="PLAN_DIR", help="a compiled plan (deepinfer compile)")
+    p.add_argument("--model", help="instead of a plan: preset name or a directory holding config.json")
     p.add_argument("--weights", required=True, help="checkpoint directory (deepinfer make-checkpoint writes one)")
     p.add_argument("--target", default="cpu", help="where the model runs (the interpreter runs on cpu)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -189,7 +226,7 @@ def add_generate(sub):
     p.set_defaults(func=cmd_generate)
 
 
-COMMANDS = [add_inspect, add_make_checkpoint, add_generate]
+COMMANDS = [add_inspect, add_compile, add_make_checkpoint, add_generate]
 
 
 def build_parser() -> argparse.ArgumentParser:

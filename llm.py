@@ -29,14 +29,22 @@ INTERPRETER_TARGETS = ("cpu",)
 
 
 class LLM:
-    def __init__(self, model: str | os.PathLike, weights: str | os.PathLike | None = None, *, target: str = "cpu",
+    def __init__(self, model: str | os.PathLike | None = None, weights: str | os.PathLike | None = None, *,
+                 plan: str | os.PathLike | None = None, target: str = "cpu",
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512, max_model_len: int = 4096,
                  num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `num_pages`: pages (128 tokens each) of the compressed-cache pool; by default enough for
         `max_num_seqs` sequences of `max_model_len` tokens. `seed` seeds the seeds of requests
-        that bring none. `tokenizer`: a tokenizer.json (default: the bundled one)."""
+        that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
+        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`."""
+        if (plan is None) == (model is None):
+            raise EngineConfigError("give exactly one of model= (a preset or config directory) and plan= (a compiled plan)")
+        if plan is not None:
+            self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
+                            tokenizer)
+            return
         if target not in INTERPRETER_TARGETS:
             raise EngineConfigError(f"target {target!r}: LLM(model=...) runs the graph interpreter on "
                                     f"{', '.join(INTERPRETER_TARGETS)} only; other targets need a compiled plan")
@@ -52,6 +60,30 @@ class LLM:
         params = load_params(program, load_checkpoint(weights, cfg))
         executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)
         self.config = cfg
+        self.tokenizer = Tokenizer(tokenizer)
+        self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                                seed=seed)
+
+    def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
+                   tokenizer):
+        from .codegen.plan import load_plan
+        from .runtime.plan_executor import PlanExecutor
+
+        if weights is None:
+            raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
+        opts = load_plan(plan)["options"]
+        if max_model_len > opts["max_model_len"]:
+            raise EngineConfigError(f"max_model_len {max_model_len} exceeds the plan's {opts['max_model_len']}")
+        if max_num_seqs > opts["max_num_seqs"]:
+            raise EngineConfigError(f"max_num_seqs {max_num_seqs} exceeds the plan's {opts['max_num_seqs']}")
+        check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     max_model_len=max_model_len)
+        if num_pages is None:
+            num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
+        check_limits(num_pages=num_pages)
+        executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+        self.config = executor.cfg
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
