@@ -14,10 +14,10 @@ from ..ir import shapes as sh
 from ..ir.graph import Graph
 from ..ir.text import print_graph
 from ..models.config import load_config
-from ..models.deepseek_v41 import PAGE_TOKENS, build_model, param_sources
+from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
 from .kernels import kernel_spec
 from .memory import plan_memory
-from .pipelines import PIPELINES
+from .pipelines import PIPELINES, decode_pipeline_differs
 from .shapes import default_buckets
 
 
@@ -82,8 +82,8 @@ class _Progress:
 
 
 def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = None, tag: str = "",
-                 timings: dict | None = None, on_stage=None) -> Graph:
-    for k, (name, fn) in enumerate(PIPELINES[target](ep=ep)):
+                 timings: dict | None = None, on_stage=None, variant: str = "prefill") -> Graph:
+    for k, (name, fn) in enumerate(PIPELINES[target](ep=ep, variant=variant)):
         t = time.perf_counter()
         g = fn(g)
         if timings is not None:
@@ -182,6 +182,10 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "00-input.ir").write_text(print_graph(program.step))
     graphs = {"step": run_pipeline(program.step, options.target, options.ep, dump, "", timings, bar.step)}
+    split = decode_pipeline_differs(options.target)
+    if split:  # decode buckets get their own graph (rules valid only with few rows per sequence)
+        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, dump, ".decode", timings,
+                                             variant="decode")
     if program.draft.nodes:
         graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, dump, ".draft", timings, bar.step)
 
@@ -191,13 +195,16 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     buckets = default_buckets(options.max_num_seqs, decode=decode,
                               prefill=options.prefill_tokens or (512, 2048, 8192))
     pool = options.pool(max_pages)
-    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets},
+    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind == "decode")},
+            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind == "decode"},
             "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
     files: dict[str, bytes] = {}
     instances: dict[str, str] = {}
     plan_graphs, memory, load_program = {}, {}, []
     seen_load = set()
     for name, g in graphs.items():
+        if not envs[name]:
+            continue
         load = load_time_nodes(g)
         for i in sorted(load):
             n = g.nodes[i]
@@ -218,7 +225,9 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
 
     params = {}
     sources = param_sources(program)
-    for g in graphs.values():
+    for name, g in graphs.items():
+        if name not in plan_graphs:
+            continue
         for p in g.params:
             params[p] = {"type": str(g.types[p]), "sources": sources[p]}
     calls_per_template = Counter(c["kernel"] for pg in plan_graphs.values() for c in pg["calls"])
@@ -229,8 +238,10 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "target": target.key(),
         "versions": versions(),
         "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
-                    "page_tokens": PAGE_TOKENS, "max_pages": max_pages} | pool,
-        "buckets": {name: envs[name] for name in graphs},
+                    "page_tokens": PAGE_TOKENS, "max_pages": max_pages,
+                    # the decode graph serves steps with at most this many rows per sequence
+                    "decode_rows_max": max_backtrack(cfg)} | pool,
+        "buckets": {name: envs[name] for name in plan_graphs},
         "bucket_kinds": {b.name: b.kind for b in buckets},
         "state": {k: str(v) for k, v in program.state.items()},
         "params": params,
@@ -246,4 +257,5 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     bar.close()
     status = Counter(k.get("build", {}).get("status", "torch") for k in kernels.values())
     return CompileReport(out, timings, dict(calls_per_template), len(instances),
-                         {b: m["peak_bytes"] for b, m in memory["step"].items()}, dict(status))
+                         {b: m["peak_bytes"] for name in ("step_decode", "step") for b, m in memory.get(name, {}).items()},
+                         dict(status))

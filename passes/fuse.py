@@ -167,3 +167,33 @@ FUSION_RULES = [
 
 def fuse(g: Graph) -> Graph:
     return apply_rules(g, FUSION_RULES)
+
+
+# ---- decode steps only ----------------------------------------------------------------------------
+
+def fuse_decode_cache_write(ctx: Context, i: int):
+    """RoPE + fp8 quantisation + window-ring write, before the attention, which then reads the
+    written ring. Only valid when every sequence has at most ring_len - window rows in the step
+    (decode and draft-verification steps): then no written slot holds a key the step still reads,
+    so the attention sees the same keys either way. Prefill graphs keep the write after it."""
+    w = ctx.g.nodes[i]
+    if w.op != "swa_write":
+        return None
+    ring, kq = w.inputs[0], w.inputs[1]
+    r, rq = ctx.producer_op(kq, "rope_quant_fp8")
+    if rq is None:
+        return None
+    readers = [u for u in ctx.users.get(ring, []) if u != i]
+    if any(ctx.g.nodes[u].op not in ("window_attn", "sparse_attn") for u in readers):
+        return None
+    fused = Node.make("rope_quant_fp8_cache_write", [*rq.inputs, ring, w.inputs[3], w.inputs[4]],
+                      [kq, w.outputs[0]], rq.attr)
+    new_nodes = [fused]
+    for u in sorted(readers):
+        n = ctx.g.nodes[u]
+        new_nodes.append(Node.make(n.op, [w.outputs[0] if v == ring else v for v in n.inputs], n.outputs, n.attr))
+    return Rewrite([r, i, *readers], new_nodes)
+
+
+def fuse_decode(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_decode_cache_write])

@@ -8,15 +8,29 @@ from functools import partial
 from ..codegen.target import get_target
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
-from .fuse import fuse
+from .fuse import fuse, fuse_decode
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch
 from .quant import legalize_quant
 from .shapes import infer_shapes
 
 
-def _pipeline(target: str, ep: int = 1):
+def has_generated_template(target: str, op: str) -> bool:
+    """A fusion whose fused op has no template but the torch fallback on a device target would
+    trade kernels for a slower path; such rules join a pipeline only once a template exists."""
+    from ..codegen.template import templates
+
+    return any(op in t.ops and target in t.targets and t.name != "torch_device" for t in templates().values())
+
+
+def _pipeline(target: str, ep: int = 1, variant: str = "prefill"):
+    """`variant` "decode" is the graph of decode buckets (at most block + 1 rows per sequence)."""
     t = get_target(target)
+    decode_rules = []
+    if variant == "decode" and has_generated_template(target, "rope_quant_fp8_cache_write"):
+        # window keys written to the ring before the attention reads it: valid only with few rows per
+        # sequence; after fuse, whose rope+quant rule makes the node it matches
+        decode_rules.append(("fuse_decode", fuse_decode))
     return [
         # the builder's graph must be sound before any pass reads it; errors name the node
         ("verify", verify),
@@ -28,6 +42,7 @@ def _pipeline(target: str, ep: int = 1):
         # rule-list fusion (norm+quant, rope+quant, mHC entry, router, swiglu+quant, pooling+norm,
         # indexer); before the lowerings so they see the fused indexer and quantised activations
         ("fuse", fuse),
+        *decode_rules,
         # share top-k buffers (REUSE layers) and check each attention against its indexer's cache
         ("lower_sparse_attention", lower_sparse_attention),
         # MoE into permute / grouped GEMMs / combine (+ all-to-all for ep > 1); after fusion so the
@@ -43,3 +58,7 @@ def _pipeline(target: str, ep: int = 1):
 
 
 PIPELINES = {name: partial(_pipeline, name) for name in ("cpu", "sm90", "sm100", "ascend950")}
+
+
+def decode_pipeline_differs(target: str) -> bool:
+    return len(PIPELINES[target](variant="decode")) != len(PIPELINES[target](variant="prefill"))

@@ -71,8 +71,10 @@ class PlanExecutor:
         for c in chunks:
             if not 0 <= c.slot < self.num_slots:
                 raise ValueError(f"slot {c.slot} is outside [0, {self.num_slots})")
-        outs, self.state, _ = interpret(self.graphs["step"], step_inputs(chunks), self.params, self.state,
-                                        check=self.check)
+        graph = self.graphs["step"]
+        if "step_decode" in self.graphs and max(len(c.tokens) for c in chunks) <= self.plan["options"]["decode_rows_max"]:
+            graph = self.graphs["step_decode"]
+        outs, self.state, _ = interpret(graph, step_inputs(chunks), self.params, self.state, check=self.check)
         return outs["logits"]
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,6 +71,29 @@ def test_every_pass_keeps_the_interpreter_output(tiny):
             f"pass {name} changed the draft graph"
 
 
+def test_decode_pipeline_keeps_the_interpreter_output(tiny):
+    """The decode graph (ring written before the attention reads it) gives the same logits as the
+    builder's graph on decode steps of up to decode_rows_max rows per sequence."""
+    _, prog, params = tiny
+    gen = torch.Generator().manual_seed(4)
+    a = torch.randint(3, prog.cfg.vocab_size, (40,), generator=gen).tolist()
+    b = torch.randint(3, prog.cfg.vocab_size, (33,), generator=gen).tolist()
+    prefill = [SeqChunk(0, 0, a, [0]), SeqChunk(1, 0, b, [1])]
+    decode = [[SeqChunk(0, 40, [7, 8, 9, 10, 11, 12], [0]), SeqChunk(1, 33, [5], [1])],
+              [SeqChunk(0, 46, [3], [0]), SeqChunk(1, 34, [1, 2, 3, 4, 5, 6], [1])]]
+    want, _ = _run_steps(prog.step, params, prog.state, [prefill] + decode)
+    g = prog.step
+    for name, fn in PIPELINES["cpu"](variant="decode"):
+        g = fn(g)
+        state = allocate_state(prog.state, num_slots=2, num_pages=4)
+        _, state, _ = interpret(prog.step, step_inputs(prefill), params, state)
+        p = _params_for(g, params)
+        for k, chunks in enumerate(decode):
+            o, state, _ = interpret(g, step_inputs(chunks), p, state)
+            assert torch.equal(o["logits"], want[k + 1]), f"pass {name} changed decode step {k}"
+    assert g.op_counts()["rope_quant_fp8_cache_write"] == 13 and "swa_write" not in g.op_counts()
+
+
 def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     cfg = load_config("v4.1-flash")
     g = build_model(cfg).step
@@ -110,7 +133,7 @@ def test_compile_writes_plan_with_report_and_dumps(tiny_plan):
     out, report, dump = tiny_plan
     plan = load_plan(out, target="cpu")
     assert plan["model"]["id"] == "v4.1-flash-tiny" and plan["target"]["name"] == "cpu"
-    assert set(plan["graphs"]) == {"step", "draft"} and plan["files"]
+    assert set(plan["graphs"]) == {"step", "step_decode", "draft"} and plan["files"]
     assert len(plan["load_program"]) == 10 + 3  # w13 of each layer and DSpark stage
     assert report.calls_per_template["torch_ref"] > 300 and report.unique_kernels > 0
     assert report.peak_bytes["decode_b1"] < report.peak_bytes["prefill_t8192"]

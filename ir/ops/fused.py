@@ -305,3 +305,21 @@ def all_to_all(x, *, ep, direction):
     their expert (dispatch) and come back (combine). In one process, which holds every expert,
     the exchange moves nothing: the identity is its exact single-process meaning."""
     return x
+
+
+# ---- decode: RoPE + fp8 quantisation + window-ring write ------------------------------------------
+
+def _rope_quant_write_rule(ins, a):
+    (kq,) = _rope_quant_rule(ins[:2], a)
+    (ring,) = _infer("swa_write", [ins[2], kq, ins[1], ins[3], ins[4]], {})
+    return [kq, ring]
+
+
+@op("rope_quant_fp8_cache_write", infer=_rope_quant_write_rule, flops=lambda i, o, a: 8 * i[0].numel,
+    attrs={"rope_dim": REQUIRED, "theta": REQUIRED, "yarn": None, "pos_offset": 0, "block": 32},
+    inplace={1: 2}, n_inputs=5)
+def rope_quant_fp8_cache_write(x, positions, ring, token_seq, seq_slots, *, rope_dim, theta, yarn, pos_offset, block):
+    """Window keys: RoPE, fp8 quantisation and the ring write in one pass (decode steps, where a
+    sequence's few rows cannot evict a key its own queries still read)."""
+    kq = rope_quant_fp8(x, positions, rope_dim=rope_dim, theta=theta, yarn=yarn, pos_offset=pos_offset, block=block)
+    return kq, at.swa_write(ring, kq, positions, token_seq, seq_slots)
