@@ -10,8 +10,8 @@ from deepinfer.passes.driver import CompileOptions, compile_model
 SMALL = dict(max_model_len=2048, max_num_seqs=4, decode_batches=(1,), prefill_tokens=(512,), jobs=2)
 
 
-def _check_plan(out, target):
-    plan = load_plan(out, target=target)
+def _check_plan(report, target):
+    plan = load_plan(report.plan_dir, target=target)
     kernels = plan["kernels"]
     statuses = {k.get("build", {}).get("status", "torch") for k in kernels.values()}
     assert not statuses & {"failed", "invalid"}, statuses

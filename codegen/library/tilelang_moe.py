@@ -93,6 +93,12 @@ def moe_default_config(target: Target, mtot: int, n: int, k: int, e: int) -> dic
     """Decode (under ~2 rows per expert on average): 64-row tiles and narrow N tiles, so the few
     active experts still spread their weight stream over many CTAs. Prefill: 128-row tiles over
     two warpgroups."""
+    if target.name == "sm100":
+        # sm100 lowering keeps the fp4->fp8 tile and the accumulator in registers: the sm90 tiles
+        # spill there (ptxas: 255 registers, 16-72 bytes), these do not
+        if mtot <= 2 * e:
+            return {"block_M": 64, "block_N": 32, "block_K": 64, "stages": 4, "threads": 128}
+        return {"block_M": 128, "block_N": 64, "block_K": 64, "stages": 3, "threads": 256}
     if mtot <= 2 * e:
         return {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128}
     return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
