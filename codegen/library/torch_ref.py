@@ -6,16 +6,14 @@ from ...ir.registry import all_ops
 from ..template import KernelSource, Template, register
 
 
-def _render(target, spec, config):
+def render_reference(target, spec, config):
     return KernelSource(language="torch", entry=f"deepinfer.ir.ops:{spec.op}",
-                        text=f"# torch reference of `{spec.op}`\n")
+                        text=f"# torch reference of `{spec.op}` on {target.name}\n")
 
 
-register(Template(
-    name="torch_ref",
-    ops=tuple(all_ops()),
-    targets=("cpu",),
-    knobs={},
-    render=_render,
-    default_config=lambda target, spec: {},
-))
+def reference_template(name: str, targets: tuple[str, ...]) -> Template:
+    return Template(name=name, ops=tuple(all_ops()), targets=targets, knobs={}, render=render_reference,
+                    default_config=lambda target, spec: {})
+
+
+register(reference_template("torch_ref", ("cpu",)))
