@@ -11,25 +11,26 @@ Kernels are compared to these semantics within their dtype's tolerance, not bit 
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 
 # fp64 copies of constant tensors (weights), made once where a plan executor asks for them: the
 # conversion of a large weight every step would cost more than the product itself on the CPU.
-_F64: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+# Entries hold their tensor weakly and vanish with it, so executors that go away leave nothing.
+_F64: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
-def keep_f64(t: torch.Tensor, t64: torch.Tensor | None = None) -> None:
-    _F64[id(t)] = (t, t.double() if t64 is None else t64)
-
-
-def forget_f64() -> None:
-    _F64.clear()
+def keep_f64(t: torch.Tensor) -> None:
+    if id(t) not in _F64:
+        _F64[id(t)] = (weakref.ref(t), t.double())
+        weakref.finalize(t, _F64.pop, id(t), None)
 
 
 def as64(t: torch.Tensor) -> torch.Tensor:
     hit = _F64.get(id(t))
-    return hit[1] if hit is not None and hit[0] is t else t.double()
+    return hit[1] if hit is not None and hit[0]() is t else t.double()
 
 
 def mm32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

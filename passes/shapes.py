@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import shapes as sh
 from ..ir.graph import Graph
 from ..ir.registry import ShapeError, get_op
 from ..ir.verify import VerifyError
@@ -41,7 +40,6 @@ class Bucket:
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_TOKENS = (512, 2048, 8192)
-POOL_SYMBOLS = ("num_slots", "num_pages")  # sized by the runtime's cache manager, not by the bucket
 
 
 def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREFILL_TOKENS) -> list[Bucket]:
@@ -49,19 +47,4 @@ def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREF
     for t in prefill:
         s = min(t, max_num_seqs)
         out.append(Bucket(f"prefill_t{t}", "prefill", t, s, s))
-    return out
-
-
-def draft_bucket_env(bucket: Bucket, block: int, max_pages: int) -> dict[str, int]:
-    """The draft graph runs for the sequences that just sampled: at most one per sequence."""
-    return {"num_seqs": bucket.seqs, "max_pages": max_pages} | {"num_tokens": block * bucket.seqs}
-
-
-def specialize_types(g: Graph, env: dict[str, int]) -> dict[str, tuple]:
-    """Storage shape of every value under `env` (pool symbols stay symbolic): value -> tuple of
-    (data shape[, scale shape])."""
-    out = {}
-    for name, t in g.types.items():
-        parts = (t.data, t.scale) if hasattr(t, "scale") else (t,)
-        out[name] = tuple(sh.subs(p.storage_shape(), env) for p in parts)
     return out

@@ -7,6 +7,8 @@ activation quantisation as its own node (fusion puts them back together per targ
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .. import dtypes as dt
@@ -35,8 +37,8 @@ def last_dim_block(x: TensorType, data: str, scale: str, block: int) -> QuantTyp
 
 
 # fp32 copies of quantised weights, made once by `preload_dequantized` (the cpu target dequantises
-# weights at load): keyed by the id of the data tensor, which also keeps that tensor alive.
-_DEQUANTIZED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+# weights at load): keyed by the id of the data tensor, held weakly, dropped when it goes.
+_DEQUANTIZED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
 def preload_dequantized(params: dict) -> None:
@@ -52,20 +54,16 @@ def preload_dequantized(params: dict) -> None:
             else:
                 full = _dequant(v)
                 nm.keep_f64(full)
-            _DEQUANTIZED[id(v.data)] = (v.data, full)
+            _DEQUANTIZED[id(v.data)] = (weakref.ref(v.data), full)
+            weakref.finalize(v.data, _DEQUANTIZED.pop, id(v.data), None)
         elif isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() == 2:
             nm.keep_f64(v)
-
-
-def release_dequantized() -> None:
-    _DEQUANTIZED.clear()
-    nm.forget_f64()
 
 
 def expert_weight(w, e: int) -> torch.Tensor:
     """Weight of expert e of a stacked fp4 expert tensor (fp32 values; fp64 storage when preloaded)."""
     hit = _DEQUANTIZED.get(id(w.data))
-    if hit is not None and hit[0] is w.data:
+    if hit is not None and hit[0]() is w.data:
         return hit[1][e]
     return q.dequant_fp4_weight(w.data[e], w.scale[e])
 
@@ -73,7 +71,7 @@ def expert_weight(w, e: int) -> torch.Tensor:
 def dequant_value(v) -> torch.Tensor:
     """fp32 content of a quantised value of any of the formats above (by its storage dtypes)."""
     hit = _DEQUANTIZED.get(id(v[0]))
-    if hit is not None and hit[0] is v[0]:
+    if hit is not None and hit[0]() is v[0]:
         return hit[1]
     return _dequant(v)
 
