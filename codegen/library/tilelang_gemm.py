@@ -163,7 +163,8 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     return gemm_fp8
 
 
-def _mnk_fp8(spec: KernelSpec):
+def _mnk(spec: KernelSpec):
+    """(rows, out features, in features) of a [.., in] x [out, in]^T product."""
     x, w = spec.in_types[0], spec.in_types[1]
     m = 1
     for d in x.shape[:-1]:
@@ -194,7 +195,7 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
 
 
 def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    m, n, k = _mnk_fp8(spec)
+    m, n, k = _mnk(spec)
     c = dict(gemm_default_config(target, m, n, k), **config)
     func = gemm_fp8_program(m, n, k, out_dtype_name(spec), **c)
     return source(func, target.arch, {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k),
@@ -207,8 +208,8 @@ register(Template(
     targets=("sm90", "sm100"),
     knobs=GEMM_KNOBS,
     render=_render_gemm_fp8,
-    default_config=lambda target, spec: gemm_default_config(target, *_mnk_fp8(spec)),
-    supports=lambda target, spec: _mnk_fp8(spec)[2] % 32 == 0,
+    default_config=lambda target, spec: gemm_default_config(target, *_mnk(spec)),
+    supports=lambda target, spec: _mnk(spec)[2] % 32 == 0,
 ))
 
 
@@ -244,13 +245,6 @@ def linear_program(M: int, N: int, K: int, in_dtype: str = "bfloat16", out_dtype
     return linear
 
 
-def _mnk_linear(spec: KernelSpec):
-    x, w = spec.in_types[0], spec.in_types[1]
-    m = 1
-    for d in x.shape[:-1]:
-        m *= int(d)
-    return m, int(w.shape[0]), int(w.shape[1])
-
 
 def _linear_supports(target: Target, spec: KernelSpec) -> bool:
     from ...ir.types import QuantType
@@ -261,11 +255,11 @@ def _linear_supports(target: Target, spec: KernelSpec) -> bool:
     # compute=f32 is an fp32 GEMM in the reference; the tensor cores would make it tf32, a visible
     # deviation (the router's top-k is sensitive to it), so only bf16 GEMMs are taken here
     return (spec.attr.get("compute") == "bf16" and x.dtype.name == "bf16" and w.dtype.name == "bf16"
-            and _mnk_linear(spec)[2] % 8 == 0)
+            and _mnk(spec)[2] % 8 == 0)
 
 
 def _render_linear(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    m, n, k = _mnk_linear(spec)
+    m, n, k = _mnk(spec)
     c = {**gemm_default_config(target, m, n, k), "block_K": 64, **config}
     in_dt = "bfloat16"
     out = spec.out_types[0].dtype.name
@@ -280,6 +274,6 @@ register(Template(
     targets=("sm90", "sm100"),
     knobs=dict(GEMM_KNOBS, block_K=(32, 64)),
     render=_render_linear,
-    default_config=lambda target, spec: dict(gemm_default_config(target, *_mnk_linear(spec)), block_K=64),
+    default_config=lambda target, spec: dict(gemm_default_config(target, *_mnk(spec)), block_K=64),
     supports=_linear_supports,
 ))
