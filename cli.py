@@ -108,7 +108,8 @@ def cmd_compile(args) -> int:
     from .passes.driver import CompileOptions, compile_model
 
     opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                          ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir)
+                          ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir,
+                          decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens)
     t = time.perf_counter()
     report = compile_model(args.model, opts, args.output, progress=sys.stderr.isatty())
     print(report.summary())
@@ -128,7 +129,21 @@ def add_compile(sub):
     p.add_argument("--max-model-len", type=int, default=65536, help="longest sequence the plan serves")
     p.add_argument("--max-num-seqs", type=int, default=256, help="largest decode batch the plan serves")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (inserts the all-to-all)")
+    p.add_argument("--decode-batches", type=_int_list, metavar="B,B,...",
+                   help="decode bucket sizes (default: powers of two up to --max-num-seqs)")
+    p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...",
+                   help="prefill bucket token budgets (default: 512,2048,8192)")
     p.set_defaults(func=cmd_compile)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return tuple(sorted(set(vals)))
 
 
 # ---- generate -----------------------------------------------------------------------------------

@@ -170,6 +170,10 @@ def _cc(target: Target) -> int:
     return int(re.sub(r"\D", "", target.arch))  # "sm_90a" -> 90
 
 
+# bumped when a builder's artefacts change (2: the split attention's combine kernel is built too)
+BUILDER_VERSION = 2
+
+
 def cache_key(src: KernelSource, target: Target, options: dict | None = None) -> str:
     body = {
         "language": src.language, "entry": src.entry, "text": src.text, "grid": list(src.grid),
@@ -177,6 +181,7 @@ def cache_key(src: KernelSource, target: Target, options: dict | None = None) ->
         "target": _jsonable(target.key()),
         "toolchain": toolchain_versions(src.language, _cc(target) if target.kind == "cuda" else 0),
         "options": _jsonable(options or {}),
+        "builder": BUILDER_VERSION,
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -244,16 +249,25 @@ def nvcc_command(target: Target, src_file: str, out_file: str) -> list[str]:
 def _build_cuda(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
     if not nvcc_path():
         return {}, {"source": ("kernel.cu", src.text.encode())}, {"status": "unbuilt", "reason": "nvcc not on PATH"}
+    # a template may render a second kernel the host side launches after the first (the split
+    # attention's combine): it is built into its own cubin next to the main one
+    parts = [("", src.entry, src.text)]
+    if "combine" in src.meta:
+        parts.append(("_combine", src.meta["combine"]["entry"], src.meta["combine"]["text"]))
+    report, files = {}, {"source": ("kernel.cu", src.text.encode())}
+    log = ""
     with tempfile.TemporaryDirectory(prefix="deepinfer-nvcc-") as d:
-        cu, cubin = os.path.join(d, "kernel.cu"), os.path.join(d, "kernel.cubin")
-        Path(cu).write_text(src.text)
-        r = subprocess.run(nvcc_command(target, cu, cubin), capture_output=True, text=True)
-        if r.returncode != 0:
-            err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-300:])
-            raise BuildError(f"nvcc failed on {src.entry} for {target.arch}: {err.strip()}")
-        report = parse_ptxas_report(r.stderr)
-        files = {"source": ("kernel.cu", src.text.encode()), "cubin": ("kernel.cubin", Path(cubin).read_bytes()),
-                 "ptxas_log": ("ptxas.log", r.stderr.encode())}
+        for suffix, entry, text in parts:
+            cu, cubin = os.path.join(d, f"kernel{suffix}.cu"), os.path.join(d, f"kernel{suffix}.cubin")
+            Path(cu).write_text(text)
+            r = subprocess.run(nvcc_command(target, cu, cubin), capture_output=True, text=True)
+            if r.returncode != 0:
+                err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-300:])
+                raise BuildError(f"nvcc failed on {entry} for {target.arch}: {err.strip()}")
+            report.update(parse_ptxas_report(r.stderr))
+            files["cubin" + suffix] = (f"kernel{suffix}.cubin", Path(cubin).read_bytes())
+            log += r.stderr
+    files["ptxas_log"] = ("ptxas.log", log.encode())
     return report, files, {"status": "built"}
 
 

@@ -7,8 +7,11 @@ second compile of the same model only builds from the compile cache (codegen/bui
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import hashlib
+import inspect
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,8 +27,19 @@ def _versions() -> dict:
     return {"deepinfer": VERSION, **toolchain_versions("cuda"), **toolchain_versions("triton")}
 
 
+@functools.lru_cache(maxsize=None)
+def _template_code(template: str) -> str:
+    """Hash of the module that renders `template`: an edited template never reuses a stale render."""
+    mod = sys.modules[templates()[template].render.__module__]
+    text = inspect.getsource(mod)
+    if callable(getattr(mod, "kernels_source", None)):  # Triton templates render their kernels module's text
+        text += mod.kernels_source()
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def render_key(template: str, spec: KernelSpec, config: dict, target: Target) -> str:
-    blob = json.dumps([template, spec.key(), config, target.key(), _versions()], sort_keys=True, default=str)
+    blob = json.dumps([template, spec.key(), config, target.key(), _versions(), _template_code(template)],
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

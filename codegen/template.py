@@ -51,6 +51,10 @@ class Template:
     render: Callable[[Target, KernelSpec, Mapping[str, Any]], KernelSource]
     default_config: Callable[[Target, KernelSpec], dict]
     supports: Callable[[Target, KernelSpec], bool] = lambda target, spec: True
+    # the host side of a generated kernel on its device: host(launch, inputs, attrs, config) -> the
+    # op's outputs, where launch(i, **buffers) runs the instance's i-th kernel with its buffers
+    # bound by parameter name (TileLang templates; a Triton template's host is its launcher)
+    host: Callable | None = None
 
     def configs(self, target: Target, spec: KernelSpec):
         """Every point of the tuning space (the autotuner filters invalid ones by building)."""

@@ -159,7 +159,8 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
         for art, path in res.files.items():
             p = Path(path)
             if p.suffix in (".cubin", ".o", ".bin", ".json") or art in ("cubin", "binary"):
-                built[art] = f"kernels/{inst}{p.suffix or '.' + art}"
+                # one file per artefact: a Triton call has a cubin per launch, a split attention two
+                built[art] = f"kernels/{inst}{p.suffix}" if art in ("cubin", "binary") else f"kernels/{inst}.{art}{p.suffix}"
                 files[built[art]] = p.read_bytes()
         out[inst] = {"template": t, "spec": spec.key(), "config": cfg, "language": src.language,
                      "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,

@@ -45,6 +45,8 @@ PREFILL_TOKENS = (512, 2048, 8192)
 def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREFILL_TOKENS) -> list[Bucket]:
     out = [Bucket(f"decode_b{b}", "decode", b, b, b) for b in decode if b <= max_num_seqs]
     for t in prefill:
-        s = min(t, max_num_seqs)
+        # one sequence more than the engine runs: a device step pads its rows up to the bucket's
+        # token count with a dummy sequence, even when every real sequence is in the step
+        s = min(t, max_num_seqs + 1)
         out.append(Bucket(f"prefill_t{t}", "prefill", t, s, s))
     return out

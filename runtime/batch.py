@@ -62,3 +62,48 @@ def draft_inputs(seqs: list[DraftSeq], block: int, noise_id: int) -> dict[str, t
         "block_seq": torch.tensor([s for s in range(len(seqs)) for _ in range(block)], dtype=torch.int32),
         "seq_slots": torch.tensor([d.slot for d in seqs], dtype=torch.int32),
     }
+
+
+def bucket_inputs(chunks: list[SeqChunk], env: dict, scratch_slot: int, scratch_page: int,
+                  pad_token: int) -> tuple[dict[str, torch.Tensor], int]:
+    """The step's inputs at a bucket's static shape (kernels are built per bucket), and the number
+    of real sampled rows (the first rows of the logits).
+
+    Padding: dummy sequences fill the bucket's sequence count; the spare rows go to them at
+    positions 0.. (a dummy may hold none). They live in the scratch slot and page, which the
+    executor keeps out of the cache manager's pool, so their cache writes touch no real sequence;
+    every op is row- or sequence-local, so real rows never read them. Sampled rows past the real
+    ones repeat row 0 and are dropped."""
+    tokens, seqs, samples, width = env["num_tokens"], env["num_seqs"], env["num_samples"], env["max_pages"]
+    rows = sum(len(c.tokens) for c in chunks)
+    extra_rows, extra_seqs = tokens - rows, seqs - len(chunks)
+    if extra_rows < 0 or extra_seqs < 0 or (extra_rows and not extra_seqs):
+        raise ValueError(f"{rows} rows over {len(chunks)} sequences do not fit a bucket of {tokens} rows over {seqs}")
+    real = step_inputs(chunks)
+    n_samples = len(real["sample_rows"])
+    pad_ids, pad_pos, pad_seq, pad_sample = [], [], [], []
+    for j in range(extra_seqs):
+        k = extra_rows // extra_seqs + (j < extra_rows % extra_seqs)
+        pad_ids += [pad_token] * k
+        pad_pos += range(k)
+        pad_seq += [len(chunks) + j] * k
+        if k:
+            pad_sample.append(rows + len(pad_ids) - 1)
+    sample_rows = real["sample_rows"].tolist() + pad_sample
+    sample_rows += [0] * (samples - len(sample_rows))
+    if len(sample_rows) != samples:
+        raise ValueError(f"{len(sample_rows)} sampled rows do not fit a bucket of {samples}")
+    table = torch.full((seqs, width), scratch_page, dtype=torch.int32)
+    table[: len(chunks)] = -1
+    got = real["block_table"]
+    if got.shape[1] > width:
+        raise ValueError(f"a sequence holds {got.shape[1]} pages; the plan's buckets hold {width}")
+    table[: len(chunks), : got.shape[1]] = got
+    return {
+        "token_ids": torch.cat([real["token_ids"], torch.tensor(pad_ids, dtype=torch.int64)]),
+        "positions": torch.cat([real["positions"], torch.tensor(pad_pos, dtype=torch.int64)]),
+        "token_seq": torch.cat([real["token_seq"], torch.tensor(pad_seq, dtype=torch.int32)]),
+        "seq_slots": torch.cat([real["seq_slots"], torch.full((extra_seqs,), scratch_slot, dtype=torch.int32)]),
+        "block_table": table,
+        "sample_rows": torch.tensor(sample_rows, dtype=torch.int64),
+    }, n_samples

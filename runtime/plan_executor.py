@@ -1,5 +1,8 @@
 """Runs a compiled plan: the `Executor` the engine drives, built from a plan directory and a
-checkpoint. On the cpu target every kernel call runs its op's torch reference."""
+checkpoint. On the cpu target every kernel call runs its op's torch reference.
+
+`LoadedPlan` is the part every target shares: the plan checked and read, the weights materialised
+in the plan's layouts (its load program run once), and the per-step graphs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,12 +11,14 @@ import torch
 
 from ..codegen.plan import PlanError, load_plan
 from ..ir import interpret, parse_graph, parse_type, verify
+from ..ir import shapes as sh
 from ..ir.graph import Graph
+from ..ir.quant import QTensor
 from ..ir.registry import get_op
 from ..models.checkpoint import load_checkpoint
 from ..models.config import config_from_dict, load_config
 from ..models.deepseek_v41 import materialize_params
-from .batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
+from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
 from .state import allocate_state
 
 
@@ -27,55 +32,98 @@ def _step_graph(full: Graph, derived: set[str]) -> Graph:
     return g
 
 
-class PlanExecutor:
-    def __init__(self, plan_dir, weights, num_slots: int | None = None, num_pages: int | None = None,
-                 check: bool = False):
-        root = Path(plan_dir)
-        self.plan = plan = load_plan(root)
-        # the cache pool the plan was built for; torch kernels (cpu) take any size, so tests may shrink it
-        num_slots = num_slots or plan["options"]["num_slots"]
-        num_pages = num_pages or plan["options"]["num_pages"]
-        if num_slots < 1 or num_pages < 1:
-            raise ValueError(f"an executor needs >= 1 slot and >= 1 page, got {num_slots} slots, {num_pages} pages")
-        target = plan["target"]["name"]
-        if target != "cpu":
-            raise PlanError(f"plan {root}: compiled for {target}; this executor runs cpu plans")
-        self.cfg = cfg = config_from_dict(plan["model"]["config"], model_id=plan["model"]["id"])
-        wcfg = load_config(weights)
-        if wcfg.config_hash != plan["model"]["config_hash"]:
-            raise PlanError(f"weights {weights} are for model {wcfg.model_id} (config {wcfg.config_hash[:12]}), the plan "
-                            f"for {plan['model']['id']} (config {plan['model']['config_hash'][:12]})")
-        ckpt = load_checkpoint(weights, cfg)
-        self.params = materialize_params({k: v["sources"] for k, v in plan["params"].items()}, ckpt)
-        derived = set()
-        for call in plan["load_program"]:  # weight layouts the kernels want (e.g. w13 = [w1; w3])
-            outs = get_op(call["op"]).ref(*(self.params[v] for v in call["inputs"]), **call["attrs"])
-            outs = outs if isinstance(outs, tuple) and len(call["outputs"]) > 1 else (outs,)
-            self.params.update(zip(call["outputs"], outs))
-            derived.update(call["outputs"])
-        if target == "cpu":  # the cpu legalisation: weights dequantised once, at load
-            from ..ir.ops.quantized import preload_dequantized
+class LoadedPlan:
+    """A plan and its weights. `checkpoint` may be given instead of `weights`: any mapping of
+    checkpoint tensor names to tensors (e.g. weights generated on the device), checked against the
+    plan's model by `config_hash`."""
 
-            preload_dequantized(self.params)
-        self.graphs = {}
+    def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash: str | None = None):
+        self.root = root = Path(plan_dir)
+        self.plan = plan = load_plan(root)
+        self.target = plan["target"]["name"]
+        self.cfg = cfg = config_from_dict(plan["model"]["config"], model_id=plan["model"]["id"])
+        if checkpoint is None:
+            wcfg = load_config(weights)
+            config_hash = wcfg.config_hash
+            checkpoint = load_checkpoint(weights, cfg)
+        if config_hash != plan["model"]["config_hash"]:
+            raise PlanError(f"weights {weights or 'given'} are for config {str(config_hash)[:12]}, the plan for "
+                            f"{plan['model']['id']} (config {plan['model']['config_hash'][:12]})")
+        self.graphs: dict[str, Graph] = {}
+        derived = {o for call in plan["load_program"] for o in call["outputs"]}
         for name, g in plan["graphs"].items():
             full = verify(parse_graph((root / g["ir"]).read_text()))
             self.graphs[name] = _step_graph(full, derived)
-        self.num_slots, self.num_pages = num_slots, num_pages
-        self.vocab_size = cfg.vocab_size
-        self.check = check
+        needed = {p for g in self.graphs.values() for p in g.params}
+        sources = {k: v["sources"] for k, v in plan["params"].items()}
+        self.params = materialize_params(sources, checkpoint)
+        for i, call in enumerate(plan["load_program"]):  # weight layouts the kernels want (e.g. w13 = [w1; w3])
+            outs = get_op(call["op"]).ref(*(self.params[v] for v in call["inputs"]), **call["attrs"])
+            outs = outs if isinstance(outs, tuple) and len(call["outputs"]) > 1 else (outs,)
+            self.params.update(zip(call["outputs"], outs))
+            # sources no later call and no step reads are dropped at once: the peak stays one layer's copy
+            later = {v for c in plan["load_program"][i + 1:] for v in c["inputs"]}
+            for v in call["inputs"]:
+                if v not in needed and v not in later:
+                    self.params.pop(v, None)
         self.state_types = {k: parse_type(v) for k, v in plan["state"].items()}
-        self.state = allocate_state(self.state_types, num_slots=num_slots, num_pages=num_pages)
+        # state buffers indexed by slot (the rest are paged); dim 0 is the slot/page index
+        self.slot_buffers = [n for n, t in self.state_types.items()
+                             if (t.data if hasattr(t, "scale") else t).shape[0] == sh.num_slots]
+
+    def zero_slot(self, state: dict, slot: int) -> None:
+        for name in self.slot_buffers:
+            buf = state[name]
+            for part in ((buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)):
+                part[slot].zero_()
+
+
+class PlanExecutor:
+    def __init__(self, plan_dir, weights, num_slots: int | None = None, num_pages: int | None = None,
+                 check: bool = False, pad_to_buckets: bool = False):
+        """`pad_to_buckets` runs every step at its bucket's shape, padded as a device executor pads
+        it (tests use it to check the padding never changes a real row)."""
+        root = Path(plan_dir)
+        target = load_plan(root)["target"]["name"]
+        if target != "cpu":
+            raise PlanError(f"plan {root}: compiled for {target}; this executor runs cpu plans "
+                            "(runtime.cuda_executor runs sm90 / sm100 plans on their GPU)")
+        self.loaded = lp = LoadedPlan(root, weights)
+        self.plan, self.cfg, self.graphs = lp.plan, lp.cfg, lp.graphs
+        from ..ir.ops.quantized import preload_dequantized
+
+        self.params = lp.params
+        preload_dequantized(self.params)  # the cpu legalisation: weights dequantised once, at load
+        # the cache pool the plan was built for; torch kernels (cpu) take any size, so tests may shrink it
+        num_slots = num_slots or self.plan["options"]["num_slots"]
+        num_pages = num_pages or self.plan["options"]["num_pages"]
+        if num_slots < 1 or num_pages < 1:
+            raise ValueError(f"an executor needs >= 1 slot and >= 1 page, got {num_slots} slots, {num_pages} pages")
+        self.pad = pad_to_buckets
+        if pad_to_buckets:  # the last slot and page take the padding rows' writes
+            num_slots, num_pages = num_slots + 1, num_pages + 1
+        self.state = allocate_state(lp.state_types, num_slots=num_slots, num_pages=num_pages)
+        self.num_slots, self.num_pages = num_slots - self.pad, num_pages - self.pad
+        self.vocab_size = self.cfg.vocab_size
+        self.check = check
+        self.state_types = lp.state_types
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:
             if not 0 <= c.slot < self.num_slots:
                 raise ValueError(f"slot {c.slot} is outside [0, {self.num_slots})")
-        graph = self.graphs["step"]
+        name = "step"
         if "step_decode" in self.graphs and max(len(c.tokens) for c in chunks) <= self.plan["options"]["decode_rows_max"]:
-            graph = self.graphs["step_decode"]
-        outs, self.state, _ = interpret(graph, step_inputs(chunks), self.params, self.state, check=self.check)
-        return outs["logits"]
+            name = "step_decode"
+        if not self.pad:
+            outs, self.state, _ = interpret(self.graphs[name], step_inputs(chunks), self.params, self.state,
+                                            check=self.check)
+            return outs["logits"]
+        name, bucket = choose_bucket(self.plan, chunks)
+        inputs, n = bucket_inputs(chunks, self.plan["buckets"][name][bucket], self.num_slots, self.num_pages,
+                                  self.cfg.pad_token_id)
+        outs, self.state, _ = interpret(self.graphs[name], inputs, self.params, self.state, check=self.check)
+        return outs["logits"][:n]
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         if "draft" not in self.graphs:
@@ -85,12 +133,20 @@ class PlanExecutor:
         return outs["drafts"], outs["confidence"]
 
     def reset_slot(self, slot: int) -> None:
-        from ..ir import shapes as sh
-        from ..ir.quant import QTensor
+        self.loaded.zero_slot(self.state, slot)
 
-        for name, t in self.state_types.items():
-            lead = (t.data if hasattr(t, "scale") else t).shape[0]
-            if lead == sh.num_slots:
-                buf = self.state[name]
-                for part in ((buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)):
-                    part[slot].zero_()
+
+def choose_bucket(plan: dict, chunks: list[SeqChunk]) -> tuple[str, str]:
+    """(graph, bucket) a step runs at: a decode bucket when every sequence brings one row, else the
+    smallest prefill bucket that holds its rows and sequences (one spare sequence for padding)."""
+    rows, seqs = sum(len(c.tokens) for c in chunks), len(chunks)
+    if rows == seqs and "step_decode" in plan["buckets"]:
+        fits = [(e["num_tokens"], b) for b, e in plan["buckets"]["step_decode"].items() if e["num_seqs"] >= seqs]
+        if fits:
+            return "step_decode", min(fits)[1]
+    fits = [(e["num_tokens"], b) for b, e in plan["buckets"]["step"].items()
+            if e["num_tokens"] >= rows and (e["num_seqs"] > seqs or (e["num_seqs"] == seqs and e["num_tokens"] == rows))]
+    if not fits:
+        raise ValueError(f"a step of {rows} rows over {seqs} sequences fits no bucket of the plan "
+                         f"({', '.join(plan['buckets']['step'])}); schedule smaller steps")
+    return "step", min(fits)[1]

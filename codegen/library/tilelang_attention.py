@@ -24,6 +24,7 @@ import math
 from typing import Any, Mapping
 
 from ..target import Target
+from .tilelang_host import host_attention
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, lower
 
@@ -265,6 +266,7 @@ for _op in MODES:
         render=render_attention,
         default_config=attention_default_config,
         supports=_supports,
+        host=host_attention,
     ))
 
 __all__ = ["attention_program", "combine_program", "fp4_value", "math"]

@@ -20,6 +20,7 @@ import tempfile
 from typing import Any, Mapping
 
 from ..target import Target
+from .tilelang_host import host_gemm_fp8, host_linear
 from ..template import KernelSource, KernelSpec, Template, register
 
 # Pass configs every program of this library is lowered with: plain (non-TMA) copies keep the
@@ -210,6 +211,7 @@ register(Template(
     render=_render_gemm_fp8,
     default_config=lambda target, spec: gemm_default_config(target, *_mnk(spec)),
     supports=lambda target, spec: _mnk(spec)[2] % 32 == 0,
+    host=host_gemm_fp8,
 ))
 
 
@@ -281,4 +283,5 @@ register(Template(
     render=_render_linear,
     default_config=_linear_default_config,
     supports=_linear_supports,
+    host=host_linear,
 ))

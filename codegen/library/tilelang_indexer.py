@@ -17,6 +17,7 @@ candidate-block selection are not TileLang kernels yet.
 from typing import Any, Mapping
 
 from ..target import Target
+from .tilelang_host import host_indexer_scores
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_attention import fp4_value
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
@@ -108,4 +109,5 @@ register(Template(
     render=_render,
     default_config=lambda target, spec: {"block_C": 64, "threads": 128},
     supports=lambda target, spec: _dims(spec)["H"] % 8 == 0 and _dims(spec)["Dq"] % 32 == 0,
+    host=host_indexer_scores,
 ))

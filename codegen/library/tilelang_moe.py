@@ -18,6 +18,7 @@ sm100 render is the same widening program (lowered without wgmma), and is never 
 from typing import Any, Mapping
 
 from ..target import Target
+from .tilelang_host import host_grouped_gemm_fp4
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
 
@@ -120,4 +121,5 @@ register(Template(
     render=_render,
     default_config=lambda target, spec: moe_default_config(target, *_dims(spec)),
     supports=lambda target, spec: _dims(spec)[2] % 128 == 0 and _dims(spec)[1] % 64 == 0,
+    host=host_grouped_gemm_fp4,
 ))

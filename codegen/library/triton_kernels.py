@@ -20,6 +20,9 @@ Quantised outputs are written as raw bytes: launchers hand `uint8` views of fp8 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 import triton
 import triton.language as tl
@@ -525,6 +528,25 @@ def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.conste
 
 # ---- host launchers: op inputs (torch) -> op outputs, same conventions as the op refs ----------
 
+_AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
+
+
+def _k(fn):
+    """The kernel a launcher launches: Triton's JIT function, or, inside `aot_kernels(...)`, the
+    plan's ahead-of-time cubin of the same kernel (runtime/triton_aot.py)."""
+    aot = _AOT.get()
+    return fn if aot is None else aot.bind(fn)
+
+
+@contextlib.contextmanager
+def aot_kernels(provider):
+    """Launchers inside this block launch `provider.bind(kernel)` instead of compiling."""
+    token = _AOT.set(provider)
+    try:
+        yield
+    finally:
+        _AOT.reset(token)
+
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
@@ -537,7 +559,7 @@ def launch_rms_norm(x, w, *, eps, cfg):
     h = x.shape[-1]
     y = torch.empty_like(x)
     rows = x.numel() // h
-    rms_norm_kernel[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=False,
+    _k(rms_norm_kernel)[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=False,
                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
@@ -547,7 +569,7 @@ def launch_rms_norm_quant_fp8(x, w, *, eps, block, cfg):
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(x.shape[:-1] + (h // 32,), dtype=torch.uint8, device=x.device)
     rows = x.numel() // h
-    rms_norm_kernel[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=True,
+    _k(rms_norm_kernel)[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=True,
                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return q, s
 
@@ -558,7 +580,7 @@ def launch_quant_fp8(x, *, block, cfg):
     s = torch.empty(x.shape[:-1] + (n // block,), dtype=torch.uint8, device=x.device)
     rows = x.numel() // n
     bs = max(cfg["BLOCK"], block)
-    quant_fp8_kernel[(rows, triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block,
+    _k(quant_fp8_kernel)[(rows, triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block,
                                                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return q, s
 
@@ -592,17 +614,17 @@ def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offse
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if code == 0:
         y = torch.empty_like(x)
-        rope_kernel[grid](x, positions, f, y, y, y, pos_offset, **kw)
+        _k(rope_kernel)[grid](x, positions, f, y, y, y, pos_offset, **kw)
         return y
     if code == 1:
         q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         s = torch.empty(x.shape[:-1] + (d // blk,), dtype=torch.uint8, device=x.device)
-        rope_kernel[grid](x, positions, f, x, _u8(q), s, pos_offset, **kw)
+        _k(rope_kernel)[grid](x, positions, f, x, _u8(q), s, pos_offset, **kw)
         return q, s
     q = torch.empty(x.shape[:-1] + (d // 2,), dtype=torch.uint8, device=x.device)
     sdt = torch.uint8 if code == 2 else torch.float8_e4m3fn
     s = torch.empty(x.shape[:-1] + (d // blk,), dtype=sdt, device=x.device)
-    rope_kernel[grid](x, positions, f, x, q, _u8(s), pos_offset, **kw)
+    _k(rope_kernel)[grid](x, positions, f, x, q, _u8(s), pos_offset, **kw)
     return q, s
 
 
@@ -613,7 +635,7 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm = cfg["BM"]
-    hc_pre_kernel[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, n, eps, hc_eps,
+    _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, n, eps, hc_eps,
                                          post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"], BH=cfg["BH"],
                                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return x, pre, post, m
@@ -622,7 +644,7 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
 def launch_hc_expand(y, r, post, m, *, cfg):
     n, c, h = r.shape
     out = torch.empty_like(r)
-    hc_expand_kernel[(n, triton.cdiv(h, cfg["BH"]))](y, r, post, m, out, C=c, H=h, BH=cfg["BH"],
+    _k(hc_expand_kernel)[(n, triton.cdiv(h, cfg["BH"]))](y, r, post, m, out, C=c, H=h, BH=cfg["BH"],
                                                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
@@ -631,7 +653,7 @@ def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
     n, e = logits.shape
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
-    moe_router_kernel[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
+    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sel, w
 
@@ -642,7 +664,7 @@ def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
         raise ValueError("swiglu_quant_fp8 kernel wants gate and up with the same row stride")
     q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=g.device)
     s = torch.empty(n, f // 32, dtype=torch.uint8, device=g.device)
-    swiglu_quant_kernel[(n, triton.cdiv(f, cfg["BLOCK"]))](g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0),
+    _k(swiglu_quant_kernel)[(n, triton.cdiv(f, cfg["BLOCK"]))](g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0),
                                                          U_OFF=0, WEIGHTED=False, BLOCK=cfg["BLOCK"],
                                                          num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return q, s
@@ -653,7 +675,7 @@ def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
     f = f2 // 2
     q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(m, f // 32, dtype=torch.uint8, device=gu.device)
-    swiglu_quant_kernel[(m, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit,
+    _k(swiglu_quant_kernel)[(m, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit,
                                                          F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=True,
                                                          BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
                                                          num_stages=cfg["num_stages"])
@@ -664,9 +686,9 @@ def launch_moe_combine(y, pairs, offsets, like, *, k, cfg):
     n = like.shape[0]
     h = y.shape[1]
     inv = torch.empty(pairs.shape[0], dtype=torch.int32, device=y.device)
-    inverse_perm_kernel[(triton.cdiv(pairs.shape[0], 1024),)](pairs, inv, pairs.shape[0], BLOCK=1024)
+    _k(inverse_perm_kernel)[(triton.cdiv(pairs.shape[0], 1024),)](pairs, inv, pairs.shape[0], BLOCK=1024)
     out = torch.empty(n, h, dtype=torch.float32, device=y.device)
-    moe_combine_kernel[(n, triton.cdiv(h, cfg["BH"]))](y, inv, out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
+    _k(moe_combine_kernel)[(n, triton.cdiv(h, cfg["BH"]))](y, inv, out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
                                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
@@ -675,7 +697,7 @@ def _gather(src2d, idx, div, cfg):
     w = src2d.shape[1]
     out = torch.empty((idx.numel(), w), dtype=src2d.dtype, device=src2d.device)
     if idx.numel():
-        gather_rows_kernel[(idx.numel(), triton.cdiv(w, cfg["BLOCK"]))](src2d, idx.reshape(-1), out, W=w, DIV=div,
+        _k(gather_rows_kernel)[(idx.numel(), triton.cdiv(w, cfg["BLOCK"]))](src2d, idx.reshape(-1), out, W=w, DIV=div,
                                                                        BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
     return out
 
@@ -708,7 +730,7 @@ def launch_engram_gather(cols, table, *, cfg):
 def _newest(positions, token_seq):
     n = positions.shape[0]
     newest = torch.full((n,), -1, dtype=torch.int32, device=positions.device)
-    seq_newest_kernel[(triton.cdiv(n, 1024),)](positions, token_seq, newest, n, BLOCK=1024)
+    _k(seq_newest_kernel)[(triton.cdiv(n, 1024),)](positions, token_seq, newest, n, BLOCK=1024)
     return newest
 
 
@@ -717,7 +739,7 @@ def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
     data, scale = ring
     n, d = kv.data.shape
     if n:
-        ring_write_kernel[(n,)](_u8(kv.data), _u8(kv.scale), positions, token_seq, seq_slots,
+        _k(ring_write_kernel)[(n,)](_u8(kv.data), _u8(kv.scale), positions, token_seq, seq_slots,
                                 _newest(positions, token_seq), _u8(data), _u8(scale), L=data.shape[1], WA=d,
                                 WB=kv.scale.shape[1], A_STRIDE=d, A_OFF=0, B_STRIDE=kv.scale.shape[1], B_OFF=0,
                                 BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
@@ -727,7 +749,7 @@ def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
 def launch_compress_state_write(state, l, s, positions, token_seq, seq_slots, *, cfg):
     n, d = l.shape
     if n:
-        ring_write_kernel[(n,)](l.float().contiguous(), s.float().contiguous(), positions, token_seq, seq_slots,
+        _k(ring_write_kernel)[(n,)](l.float().contiguous(), s.float().contiguous(), positions, token_seq, seq_slots,
                                 _newest(positions, token_seq), state, state, L=state.shape[1], WA=d, WB=d,
                                 A_STRIDE=2 * d, A_OFF=0, B_STRIDE=2 * d, B_OFF=d, BLOCK=cfg["BLOCK"],
                                 num_warps=cfg["num_warps"])
@@ -738,7 +760,7 @@ def launch_engram_hist_write(hist, cids, positions, token_seq, seq_slots, *, cfg
     n = cids.shape[0]
     if n:
         c = cids.long().contiguous()
-        ring_write_kernel[(n,)](c, c, positions, token_seq, seq_slots, _newest(positions, token_seq), hist, hist,
+        _k(ring_write_kernel)[(n,)](c, c, positions, token_seq, seq_slots, _newest(positions, token_seq), hist, hist,
                                 L=hist.shape[1], WA=1, WB=0, A_STRIDE=1, A_OFF=0, B_STRIDE=1, B_OFF=0,
                                 BLOCK=32, num_warps=1)
     return hist
@@ -748,7 +770,7 @@ def launch_compressed_write(cache, rows_q, positions, token_seq, block_table, *,
     data, scale = cache
     n = rows_q.data.shape[0]
     if n:
-        compressed_write_kernel[(n,)](_u8(rows_q.data), _u8(rows_q.scale), positions, token_seq, block_table,
+        _k(compressed_write_kernel)[(n,)](_u8(rows_q.data), _u8(rows_q.scale), positions, token_seq, block_table,
                                       _u8(data), _u8(scale), RATIO=ratio, ENTRIES=data.shape[1],
                                       BT_W=block_table.shape[1], WA=rows_q.data.shape[1], WB=rows_q.scale.shape[1],
                                       BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
@@ -760,7 +782,7 @@ def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
     dev = grams.device
     out = torch.empty(n, len(primes), dtype=torch.int64, device=dev)
     if n:
-        engram_hash_kernel[(n,)](grams.long().contiguous(), torch.tensor(multipliers, dtype=torch.int64, device=dev),
+        _k(engram_hash_kernel)[(n,)](grams.long().contiguous(), torch.tensor(multipliers, dtype=torch.int64, device=dev),
                                  torch.tensor(primes, dtype=torch.int64, device=dev),
                                  torch.tensor(offsets, dtype=torch.int64, device=dev), out, G=g, HEADS=heads,
                                  HP=_p2(heads), num_warps=cfg["num_warps"])
@@ -770,6 +792,6 @@ def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
 def launch_engram_gate(r, kv, q_weight, k_weight, *, eps, cfg):
     n, c, h = r.shape
     out = torch.empty_like(r)
-    engram_gate_kernel[(n, c)](r, kv, q_weight, k_weight, out, eps, C=c, H=h, BH=cfg["BH"],
+    _k(engram_gate_kernel)[(n, c)](r, kv, q_weight, k_weight, out, eps, C=c, H=h, BH=cfg["BH"],
                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

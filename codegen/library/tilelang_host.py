@@ -1,0 +1,82 @@
+"""The host side of the TileLang templates on a GPU: allocate an op's outputs, bind the kernel's
+buffers by parameter name, launch (the runtime's `launch(i, **buffers)` runs the instance's i-th
+cubin). Kept out of the template modules: those are hashed into the render cache key, and the
+host side does not change what a template renders."""
+import torch
+
+from ...ir import dtypes as dt
+
+
+def _torch_dtype(name):
+    return dt.dtype(name).storage
+
+
+def _run_2d(launch, config, a2, n, out_dtype, **buffers):
+    """C = the kernel over 2-D operands; split-K kernels accumulate atomically into zeroed fp32."""
+    if config.get("split_k", 1) > 1:
+        c = torch.zeros(a2.shape[0], n, dtype=torch.float32, device=a2.device)
+        launch(0, C=c, **buffers)
+        return c.to(out_dtype)
+    c = torch.empty(a2.shape[0], n, dtype=out_dtype, device=a2.device)
+    launch(0, C=c, **buffers)
+    return c
+
+
+def host_gemm_fp8(launch, inputs, attrs, config):
+    x, w = inputs
+    k, n = x.data.shape[-1], w.data.shape[0]
+    a = x.data.reshape(-1, k).contiguous()
+    c = _run_2d(launch, config, a, n, _torch_dtype(attrs["out_dtype"]), A=a,
+                SA=x.scale.reshape(-1, k // 32).contiguous(), B=w.data, SB=w.scale)
+    return c.reshape(*x.data.shape[:-1], n)
+
+
+def host_linear(launch, inputs, attrs, config):
+    x, w = inputs
+    k, n = x.shape[-1], w.shape[0]
+    a = x.reshape(-1, k).contiguous()
+    out = _torch_dtype(attrs["out_dtype"]) if attrs.get("out_dtype") else x.dtype
+    return _run_2d(launch, config, a, n, out, A=a, B=w.contiguous()).reshape(*x.shape[:-1], n)
+
+
+def host_grouped_gemm_fp4(launch, inputs, attrs, config):
+    x, w, offsets = inputs
+    # rows past the last expert's range are not computed by the kernel; the op leaves them 0
+    c = torch.zeros(x.data.shape[0], w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
+    launch(0, X=x.data, SX=x.scale, W=w.data, SW=w.scale, offsets=offsets, C=c)
+    return c
+
+
+def host_indexer_scores(launch, inputs, attrs, config):
+    qi, w, ik, pos, tseq, bt = inputs
+    s = torch.empty(qi.data.shape[0], bt.shape[1] * ik.data.shape[1], dtype=torch.float32, device=w.device)
+    # CAND: the candidate pool is a separate op here (this template renders without it)
+    launch(0, QI=qi.data, QS=qi.scale, W=w, IK=ik.data, IKS=ik.scale, POS=pos, TSEQ=tseq, BT=bt,
+           CAND=torch.zeros(qi.data.shape[0], 1, dtype=torch.int32, device=w.device), S=s)
+    return s
+
+
+def host_attention(launch, inputs, attrs, config):
+    """Inputs in the op's order; window and DSpark calls bind 1-element placeholders for the
+    compressed-cache buffers their kernels declare but never read."""
+    if len(inputs) == 10:
+        q, kv, ring, ckv, top, sink, pos, tseq, slots, bt = inputs
+        ckv_d, ckv_s = ckv.data, ckv.scale
+    else:
+        q, kv, ring, sink, pos, tseq, slots = inputs
+        dev = q.device
+        d = q.shape[-1]
+        ckv_d = torch.zeros(1, 1, d // 2, dtype=torch.uint8, device=dev)
+        ckv_s = torch.zeros(1, 1, d // 16, dtype=torch.uint8, device=dev)
+        top = torch.zeros(q.shape[0], 1, dtype=torch.int32, device=dev)
+        bt = torch.zeros(slots.shape[0], 1, dtype=torch.int32, device=dev)
+    n, h, d = q.shape
+    sp = config["splits"]
+    o = torch.empty(n, h, d, dtype=torch.bfloat16, device=q.device)
+    op = torch.empty((sp, n, h, d) if sp > 1 else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
+    ml = torch.empty((sp, n, h, 2) if sp > 1 else (1, 1, 1, 2), dtype=torch.float32, device=q.device)
+    launch(0, Q=q.contiguous(), KV=kv.data, KVS=kv.scale, RING=ring.data, RINGS=ring.scale, CKV=ckv_d, CKVS=ckv_s,
+           TOP=top, SINK=sink, POS=pos, TSEQ=tseq, SLOTS=slots, BT=bt, O=o, OP=op, ML=ml)
+    if sp > 1:
+        launch(1, OP=op, ML=ml, SINK=sink, O=o)
+    return o

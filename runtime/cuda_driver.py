@@ -1,0 +1,109 @@
+"""The few CUDA driver calls a compiled plan needs to run its cubins: load a module from bytes,
+find a function, raise its dynamic shared-memory limit, launch it on torch's current stream.
+
+ctypes over libcuda, so the runtime needs neither TileLang nor a CUDA toolkit on the serving
+machine: the plan's cubins were built on the compile machine. Launches go onto torch's current
+stream, so they order with torch work and are recorded by CUDA graph capture like any kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def _lib():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise CudaError(f"the CUDA driver (libcuda.so.1) is not loadable: {e}") from None
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        _lib().cuGetErrorName(rc, ctypes.byref(name))
+        raise CudaError(f"{what} failed: {name.value.decode() if name.value else rc}")
+
+
+@functools.lru_cache(maxsize=None)
+def _context(device: int) -> int:
+    """Make the device's primary context (the one torch uses) current on this thread."""
+    lib = _lib()
+    _check(lib.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    _check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx.value
+
+
+class CubinFunction:
+    """One kernel of a cubin, launched with a fixed grid, block and dynamic shared memory."""
+
+    def __init__(self, cubin: bytes, name: str, grid, block, smem: int, device: int = 0):
+        _context(device)
+        lib = _lib()
+        self.name, self.smem = name, int(smem)
+        self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        self._image = ctypes.create_string_buffer(cubin, len(cubin))  # the driver reads it during load only
+        self.module = ctypes.c_void_p()
+        _check(lib.cuModuleLoadData(ctypes.byref(self.module), self._image), f"loading the cubin of {name}")
+        self.fn = ctypes.c_void_p()
+        _check(lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name.encode()), f"finding {name}")
+        if self.smem > 48 * 1024:  # above the default 48 KB a kernel must opt in
+            _check(lib.cuFuncSetAttribute(self.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
+                   f"setting {self.smem} B of shared memory on {name}")
+
+    def launch(self, args: list, stream: int, grid=None) -> None:
+        """args: ctypes values in the kernel's parameter order."""
+        ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
+        _check(_lib().cuLaunchKernel(self.fn, *[ctypes.c_uint(x) for x in g], *[ctypes.c_uint(x) for x in self.block],
+                                     ctypes.c_uint(self.smem), ctypes.c_void_p(stream), ptrs, None),
+               f"launching {self.name}")
+
+
+_SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)')
+
+
+def kernel_params(source: str, entry: str) -> list[tuple[str, str]]:
+    """(name, C type) of each parameter of `entry` in a TileLang-rendered CUDA source, in order.
+    TileLang orders them itself (by name) and drops buffers the kernel never touches, so a host
+    binds its arguments by these names, never by the program's parameter order."""
+    for m in _SIG.finditer(source):
+        if m.group(1) == entry:
+            out = []
+            for p in m.group(2).split(","):
+                p = p.replace("__restrict__", " ").strip()
+                if not p:
+                    continue
+                ctype, name = p.rsplit(None, 1)
+                if name.startswith("*"):
+                    ctype, name = ctype + "*", name[1:]
+                out.append((name, ctype.replace(" ", "")))
+            return out
+    raise CudaError(f"the source has no kernel {entry!r}")
+
+
+def c_arg(ctype: str, value):
+    """A kernel argument as the ctypes value its parameter type wants."""
+    if ctype.endswith("*"):
+        return ctypes.c_uint64(value.data_ptr() if hasattr(value, "data_ptr") else int(value))
+    if ctype in ("int", "int32_t", "i32"):
+        return ctypes.c_int32(int(value))
+    if ctype in ("int64_t", "long", "i64"):
+        return ctypes.c_int64(int(value))
+    if ctype in ("float", "fp32"):
+        return ctypes.c_float(float(value))
+    raise CudaError(f"kernel parameter type {ctype!r} is not supported")

@@ -1,0 +1,61 @@
+"""Device plans run every step at a bucket's static shape: padded rows and sequences in a scratch
+slot and page. Here the cpu plan runs the same padding and must give the logits of the unpadded
+step, so padding never leaks into a real row (nor a real row into the scratch)."""
+import pytest
+import torch
+
+from deepinfer.models.checkpoint import make_checkpoint
+from deepinfer.passes.driver import CompileOptions, compile_model
+from deepinfer.runtime.batch import SeqChunk, bucket_inputs
+from deepinfer.runtime.plan_executor import PlanExecutor, choose_bucket
+
+
+@pytest.fixture(scope="module")
+def plan_and_weights(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pad")
+    ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=3)
+    opts = CompileOptions("cpu", max_model_len=512, max_num_seqs=4, decode_batches=(1, 2, 4), prefill_tokens=(64,))
+    return compile_model("v4.1-flash-tiny", opts, root / "plan").plan_dir, ckpt
+
+
+def test_padded_steps_equal_unpadded(plan_and_weights):
+    plan, ckpt = plan_and_weights
+    plain = PlanExecutor(plan, ckpt, num_slots=4, num_pages=8)
+    padded = PlanExecutor(plan, ckpt, num_slots=4, num_pages=8, pad_to_buckets=True)
+    assert (padded.num_slots, padded.num_pages) == (4, 8)
+    a, b = list(range(100, 120)), list(range(500, 540))
+    steps = [
+        [SeqChunk(0, 0, a, [0, 1]), SeqChunk(2, 0, b[:30], [4, 5], sample=False)],  # prefill, one chunk unsampled
+        [SeqChunk(0, 20, [7], [0, 1]), SeqChunk(2, 30, b[30:], [4, 5])],  # mixed: prefill bucket
+        [SeqChunk(0, 21, [8], [0, 1]), SeqChunk(2, 40, [9], [4, 5])],  # decode b2
+        [SeqChunk(2, 41, [10], [4, 5])],  # decode b1
+        [SeqChunk(0, 22, [11], [0, 1]), SeqChunk(2, 42, [12], [4, 5]), SeqChunk(1, 0, [3], [2])],  # b4, padded to 4
+    ]
+    used = set()
+    for chunks in steps:
+        used.add(choose_bucket(padded.plan, chunks))
+        want, got = plain.step(chunks), padded.step(chunks)
+        assert got.shape == want.shape
+        assert torch.equal(got, want)
+    assert used == {("step", "prefill_t64"), ("step_decode", "decode_b2"), ("step_decode", "decode_b1"),
+                    ("step_decode", "decode_b4")}
+
+
+def test_bucket_inputs_layout():
+    env = {"num_tokens": 8, "num_seqs": 3, "num_samples": 3, "max_pages": 2}
+    x, n = bucket_inputs([SeqChunk(0, 5, [1, 2, 3], [0])], env, scratch_slot=9, scratch_page=7, pad_token=2)
+    assert n == 1
+    assert x["token_ids"].tolist() == [1, 2, 3, 2, 2, 2, 2, 2]
+    assert x["positions"].tolist() == [5, 6, 7, 0, 1, 2, 0, 1]
+    assert x["token_seq"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert x["seq_slots"].tolist() == [0, 9, 9]
+    assert x["block_table"].tolist() == [[0, -1], [7, 7], [7, 7]]
+    assert x["sample_rows"].tolist() == [2, 5, 7]
+
+
+def test_a_step_that_fits_no_bucket_is_refused(plan_and_weights):
+    from deepinfer.codegen.plan import load_plan
+
+    plan = load_plan(plan_and_weights[0])
+    with pytest.raises(ValueError, match="fits no bucket"):
+        choose_bucket(plan, [SeqChunk(0, 0, list(range(70)), [0])])
