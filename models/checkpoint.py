@@ -347,10 +347,11 @@ def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig, device: str = "cp
 # random checkpoints in the real format
 # ---------------------------------------------------------------------------------------------
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    """Each tensor has its own stream, so its values do not depend on shard layout or order."""
+def _generator(seed: int, name: str, device="cpu") -> torch.Generator:
+    """Each tensor has its own stream, so its values do not depend on shard layout or order (a
+    device generator gives other values than the cpu one for the same seed)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
 def _init_values(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, rows: slice | None = None) -> torch.Tensor:
@@ -369,8 +370,10 @@ def _init_values(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, rows: s
         shape = (rows.stop - rows.start,) + tuple(shape[1:])
     hc = cfg.hc_mult
 
+    dev = g.device
+
     def normal(std: float, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=g) * std + mean
+        return torch.randn(shape, generator=g, device=dev) * std + mean
 
     leaf = name.rsplit(".", 1)[-1] if not name.endswith(".weight") else name[: -len(".weight")].rsplit(".", 1)[-1]
     if leaf.endswith("norm"):
@@ -378,12 +381,12 @@ def _init_values(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, rows: s
     if leaf in ("hc_attn_fn", "hc_ffn_fn"):
         return normal((hc * cfg.hidden_size) ** -0.5)
     if leaf in ("hc_attn_base", "hc_ffn_base"):
-        base = torch.randn(shape, generator=g) * 0.1
+        base = torch.randn(shape, generator=g, device=dev) * 0.1
         base[:hc] += -math.log(hc - 1) if hc > 1 else 0.0
-        base[2 * hc:] += (2.0 * torch.eye(hc)).flatten()
+        base[2 * hc:] += (2.0 * torch.eye(hc, device=dev)).flatten()
         return base
     if leaf in ("hc_attn_scale", "hc_ffn_scale"):
-        return torch.rand(shape, generator=g) * 0.2 + 0.1
+        return torch.rand(shape, generator=g, device=dev) * 0.2 + 0.1
     if leaf == "attn_sink":
         return normal(0.1)
     if leaf in ("bias", "bias_vl"):
@@ -395,9 +398,10 @@ def _init_values(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, rows: s
     return normal(shape[1] ** -0.5)  # [out, in] projections, the LM and Markov heads included
 
 
-def _encode(cfg: ModelConfig, spec: TensorSpec, seed: int, chunk_rows: int) -> Iterator[tuple[str, torch.Tensor]]:
+def _encode(cfg: ModelConfig, spec: TensorSpec, seed: int, chunk_rows: int,
+            device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (tensor name, storage chunk) pieces in row order; a quantised weight yields its scale too."""
-    g = _generator(seed, spec.name)
+    g = _generator(seed, spec.name, device)
     if spec.quant == "fp8_rows":
         # Engram tables can be 98 GB: quantise in row chunks, emitting data then scales.
         scale_chunks = []
@@ -548,3 +552,45 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
     return out
 
 
+
+
+class GeneratedCheckpoint(Mapping):
+    """A random checkpoint in the real format generated where it is used (e.g. straight into GPU
+    memory, for models whose checkpoint would not fit the machine's disk): the same schema, value
+    rules and per-tensor seeding as `make_checkpoint`, each tensor made when first read. Values
+    depend on the device's generator, so a GPU-made checkpoint differs from the cpu one."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, device="cpu", chunk_rows: int = 1 << 16):
+        self.cfg, self.seed, self.device, self.chunk_rows = cfg, seed, device, chunk_rows
+        self.specs = {s.name: s for s in checkpoint_schema(cfg)}
+        self._owner = {}
+        last = None
+        for s in checkpoint_schema(cfg):
+            if s.quant == "scale":
+                self._owner[s.name] = last
+            else:
+                last = s.name
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._pending:
+            return self._pending.pop(name)
+        if name not in self.specs:
+            raise KeyError(name)
+        owner = self.specs[self._owner.get(name, name)]
+        pieces: dict[str, list[torch.Tensor]] = {}
+        for n, t in _encode(self.cfg, owner, self.seed, self.chunk_rows, self.device):
+            pieces.setdefault(n, []).append(t)
+        out = {n: (ts[0] if len(ts) == 1 else torch.cat(ts)) for n, ts in pieces.items()}
+        for n, t in out.items():
+            if t.dtype != TORCH_DTYPES[self.specs[n].dtype]:
+                raise AssertionError(f"{n}: generated {t.dtype}, the schema says {self.specs[n].dtype}")
+        want = out.pop(name)
+        self._pending.update(out)
+        return want
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)

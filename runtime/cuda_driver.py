@@ -65,8 +65,12 @@ class CubinFunction:
             _check(lib.cuFuncSetAttribute(self.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
                    f"setting {self.smem} B of shared memory on {name}")
 
-    def launch(self, args: list, stream: int, grid=None) -> None:
-        """args: ctypes values in the kernel's parameter order."""
+    def launch(self, args: list, stream: int | None = None, grid=None) -> None:
+        """args: ctypes values in the kernel's parameter order; on torch's current stream by default."""
+        if stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream().cuda_stream
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
         _check(_lib().cuLaunchKernel(self.fn, *[ctypes.c_uint(x) for x in g], *[ctypes.c_uint(x) for x in self.block],

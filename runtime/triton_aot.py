@@ -46,7 +46,7 @@ class _Bound:
 
     def launch(self, grid, args, kw):
         fn = self.fn
-        name = fn.__name__
+        name = getattr(fn, "__name__", None) or fn.fn.__name__
         i = self.call.find(name, kw)
         ln = self.call.launches[i]
         if list(grid) != list(ln["grid"]):
@@ -70,4 +70,4 @@ class _Bound:
                 params.append(c_arg("*", buf))
             else:
                 params.append(c_arg("*", 0))
-        self.call.functions[i].launch(params, torch.cuda.current_stream().cuda_stream)
+        self.call.functions[i].launch(params)

@@ -324,3 +324,23 @@ def test_many_problems_are_summarised(damaged):
     line = first_line(e)
     assert "20 problems" in line and "10 missing tensors (" in line and "+7 more)" in line
     assert len(str(e.value).splitlines()) == 21 and len(e.value.problems) == 20
+
+
+def test_generated_checkpoint_equals_the_written_one(tmp_path):
+    """The in-memory generator (used to make checkpoints on the device) follows the same schema,
+    rules and seeding as make_checkpoint: on the cpu it gives the same tensors."""
+    import torch
+
+    from deepinfer.models.checkpoint import GeneratedCheckpoint, load_checkpoint, make_checkpoint
+    from deepinfer.models.config import load_config
+
+    cfg = load_config("v4.1-flash-tiny")
+    written = load_checkpoint(make_checkpoint(cfg, tmp_path / "c", seed=5), cfg)
+    gen = GeneratedCheckpoint(cfg, seed=5)
+    names = list(written)
+    assert sorted(names) == sorted(gen)
+    for name in names[:40] + [n for n in names if "experts" in n][:6] + [n for n in names if "engram" in n][:4]:
+        a, b = written[name], gen[name]
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                           b.view(torch.uint8) if b.element_size() == 1 else b), name

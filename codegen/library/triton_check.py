@@ -239,7 +239,9 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         mult = [2 * int(v) + 1 for v in torch.randint(0, 2**40, (4,), generator=g)]
         return [grams.to(device)], {"multipliers": mult, "primes": primes, "offsets": offs, "heads": 8}
     if op == "engram_gate":
-        return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(H)], {"eps": 1e-20}
+        # one k_weight row per copy, as the model holds it (a single shared row broadcast is the
+        # other layout the kernel reads)
+        return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(C, H)], {"eps": 1e-20}
     if op in ("swa_write", "compress_state_write", "compressed_write", "engram_hist_write"):
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device)

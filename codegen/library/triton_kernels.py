@@ -497,9 +497,10 @@ def engram_hash_kernel(g_ptr, mult_ptr, prime_ptr, off_ptr, out_ptr, G: tl.const
 
 @triton.jit
 def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.constexpr, H: tl.constexpr,
-                       BH: tl.constexpr):
-    """Program (row, copy c): dot of R[c] and key[c] weighted by q_w[c] * k_w, normalised per
-    copy over H, signed sqrt, sigmoid gate; R[c] + gate * value."""
+                       BH: tl.constexpr, KW_ROWS: tl.constexpr):
+    """Program (row, copy c): dot of R[c] and key[c] weighted by q_w[c] * k_w[c] (k_w has one row
+    per copy, or one row for all), normalised per copy over H, signed sqrt, sigmoid gate;
+    R[c] + gate * value."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     hh = tl.arange(0, BH)
@@ -511,7 +512,7 @@ def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.conste
         r = tl.load(r_ptr + row * C * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
         k = tl.load(kv_ptr + row * (C + 1) * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
         w = tl.load(qw_ptr + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32) \
-            * tl.load(kw_ptr + h0 + hh, mask=m, other=0.0).to(tl.float32)
+            * tl.load(kw_ptr + (c if KW_ROWS > 1 else 0) * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
         dot += r * w * k
         rr += r * r
         kk2 += k * k
@@ -555,11 +556,16 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
+def _rms_block(h: int, cfg) -> int:
+    """The row chunk: the configured one, narrowed to the row (as triton_ops records the launch)."""
+    return min(cfg["BLOCK_H"], _p2(h)) if h >= 32 else 32
+
+
 def launch_rms_norm(x, w, *, eps, cfg):
     h = x.shape[-1]
     y = torch.empty_like(x)
     rows = x.numel() // h
-    _k(rms_norm_kernel)[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=False,
+    _k(rms_norm_kernel)[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=_rms_block(h, cfg), QUANT=False,
                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
@@ -569,7 +575,7 @@ def launch_rms_norm_quant_fp8(x, w, *, eps, block, cfg):
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(x.shape[:-1] + (h // 32,), dtype=torch.uint8, device=x.device)
     rows = x.numel() // h
-    _k(rms_norm_kernel)[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=cfg["BLOCK_H"], QUANT=True,
+    _k(rms_norm_kernel)[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=_rms_block(h, cfg), QUANT=True,
                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return q, s
 
@@ -793,5 +799,6 @@ def launch_engram_gate(r, kv, q_weight, k_weight, *, eps, cfg):
     n, c, h = r.shape
     out = torch.empty_like(r)
     _k(engram_gate_kernel)[(n, c)](r, kv, q_weight, k_weight, out, eps, C=c, H=h, BH=cfg["BH"],
+                                   KW_ROWS=k_weight.numel() // h,
                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

@@ -261,7 +261,8 @@ def _l_compressed_write(spec, cfg):
     args = {"a_ptr": "*u8", "b_ptr": "*u8", "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "bt_ptr": _ptr(bt),
             "da_ptr": "*u8", "db_ptr": "*u8"}
     ce = {"RATIO": spec.attr["ratio"], "ENTRIES": _ints(cache.shape)[1], "BT_W": _ints(bt.shape)[1],
-          "WA": _ints(rows.data.shape)[1], "WB": _ints(rows.scale.shape)[1], "BLOCK": cfg["BLOCK"]}
+          # bytes per row as stored (fp4 rows hold two values a byte)
+          "WA": _ints(rows.data.storage_shape())[1], "WB": _ints(rows.scale.storage_shape())[1], "BLOCK": cfg["BLOCK"]}
     return [_launch("compressed_write_kernel", args, ce, (n,), cfg)]
 
 
@@ -278,7 +279,8 @@ def _l_engram_gate(spec, cfg):
     n, c, h = _ints(r.shape)
     args = {"r_ptr": _ptr(r), "kv_ptr": _ptr(kv), "qw_ptr": _ptr(qw), "kw_ptr": _ptr(kw), "out_ptr": _ptr(r),
             "eps": "fp32"}
-    return [_launch("engram_gate_kernel", args, {"C": c, "H": h, "BH": cfg["BH"]}, (n, c), cfg)]
+    kw_rows = _ints(kw.shape)[0] if kw.rank == 2 else 1
+    return [_launch("engram_gate_kernel", args, {"C": c, "H": h, "BH": cfg["BH"], "KW_ROWS": kw_rows}, (n, c), cfg)]
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -361,7 +363,7 @@ OPS = [
         dict(num_warps=1, num_stages=1)),
     # with token ids (image tokens gated off) the call has a fifth operand this kernel does not read
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
-        dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: len(s.in_types) == 4),
+        dict(BH=1024, num_warps=4, num_stages=1), lambda a: {"eps": a["eps"]}, lambda t, s: len(s.in_types) == 4),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),

@@ -1,0 +1,277 @@
+"""Compiled sm90 plans on the H200: the tiny plan teacher-forced against the CPU reference, and the
+medium plan's step times with a checkpoint generated on the GPU.
+
+    python bench/runtime_sm90.py --tiny-plan PLAN --medium-plan PLAN [--out results.json]
+
+Tiny: the reference (the graph interpreter on the CPU, which equals tests/reference/) greedily
+continues four prompts; the GPU plan runs the same steps fed the reference's tokens. Per step:
+max and mean relative error of the logits, and whether the top-1 token agrees wherever the
+reference's top-1 margin exceeds the row's error. Medium: prefill tokens/s of one 4K-token step
+and decode step times at batch 1, 8, 64 (positions ~1K), with CUDA graphs and without; the
+device's idle time per step is wall time minus the time the GPU spent on the step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from deepinfer.models.checkpoint import GeneratedCheckpoint
+from deepinfer.models.config import load_config
+from deepinfer.models.deepseek_v41 import build_model, load_params
+from deepinfer.runtime.batch import SeqChunk
+from deepinfer.runtime.cuda_executor import CudaPlanExecutor
+from deepinfer.runtime.executor import InterpreterExecutor
+
+
+def tiny(plan: str, steps: int = 40, seed: int = 11) -> dict:
+    cfg = load_config("v4.1-flash-tiny")
+    program = build_model(cfg)
+    torch.manual_seed(seed)
+    ref = InterpreterExecutor(program, load_params(program, GeneratedCheckpoint(cfg, seed)), num_slots=4, num_pages=8)
+    t = time.perf_counter()
+    gpu = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed), config_hash=cfg.config_hash)
+    load_s = time.perf_counter() - t
+    lens = (37, 90, 150, 200)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,)).tolist() for n in lens]
+    pages = [[2 * i, 2 * i + 1] for i in range(4)]
+    chunks = [SeqChunk(i, 0, p, pages[i]) for i, p in enumerate(prompts)]
+    rows = []
+    agree = checked = 0
+    for s in range(steps):
+        r = ref.step(chunks).double()
+        g = gpu.step(chunks).double()
+        err = (g - r).abs()
+        row_err = err.amax(-1)
+        top2 = r.topk(2, -1)
+        margin = top2.values[:, 0] - top2.values[:, 1]
+        same = g.argmax(-1) == top2.indices[:, 0]
+        decisive = margin > 2 * row_err
+        checked += int(decisive.sum())
+        agree += int((same & decisive).sum())
+        rows.append({"step": s, "rows": sum(len(c.tokens) for c in chunks),
+                     "max_rel": float(err.max() / r.abs().max()), "mean_rel": float(err.mean() / r.abs().mean()),
+                     "top1_same": int(same.sum()), "decisive": int(decisive.sum()),
+                     "decisive_disagree": int((decisive & ~same).sum())})
+        nxt = top2.indices[:, 0].tolist()  # teacher forcing: the reference's tokens
+        chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [t], c.pages) for c, t in zip(chunks, nxt)]
+    return {"load_s": load_s, "steps": rows, "max_rel": max(x["max_rel"] for x in rows),
+            "mean_rel": sum(x["mean_rel"] for x in rows) / len(rows), "decisive_rows": checked,
+            "decisive_agree": agree, "graphs": gpu.graph_status}
+
+
+TOLERANCE = {"tilelang_gemm_fp8": 1e-2, "tilelang_linear": 1e-2, "tilelang_grouped_gemm_fp4": 1e-2,
+             "tilelang_sparse_attn": 2e-2, "tilelang_window_attn": 2e-2, "tilelang_dspark_block_attn": 2e-2,
+             "tilelang_indexer_scores": 1e-3}  # the max-relative bounds of tests/gpu (TileLang)
+
+
+def _cpu(v):
+    from deepinfer.ir.quant import QTensor
+
+    if isinstance(v, QTensor):
+        return QTensor(v.data.cpu().clone(), v.scale.cpu().clone())
+    return v.cpu().clone() if isinstance(v, torch.Tensor) else v
+
+
+def _rel(got, ref) -> float:
+    g, r = got.double().cpu(), ref.double().cpu()
+    fin = torch.isfinite(r)
+    if not torch.equal(fin, torch.isfinite(g)):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    return float((g[fin] - r[fin]).abs().max() / r[fin].abs().max().clamp_min(1e-30))
+
+
+def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
+    """One call's output against its op's reference on the same inputs, by the rules of
+    tests/gpu: Triton templates by codegen/library/triton_check.py, TileLang ones by max relative
+    error, torch references run on both sides by the f32 / exact rules."""
+    from deepinfer.codegen.library import triton_check as tc
+    from deepinfer.ir.quant import QTensor
+
+    got_t = got if isinstance(got, tuple) and not isinstance(got, QTensor) else (got,)
+    ref_t = ref if isinstance(ref, tuple) and not isinstance(ref, QTensor) else (ref,)
+    if template in TOLERANCE:
+        r = max(_rel(a, b) for a, b in zip(got_t, ref_t))
+        return r <= TOLERANCE[template], f"max rel {r:.2e}"
+    kind = tc.OUTPUT_KINDS.get(op) if template and template.startswith("triton_") else None
+    if kind == "router":
+        m = tc.compare_router(got_t, ref_t, ins[0], ins[1])
+    else:
+        m = None
+        for i, (a, b) in enumerate(zip(got_t, ref_t)):
+            if isinstance(b, QTensor):
+                m = tc.compare_quant((a.data, a.scale), (b.data, b.scale), f"output {i}")
+            elif b.dtype.is_floating_point and b.dtype != torch.float32 and kind != "f32":
+                m = tc.compare_rounded(a, b, f"output {i}")
+            elif b.dtype.is_floating_point:
+                m = tc.compare_f32(a, b, f"output {i}")
+            else:
+                m = tc.compare_exact(a, b, f"output {i}")
+            if m:
+                break
+    rel = max((_rel(a.data if isinstance(a, QTensor) else a, b.data if isinstance(b, QTensor) else b)
+               for a, b in zip(got_t, ref_t) if (b.data if isinstance(b, QTensor) else b).dtype.is_floating_point),
+              default=0.0)
+    return m is None, m or f"max rel {rel:.2e}"
+
+
+def local_check(plan: str, seed: int = 11) -> dict:
+    """Every call of the tiny plan on the GPU against its op's reference on the CPU, fed the GPU's
+    own inputs (a copy taken before the call): errors stay local to the call instead of compounding
+    through the layers. One prefill step (bucket prefill_t512) and one decode step (decode_b4)."""
+    from deepinfer.ir.registry import get_op
+    from deepinfer.runtime.batch import bucket_inputs
+    from deepinfer.runtime.plan_executor import choose_bucket
+
+    cfg = load_config("v4.1-flash-tiny")
+    gpu = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed), config_hash=cfg.config_hash,
+                           cuda_graphs=False)
+    torch.manual_seed(seed)
+    chunks = [SeqChunk(i, 0, torch.randint(3, cfg.vocab_size, (n,)).tolist(), [2 * i, 2 * i + 1])
+              for i, n in enumerate((37, 90, 150, 200))]
+    per_template: dict = {}
+    failures = []
+    for step in range(2):
+        graph, bucket = choose_bucket(gpu.plan, chunks)
+        inputs, _ = bucket_inputs(chunks, gpu.plan["buckets"][graph][bucket], gpu.num_slots, gpu.num_pages,
+                                  cfg.pad_token_id)
+        g = gpu.loaded.graphs[graph]
+        vals = {k: v.cuda() for k, v in inputs.items()}
+        vals.update((p, gpu.params[p]) for p in g.params)
+        vals.update((s, gpu.state[s]) for s in g.state)
+        calls = {tuple(c["outputs"]): c for c in gpu.plan["graphs"][graph]["calls"]}
+        for n, (fn, ins, outs) in zip(g.nodes, gpu._program(graph, bucket)):
+            call = calls[tuple(n.outputs)]
+            tmpl = call["launch"][bucket].get("template") or "view"
+            xs = [vals[i] for i in ins]
+            xs_cpu = [_cpu(x) for x in xs]
+            with torch.device(gpu.device):
+                res = fn(*xs)
+            op = get_op(n.op)
+            ref = op.ref(*xs_cpu, **op.check_attrs(n.attr))
+            ok, what = judge(n.op, tmpl, res if len(res) > 1 else res[0], ref, xs_cpu)
+            row = per_template.setdefault(tmpl, {"calls": 0, "pass": 0, "worst": ""})
+            row["calls"] += 1
+            row["pass"] += ok
+            if not ok:
+                failures.append({"step": bucket, "node": n.name, "template": tmpl, "why": what})
+                row["worst"] = what
+            elif "max rel" in what:
+                prev = float(row["worst"].split()[-1]) if row["worst"].startswith("max rel") else -1
+                if float(what.split()[-1]) > prev:
+                    row["worst"] = what
+            vals.update(zip(outs, res))
+        logits = vals[g.outputs[0]][: len(chunks)]
+        chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [int(t)], c.pages)
+                  for c, t in zip(chunks, logits.argmax(-1).tolist())]
+    for f in failures[:30]:
+        print("FAIL", f, flush=True)
+    for t, r in sorted(per_template.items()):
+        print(f"{t:40s} {r['pass']:4d}/{r['calls']:<4d} {r['worst']}", flush=True)
+    return {"per_template": per_template, "failures": failures[:200]}
+
+
+def _timed(ex, chunks, reps):
+    """(wall s, device s) per step, median of reps."""
+    walls, devs = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        a.record()
+        ex.step(chunks)  # ends with the logits on the host: a sync
+        b.record()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t)
+        devs.append(a.elapsed_time(b) / 1e3)
+    walls.sort()
+    devs.sort()
+    return walls[len(walls) // 2], devs[len(devs) // 2]
+
+
+def _busy(ex, chunks, reps):
+    """GPU busy time per step from the profiler's kernel records (the rest of the wall is idle)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            ex.step(chunks)
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return total / 1e6 / reps
+
+
+def medium(plan: str, seed: int = 0) -> dict:
+    cfg = load_config("v4.1-flash-medium")
+    out = {}
+    t = time.perf_counter()
+    ex = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"), config_hash=cfg.config_hash)
+    torch.cuda.synchronize()
+    out["load_s"] = time.perf_counter() - t
+    out["gpu_mem_gb"] = torch.cuda.memory_allocated() / 1e9
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, cfg.vocab_size, (4096,), generator=g).tolist()
+    pre = [SeqChunk(0, 0, prompt, list(range(32)))]
+    ex.step(pre)
+    w, d = _timed(ex, pre, 3)
+    out["prefill_4096"] = {"wall_s": w, "device_s": d, "tok_per_s": 4096 / w}
+    print(f"prefill 4096: {w * 1e3:.1f} ms wall, {4096 / w:.0f} tok/s", flush=True)
+    for b in (1, 8, 64):
+        chunks = [SeqChunk(i, 1024, [int(torch.randint(3, cfg.vocab_size, (1,), generator=g))],
+                           list(range(8 * i, 8 * i + 8))) for i in range(b)]
+        row = {}
+        for mode in ("graph", "eager"):
+            ex.cuda_graphs = mode == "graph"
+            ex.step(chunks)  # capture / warm-up
+            w, d = _timed(ex, chunks, 20)
+            busy = _busy(ex, chunks, 5)
+            row[mode] = {"wall_ms": w * 1e3, "device_ms": d * 1e3, "gpu_busy_ms": busy * 1e3,
+                         "idle_ms": (w - busy) * 1e3}
+            print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms", flush=True)
+        out[f"decode_b{b}"] = row
+    out["graphs"] = ex.graph_status
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tiny-plan")
+    p.add_argument("--medium-plan")
+    p.add_argument("--divergence", action="store_true", help="only: every call of the tiny plan against its reference on the GPU's own inputs")
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
+    a = p.parse_args(argv)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    parts = (("tiny", tiny, a.tiny_plan), ("medium", medium, a.medium_plan))
+    if a.divergence:
+        parts = (("local", local_check, a.tiny_plan),) + parts
+    for name, fn, plan in parts:
+        if not plan:
+            continue
+        try:
+            res[name] = fn(plan)
+        except Exception:  # noqa: BLE001  (report and go on to the next part)
+            res[name] = {"error": traceback.format_exc()[-3000:]}
+            print(res[name]["error"], flush=True)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    t = res.get("tiny", {})
+    if "steps" in t:
+        print(f"tiny: max rel {t['max_rel']:.2e} mean rel {t['mean_rel']:.2e}; top-1 agrees on "
+              f"{t['decisive_agree']}/{t['decisive_rows']} decisive rows; graphs {t['graphs']}")
+    m = res.get("medium", {})
+    if "prefill_4096" in m:
+        print(f"medium: prefill 4K {m['prefill_4096']['tok_per_s']:.0f} tok/s; " + "; ".join(
+            f"b{b} {m[f'decode_b{b}']['graph']['wall_ms']:.2f} ms (eager {m[f'decode_b{b}']['eager']['wall_ms']:.2f})"
+            for b in (1, 8, 64) if f"decode_b{b}" in m))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""Runs an sm90 / sm100 plan on its GPU: every kernel call of a step launches the plan's cubin
+for the step's bucket (TileLang kernels through their template's host side, Triton kernels
+through their launcher), calls the plan left to torch run their op's reference on the device, and
+views are views.
+
+Steps run at a bucket's static shape (`runtime.batch.bucket_inputs`): the last state slot and the
+last page of the plan's pool are the scratch the padding writes into, so the engine sees one
+slot and one page fewer. Decode buckets are captured as CUDA graphs on first use (inputs copied
+into static buffers, state kept in fixed buffers); a bucket whose calls cannot be captured (a
+torch reference that synchronises with the host) runs eagerly, and `graph_status` says why.
+
+Data flow of one step: chunks -> choose_bucket -> bucket_inputs (host) -> device copies ->
+[graph replay | call list] -> logits[:n] -> host.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..codegen.plan import PlanError
+from ..codegen.template import templates
+from ..ir.quant import QTensor
+from ..ir.types import QuantType
+from ..ir.registry import get_op
+from ..models.deepseek_v41 import PAGE_TOKENS
+from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs
+from .cuda_driver import CubinFunction, c_arg, kernel_params
+from .plan_executor import LoadedPlan, choose_bucket
+from .state import allocate_state
+from .triton_aot import TritonAotCall
+
+TORCH_TEMPLATES = ("torch_ref", "torch_device")
+CAPABILITY = {"sm90": (9, 0), "sm100": (10, 0)}
+
+
+def to_device(v, device):
+    if isinstance(v, QTensor):
+        return QTensor(v.data.to(device, non_blocking=True), v.scale.to(device, non_blocking=True))
+    return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+
+
+def as_outputs(out, types: list) -> tuple:
+    """A call's result as one value per node output: Triton launchers return a quantised value as
+    its (data, scale) pair, the references as a QTensor."""
+    flat = list(out) if isinstance(out, tuple) and not isinstance(out, QTensor) else [out]
+    res = []
+    for t in types:
+        v = flat.pop(0)
+        if isinstance(t, QuantType) and not isinstance(v, QTensor):
+            v = QTensor(v, flat.pop(0))
+        res.append(v)
+    if flat:
+        raise PlanError(f"a call returned {len(flat)} values more than its {len(types)} outputs")
+    return tuple(res)
+
+
+class _TileLangCall:
+    """A TileLang instance: its cubins (the main kernel, and the combine of a split attention)."""
+
+    def __init__(self, root: Path, inst: str, k: dict, device: int):
+        src = (root / f"kernels/{inst}.cu").read_text()
+        files = k["build"]["files"]
+        self.kernels = [(CubinFunction((root / files["cubin"]).read_bytes(), k["entry"], k["grid"], k["block"],
+                                       k["smem_bytes"], device), kernel_params(src, k["entry"]))]
+        if "combine" in k["meta"]:
+            c = k["meta"]["combine"]
+            self.kernels.append((CubinFunction((root / files["cubin_combine"]).read_bytes(), c["entry"], c["grid"],
+                                               c["block"], c["smem_bytes"], device),
+                                 kernel_params(c["text"], c["entry"])))
+        self.inst = inst
+
+    def launch(self, i: int, **buffers) -> None:
+        fn, params = self.kernels[i]
+        args = []
+        for name, ctype in params:
+            if name not in buffers:
+                raise PlanError(f"instance {self.inst}: kernel {fn.name} wants buffer {name}, the host gave "
+                                f"{', '.join(buffers)}")
+            v = buffers[name]
+            if isinstance(v, torch.Tensor) and not v.is_contiguous():
+                raise PlanError(f"instance {self.inst}: buffer {name} is not contiguous")
+            args.append(c_arg(ctype, v))
+        fn.launch(args)
+
+
+class CudaPlanExecutor:
+    page_tokens = PAGE_TOKENS
+
+    def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash=None, device: int = 0,
+                 cuda_graphs: bool = True):
+        if not torch.cuda.is_available():
+            raise PlanError("this plan runs on a CUDA GPU and none is visible")
+        self.device = torch.device("cuda", device)
+        torch.cuda.set_device(self.device)
+        t0 = time.perf_counter()
+        lp = LoadedPlan(plan_dir, weights, checkpoint=checkpoint, config_hash=config_hash)
+        self.loaded, self.plan, self.cfg, self.root = lp, lp.plan, lp.cfg, lp.root
+        if lp.target not in CAPABILITY:
+            raise PlanError(f"plan {plan_dir}: compiled for {lp.target}; this executor runs sm90 / sm100 plans")
+        cap = torch.cuda.get_device_capability(self.device)
+        if cap != CAPABILITY[lp.target]:
+            raise PlanError(f"plan {plan_dir}: compiled for {lp.target}, the GPU is sm_{cap[0]}{cap[1]}")
+        self.params = {k: to_device(v, self.device) for k, v in lp.params.items()}
+        lp.params = None
+        opts = self.plan["options"]
+        pool_slots, pool_pages = opts["num_slots"], opts["num_pages"]
+        state = allocate_state(lp.state_types, num_slots=pool_slots, num_pages=pool_pages)
+        self.state = {k: to_device(v, self.device) for k, v in state.items()}
+        self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
+        self.vocab_size = self.cfg.vocab_size
+        self._kernels: dict[str, object] = {}
+        self._programs: dict[tuple[str, str], list] = {}
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[tuple[str, str], tuple] = {}
+        self.graph_status: dict[str, str] = {}  # bucket -> "captured" or why not
+        self.load_seconds = time.perf_counter() - t0
+
+    # ---- kernels ----
+
+    def _kernel(self, inst: str):
+        if inst not in self._kernels:
+            k = self.plan["kernels"][inst]
+            if k["build"]["status"] != "built":
+                raise PlanError(f"instance {inst} ({k['template']}) was not built: {k['build']['reason']}")
+            if k["language"] == "cuda":
+                self._kernels[inst] = _TileLangCall(self.root, inst, k, self.device.index)
+            else:
+                files = k["build"]["files"]
+                launches = json.loads((self.root / files["launches"]).read_text())
+                cubins = [(self.root / files[f"cubin{i}"]).read_bytes() for i in range(len(launches))]
+                self._kernels[inst] = TritonAotCall(inst, launches, cubins, self.device.index)
+        return self._kernels[inst]
+
+    def _call_fn(self, call: dict, bucket: str):
+        """The function one call runs in one bucket: (inputs) -> the op's outputs."""
+        op = get_op(call["op"])
+        attrs = op.check_attrs(call["attrs"])
+        launch = call["launch"][bucket]
+        inst = launch.get("kernel")
+        if inst is None or launch.get("template") in TORCH_TEMPLATES:
+            return lambda *xs: op.ref(*xs, **attrs)
+        k = self.plan["kernels"][inst]
+        kern = self._kernel(inst)
+        if k["language"] == "cuda":
+            host = templates()[k["template"]].host
+            return lambda *xs: host(kern.launch, xs, attrs, k["config"])
+        from ..codegen.library import triton_kernels as tk
+
+        launcher = getattr(tk, k["meta"]["launcher"])
+        kw, cfg = k["meta"]["launch_attrs"], k["meta"]["config"]
+
+        def run(*xs):
+            with tk.aot_kernels(kern):
+                return launcher(*xs, **kw, cfg=cfg)
+        return run
+
+    def _node_fn(self, call: dict, bucket: str, out_types: list):
+        fn = self._call_fn(call, bucket)
+        return lambda *xs: as_outputs(fn(*xs), out_types)
+
+    def _program(self, graph: str, bucket: str) -> list:
+        key = (graph, bucket)
+        if key not in self._programs:
+            g = self.loaded.graphs[graph]
+            calls = {tuple(c["outputs"]): c for c in self.plan["graphs"][graph]["calls"]}
+            self._programs[key] = [(self._node_fn(calls[tuple(n.outputs)], bucket, [g.types[o] for o in n.outputs]),
+                                    n.inputs, n.outputs) for n in g.nodes]
+        return self._programs[key]
+
+    def _run(self, graph: str, bucket: str, inputs: dict, trace: dict | None = None) -> dict:
+        """`trace`, when given, receives every value of the step by name (to find where a kernel
+        departs from its reference: compare with `ir.interpret(..., trace=)` on the same inputs)."""
+        g = self.loaded.graphs[graph]
+        vals = dict(inputs)
+        vals.update((p, self.params[p]) for p in g.params)
+        vals.update((s, self.state[s]) for s in g.state)
+        # torch references create their index tensors with factory calls: on the plan's device
+        with torch.device(self.device):
+            self._run_calls(graph, bucket, vals)
+        for root, v in g.state_updates().items():
+            # state lives in fixed buffers (graph replays rely on it)
+            new, buf = vals[v], self.state[root]
+            if isinstance(buf, QTensor):
+                if new.data is not buf.data:
+                    buf.data.copy_(new.data)
+                    buf.scale.copy_(new.scale)
+            elif new is not buf:
+                buf.copy_(new)
+        if trace is not None:
+            trace.update(vals)
+        return {o: vals[o] for o in g.outputs}
+
+    def _run_calls(self, graph: str, bucket: str, vals: dict) -> None:
+        for i, (fn, ins, outs) in enumerate(self._program(graph, bucket)):
+            self._at = (graph, i)
+            vals.update(zip(outs, fn(*(vals[i] for i in ins))))
+
+    # ---- Executor ----
+
+    def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        for c in chunks:
+            if not 0 <= c.slot < self.num_slots:
+                raise ValueError(f"slot {c.slot} is outside [0, {self.num_slots})")
+            if any(not 0 <= p < self.num_pages for p in c.pages):
+                raise ValueError(f"slot {c.slot}: page outside [0, {self.num_pages}) in {c.pages}")
+        graph, bucket = choose_bucket(self.plan, chunks)
+        inputs, n = bucket_inputs(chunks, self.plan["buckets"][graph][bucket], self.num_slots, self.num_pages,
+                                  self.cfg.pad_token_id)
+        return self.run_bucket(graph, bucket, inputs)["logits"][:n].float().cpu()
+
+    def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
+        """One step at a bucket's shape from host inputs; through its CUDA graph when it has one."""
+        if self.cuda_graphs and self.plan["bucket_kinds"].get(bucket) == "decode":
+            cg = self._capture(graph, bucket, inputs)
+            if cg is not None:
+                static_in, cuda_graph, static_out = cg
+                for k, v in inputs.items():
+                    static_in[k].copy_(v, non_blocking=True)
+                cuda_graph.replay()
+                return static_out
+        return self._run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+
+    def _capture(self, graph: str, bucket: str, inputs: dict):
+        key = (graph, bucket)
+        if key in self._graphs:
+            return self._graphs[key]
+        static_in = {k: v.to(self.device) for k, v in inputs.items()}
+        self._graphs[key] = None
+        try:
+            # warm-up on a side stream (loads modules, fills the allocator's pools), as torch asks before capture
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self._run(graph, bucket, static_in)
+            torch.cuda.current_stream().wait_stream(s)
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                static_out = self._run(graph, bucket, static_in)
+        except Exception as e:  # noqa: BLE001  (any capture failure means: run this bucket eagerly)
+            g, i = self._at
+            node = self.loaded.graphs[g].nodes[i]
+            where = f"{node.op} ({node.name.split(' =')[0]})"
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001  (the failed capture's error resurfaces here once)
+                pass
+            self.graph_status[bucket] = f"eager: {where}: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            return None
+        self.graph_status[bucket] = "captured"
+        self._graphs[key] = (static_in, cuda_graph, static_out)
+        return self._graphs[key]
+
+    def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
+        if "draft" not in self.loaded.graphs:
+            raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
+        b = len(seqs)
+        buckets = self.plan["buckets"]["draft"]
+        fits = sorted((e["num_seqs"], name) for name, e in buckets.items() if e["num_seqs"] >= b)
+        if not fits:
+            raise ValueError(f"{b} draft sequences exceed the plan's draft buckets")
+        size, bucket = fits[0]
+        pad = [DraftSeq(self.num_slots, self.cfg.pad_token_id, 1)] * (size - b)
+        inputs = draft_inputs(list(seqs) + pad, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
+        outs = self._run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
+        return outs["drafts"][:b].cpu(), outs["confidence"][:b].float().cpu()
+
+    def reset_slot(self, slot: int) -> None:
+        self.loaded.zero_slot(self.state, slot)
