@@ -4,8 +4,9 @@
     llm = LLM(model="v4.1-flash-tiny", weights="ckpt/")
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
 
-The model runs on the graph interpreter (target "cpu"); compiled plans for the GPU targets will
-load through the plan executor behind the same engine.
+`LLM(model=...)` runs the graph interpreter on the CPU; `LLM(plan=...)` runs a compiled plan:
+cpu plans through their torch kernels, sm90 / sm100 plans through their cubins on the GPU
+(runtime/cuda_executor.py), behind the same engine.
 """
 from __future__ import annotations
 
@@ -72,22 +73,49 @@ class LLM:
 
         if weights is None:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
-        opts = load_plan(plan)["options"]
+        loaded = load_plan(plan)
+        opts, target = loaded["options"], loaded["target"]["name"]
         if max_model_len > opts["max_model_len"]:
             raise EngineConfigError(f"max_model_len {max_model_len} exceeds the plan's {opts['max_model_len']}")
         if max_num_seqs > opts["max_num_seqs"]:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} exceeds the plan's {opts['max_num_seqs']}")
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
-        if num_pages is None:
-            num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
-        check_limits(num_pages=num_pages)
-        executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+        if target == "cpu":
+            if num_pages is None:
+                num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
+            check_limits(num_pages=num_pages)
+            executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+        else:
+            executor = self._device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages)
         self.config = executor.cfg
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                 seed=seed)
+
+    @staticmethod
+    def _device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages):
+        """A GPU plan's kernels are built for its buckets and its cache pool: steps must fit the
+        largest prefill bucket, and the pool is the plan's."""
+        import torch
+
+        from .runtime.cuda_executor import CAPABILITY, CudaPlanExecutor
+
+        target = loaded["target"]["name"]
+        if target not in CAPABILITY:
+            raise EngineConfigError(f"plan {plan}: compiled for {target}, which this runtime cannot run here "
+                                    f"(it runs cpu, {', '.join(CAPABILITY)} plans)")
+        if not torch.cuda.is_available():
+            raise EngineConfigError(f"plan {plan}: compiled for {target}; it needs an NVIDIA GPU and none is visible")
+        largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
+        if max_num_batched_tokens > largest:
+            raise EngineConfigError(f"max_num_batched_tokens {max_num_batched_tokens} exceeds the plan's largest "
+                                    f"step bucket ({largest} tokens)")
+        if num_pages is not None and num_pages > loaded["options"]["num_pages"] - 1:
+            raise EngineConfigError(f"num_pages {num_pages} exceeds the plan's pool "
+                                    f"({loaded['options']['num_pages'] - 1} usable pages)")
+        return CudaPlanExecutor(plan, weights)
 
     def generate(self, prompts: str | list[str] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,

@@ -147,7 +147,7 @@ def local_check(plan: str, seed: int = 11) -> dict:
         vals.update((p, gpu.params[p]) for p in g.params)
         vals.update((s, gpu.state[s]) for s in g.state)
         calls = {tuple(c["outputs"]): c for c in gpu.plan["graphs"][graph]["calls"]}
-        for n, (fn, ins, outs) in zip(g.nodes, gpu._program(graph, bucket)):
+        for n, (fn, ins, outs, _) in zip(g.nodes, gpu._program(graph, bucket)):
             call = calls[tuple(n.outputs)]
             tmpl = call["launch"][bucket].get("template") or "view"
             xs = [vals[i] for i in ins]
@@ -176,6 +176,39 @@ def local_check(plan: str, seed: int = 11) -> dict:
     for t, r in sorted(per_template.items()):
         print(f"{t:40s} {r['pass']:4d}/{r['calls']:<4d} {r['worst']}", flush=True)
     return {"per_template": per_template, "failures": failures[:200]}
+
+
+def noise_floor(steps: int = 40, seed: int = 11, share: float = 0.01) -> dict:
+    """How far the tiny model's logits move when the reference itself is nudged by one bf16 ulp in
+    `share` of the embedding table's values (the size of difference fp32-accumulating kernels
+    make at a rounding boundary), teacher-forced over the same steps as `tiny`. CPU only."""
+    cfg = load_config("v4.1-flash-tiny")
+    program = build_model(cfg)
+    params = load_params(program, GeneratedCheckpoint(cfg, seed))
+    nudged = dict(params)
+    e = params["embed.weight"]
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.rand(e.shape, generator=g) < share
+    # one ulp away from zero: the next bf16 bit pattern up in magnitude
+    nudged["embed.weight"] = (e.view(torch.int16) + pick.to(torch.int16)).view(torch.bfloat16)
+    a = InterpreterExecutor(program, params, num_slots=4, num_pages=8)
+    b = InterpreterExecutor(program, nudged, num_slots=4, num_pages=8)
+    torch.manual_seed(seed)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,)).tolist() for n in (37, 90, 150, 200)]
+    chunks = [SeqChunk(i, 0, p, [2 * i, 2 * i + 1]) for i, p in enumerate(prompts)]
+    rows = []
+    for s in range(steps):
+        r, x = a.step(chunks).double(), b.step(chunks).double()
+        err = (x - r).abs()
+        rows.append({"max_rel": float(err.max() / r.abs().max()), "mean_rel": float(err.mean() / r.abs().mean()),
+                     "top1_same": int((x.argmax(-1) == r.argmax(-1)).sum())})
+        chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [t], c.pages) for c, t in zip(chunks, r.argmax(-1).tolist())]
+    out = {"share": share, "max_rel": max(r["max_rel"] for r in rows),
+           "mean_rel": sum(r["mean_rel"] for r in rows) / steps,
+           "top1_same": sum(r["top1_same"] for r in rows), "rows": 4 * steps}
+    print(f"noise floor (1 bf16 ulp on {share:.0%} of the embedding): max rel {out['max_rel']:.2e}, mean rel "
+          f"{out['mean_rel']:.2e}, top-1 same on {out['top1_same']}/{out['rows']} rows", flush=True)
+    return out
 
 
 def _timed(ex, chunks, reps):
@@ -216,16 +249,18 @@ def medium(plan: str, seed: int = 0) -> dict:
     torch.cuda.synchronize()
     out["load_s"] = time.perf_counter() - t
     out["gpu_mem_gb"] = torch.cuda.memory_allocated() / 1e9
+    print(f"medium loaded in {out['load_s']:.1f} s, {out['gpu_mem_gb']:.1f} GB on the GPU", flush=True)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, cfg.vocab_size, (4096,), generator=g).tolist()
     pre = [SeqChunk(0, 0, prompt, list(range(32)))]
     ex.step(pre)
     w, d = _timed(ex, pre, 3)
+    out["prefill_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     out["prefill_4096"] = {"wall_s": w, "device_s": d, "tok_per_s": 4096 / w}
     print(f"prefill 4096: {w * 1e3:.1f} ms wall, {4096 / w:.0f} tok/s", flush=True)
     for b in (1, 8, 64):
         chunks = [SeqChunk(i, 1024, [int(torch.randint(3, cfg.vocab_size, (1,), generator=g))],
-                           list(range(8 * i, 8 * i + 8))) for i in range(b)]
+                           list(range(9 * i, 9 * i + 9))) for i in range(b)]  # 1025 tokens: 9 pages
         row = {}
         for mode in ("graph", "eager"):
             ex.cuda_graphs = mode == "graph"
@@ -240,16 +275,51 @@ def medium(plan: str, seed: int = 0) -> dict:
     return out
 
 
+def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
+    """Where a medium decode step's GPU time goes: the kernels (and torch-reference ops) with the
+    most GPU time at batch 1 and 64, from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = load_config("v4.1-flash-medium")
+    ex = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"), config_hash=cfg.config_hash,
+                          cuda_graphs=False)
+    out = {}
+    for b in (1, 64):
+        chunks = [SeqChunk(i, 1024, [5 + i], list(range(9 * i, 9 * i + 9))) for i in range(b)]
+        ex.step(chunks)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                ex.step(chunks)
+            torch.cuda.synchronize()
+        rows = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA"),
+                      key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in rows) / 3
+        out[f"decode_b{b}"] = {"gpu_ms": total / 1e3, "top": [
+            {"name": e.key[:90], "ms_per_step": e.device_time_total / 3e3, "calls_per_step": e.count / 3}
+            for e in rows[:top]]}
+        print(f"decode b{b}: GPU {total / 1e3:.1f} ms per step", flush=True)
+        for r in out[f"decode_b{b}"]["top"]:
+            print(f"  {r['ms_per_step']:8.2f} ms  {r['calls_per_step']:6.0f}x  {r['name']}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny-plan")
     p.add_argument("--medium-plan")
+    p.add_argument("--profile", action="store_true", help="only: the medium plan's decode GPU time by kernel")
+    p.add_argument("--noise-floor", action="store_true", help="only: the CPU reference against itself nudged by 1 ulp")
     p.add_argument("--divergence", action="store_true", help="only: every call of the tiny plan against its reference on the GPU's own inputs")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
     a = p.parse_args(argv)
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    res = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d")}
     parts = (("tiny", tiny, a.tiny_plan), ("medium", medium, a.medium_plan))
-    if a.divergence:
+    if a.profile:
+        parts = (("medium_profile", medium_profile, a.medium_plan),)
+    elif a.noise_floor:
+        parts = (("noise_floor", lambda _: noise_floor(), "cpu"),)
+    elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts
     for name, fn, plan in parts:
         if not plan:

@@ -15,6 +15,7 @@ Data flow of one step: chunks -> choose_bucket -> bucket_inputs (host) -> device
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -114,6 +115,8 @@ class CudaPlanExecutor:
         self._kernels: dict[str, object] = {}
         self._programs: dict[tuple[str, str], list] = {}
         self.cuda_graphs = cuda_graphs
+        # DEEPINFER_SYNC_CALLS=1: wait for every call, so a failing kernel is named (debugging only)
+        self.sync_calls = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
         self._graphs: dict[tuple[str, str], tuple] = {}
         self.graph_status: dict[str, str] = {}  # bucket -> "captured" or why not
         self.load_seconds = time.perf_counter() - t0
@@ -166,8 +169,19 @@ class CudaPlanExecutor:
         if key not in self._programs:
             g = self.loaded.graphs[graph]
             calls = {tuple(c["outputs"]): c for c in self.plan["graphs"][graph]["calls"]}
+            # a value is dropped after its last reader, as the plan's memory plan assumes: holding
+            # every value of a 4K-token prefill step would need tens of GB
+            keep = set(g.outputs) | set(g.params) | set(g.state) | set(g.state_updates().values())
+            last = {}
+            for i, n in enumerate(g.nodes):
+                for v in (*n.inputs, *n.outputs):
+                    last[v] = i
+            dead = [[] for _ in g.nodes]
+            for v, i in last.items():
+                if v not in keep:
+                    dead[i].append(v)
             self._programs[key] = [(self._node_fn(calls[tuple(n.outputs)], bucket, [g.types[o] for o in n.outputs]),
-                                    n.inputs, n.outputs) for n in g.nodes]
+                                    n.inputs, n.outputs, dead[i]) for i, n in enumerate(g.nodes)]
         return self._programs[key]
 
     def _run(self, graph: str, bucket: str, inputs: dict, trace: dict | None = None) -> dict:
@@ -179,7 +193,7 @@ class CudaPlanExecutor:
         vals.update((s, self.state[s]) for s in g.state)
         # torch references create their index tensors with factory calls: on the plan's device
         with torch.device(self.device):
-            self._run_calls(graph, bucket, vals)
+            self._run_calls(graph, bucket, vals, trace)
         for root, v in g.state_updates().items():
             # state lives in fixed buffers (graph replays rely on it)
             new, buf = vals[v], self.state[root]
@@ -193,10 +207,21 @@ class CudaPlanExecutor:
             trace.update(vals)
         return {o: vals[o] for o in g.outputs}
 
-    def _run_calls(self, graph: str, bucket: str, vals: dict) -> None:
-        for i, (fn, ins, outs) in enumerate(self._program(graph, bucket)):
+    def _run_calls(self, graph: str, bucket: str, vals: dict, trace: dict | None = None) -> None:
+        keep_all = trace is not None
+        for i, (fn, ins, outs, dead) in enumerate(self._program(graph, bucket)):
             self._at = (graph, i)
-            vals.update(zip(outs, fn(*(vals[i] for i in ins))))
+            vals.update(zip(outs, fn(*(vals[v] for v in ins))))
+            if self.sync_calls:
+                try:
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    node = self.loaded.graphs[graph].nodes[i]
+                    raise PlanError(f"{node.op} ({node.name.split(' =')[0]}) in {bucket} failed on the GPU: "
+                                    f"{str(e).splitlines()[0]}") from e
+            if not keep_all:
+                for v in dead:
+                    vals.pop(v, None)
 
     # ---- Executor ----
 

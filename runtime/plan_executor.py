@@ -29,6 +29,12 @@ def _step_graph(full: Graph, derived: set[str]) -> Graph:
         if v in full.types and v not in g.params:
             g.types[v] = full.types[v]
             g.params.append(v)
+    # weights only the load program read (w1, w3 once w13 exists) are no step's params: they are
+    # freed after load instead of held twice
+    read = {i for n in g.nodes for i in n.inputs} | set(g.outputs)
+    for p in [p for p in g.params if p not in read]:
+        g.types.pop(p, None)
+    g.params = [p for p in g.params if p in read]
     return g
 
 

@@ -40,3 +40,24 @@ def test_plan_limits_are_enforced(plan_and_weights, capsys):
     plan, ckpt = plan_and_weights
     assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "x", "--max-model-len", "9999"]) == 2
     assert "exceeds the plan's 512" in capsys.readouterr().err
+
+
+def test_a_gpu_plan_without_a_gpu_is_one_line(tmp_path, capsys):
+    """An sm90 plan on a machine with no GPU: refused with one line, no traceback."""
+    import json
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from deepinfer.codegen.plan import versions, write_plan
+
+    plan = {"model": {"id": "x", "config_hash": "0", "config": {}}, "target": {"name": "sm90"}, "versions": versions(),
+            "options": {"max_model_len": 256, "max_num_seqs": 2, "num_pages": 9, "num_slots": 3},
+            "buckets": {"step": {"decode_b1": {"num_tokens": 1}}}, "graphs": {}, "kernels": {}, "params": {},
+            "load_program": [], "state": {}, "memory": {}}
+    out = write_plan(json.loads(json.dumps(plan)), {}, tmp_path / "plan")
+    assert main(["generate", str(out), "--weights", str(tmp_path), "--prompt", "x", "--max-model-len", "128",
+                 "--max-num-seqs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs an NVIDIA GPU" in err[0], err
