@@ -6,6 +6,7 @@ The block-quantisation rules that use these codecs live in `ir.quant`.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -98,8 +99,14 @@ def fp4_encode(x: torch.Tensor) -> torch.Tensor:
 _FP4_VALUES = torch.cat([FP4_GRID, -FP4_GRID])  # value of each 4-bit code 0..15
 
 
+@functools.lru_cache(maxsize=None)
+def _fp4_values(device: torch.device) -> torch.Tensor:
+    # one copy per device, made once: a host-to-device copy per call breaks CUDA graph capture
+    return _FP4_VALUES.to(device)
+
+
 def fp4_decode(codes: torch.Tensor) -> torch.Tensor:
-    return _FP4_VALUES.to(codes.device)[codes.to(torch.int64) & 15]
+    return _fp4_values(codes.device)[codes.to(torch.int64) & 15]
 
 
 def fp4_pack(codes: torch.Tensor) -> torch.Tensor:

@@ -48,13 +48,15 @@ class LoadedPlan:
         self.plan = plan = load_plan(root)
         self.target = plan["target"]["name"]
         self.cfg = cfg = config_from_dict(plan["model"]["config"], model_id=plan["model"]["id"])
+        given = "given"
         if checkpoint is None:
             wcfg = load_config(weights)
-            config_hash = wcfg.config_hash
-            checkpoint = load_checkpoint(weights, cfg)
+            config_hash, given = wcfg.config_hash, wcfg.model_id
         if config_hash != plan["model"]["config_hash"]:
-            raise PlanError(f"weights {weights or 'given'} are for config {str(config_hash)[:12]}, the plan for "
-                            f"{plan['model']['id']} (config {plan['model']['config_hash'][:12]})")
+            raise PlanError(f"weights {weights or ''} are for model {given} (config {str(config_hash)[:12]}), the plan "
+                            f"for {plan['model']['id']} (config {plan['model']['config_hash'][:12]})")
+        if checkpoint is None:
+            checkpoint = load_checkpoint(weights, cfg)
         self.graphs: dict[str, Graph] = {}
         derived = {o for call in plan["load_program"] for o in call["outputs"]}
         for name, g in plan["graphs"].items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import torch
 import triton
@@ -593,9 +594,20 @@ def launch_quant_fp8(x, *, block, cfg):
 
 def rope_freqs(rope_dim, theta, yarn, device):
     """f_i exactly as the reference computes them (a handful of fp32 values per layer)."""
+    return _rope_freqs(rope_dim, theta, tuple(yarn) if yarn else None, torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_freqs(rope_dim, theta, yarn, device):
+    # made once per device: a copy to the GPU inside a CUDA graph capture is not allowed
     from deepinfer.ir.ops.attention import yarn_freqs
 
-    return yarn_freqs(rope_dim, theta, tuple(yarn) if yarn else None).to(device)
+    return yarn_freqs(rope_dim, theta, yarn).to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _int64_const(values: tuple, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 def rope_mode(mode: str, scale: str | None = None, block: int = 32):
@@ -788,10 +800,9 @@ def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
     dev = grams.device
     out = torch.empty(n, len(primes), dtype=torch.int64, device=dev)
     if n:
-        _k(engram_hash_kernel)[(n,)](grams.long().contiguous(), torch.tensor(multipliers, dtype=torch.int64, device=dev),
-                                 torch.tensor(primes, dtype=torch.int64, device=dev),
-                                 torch.tensor(offsets, dtype=torch.int64, device=dev), out, G=g, HEADS=heads,
-                                 HP=_p2(heads), num_warps=cfg["num_warps"])
+        _k(engram_hash_kernel)[(n,)](grams.long().contiguous(), _int64_const(tuple(multipliers), dev),
+                                     _int64_const(tuple(primes), dev), _int64_const(tuple(offsets), dev), out,
+                                     G=g, HEADS=heads, HP=_p2(heads), num_warps=cfg["num_warps"])
     return out
 
 

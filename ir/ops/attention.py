@@ -89,13 +89,22 @@ def rotate_tail(x: torch.Tensor, pos: torch.Tensor, rope_dim: int, theta: float,
     return torch.cat([x[..., :-rope_dim], rot.to(x.dtype)], dim=-1)
 
 
+def seq_span(positions: torch.Tensor, token_seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the first and the newest position its sequence has in this step. Scatter
+    reductions, no host synchronisation (the references also run inside CUDA graph captures);
+    sequence indices are below the row count (every sequence before the last with rows has rows)."""
+    pos, ts = positions.long(), token_seq.long()
+    n = max(pos.shape[0], 1)
+    newest = torch.full((n,), -1, dtype=torch.long, device=pos.device).scatter_reduce(0, ts, pos, "amax")
+    first = torch.full((n,), 2**62, dtype=torch.long, device=pos.device).scatter_reduce(0, ts, pos, "amin")
+    return first[ts], newest[ts]
+
+
 def ring_keep(positions: torch.Tensor, token_seq: torch.Tensor, ring_len: int) -> torch.Tensor:
     """Rows that survive in a ring of `ring_len` slots indexed by position: the newest ring_len
     positions of each sequence (a chunk longer than the ring would overwrite its own rows, and
     tensor writes with repeated indices keep an unspecified one)."""
-    pos, ts = positions.long(), token_seq.long()
-    newest = torch.full((int(ts.max()) + 1,), -1, dtype=torch.long).scatter_reduce(0, ts, pos, "amax")
-    return pos > newest[ts] - ring_len
+    return positions.long() > seq_span(positions, token_seq)[1] - ring_len
 
 
 def completes_entry(pos: torch.Tensor, ratio: int) -> torch.Tensor:
@@ -250,21 +259,20 @@ def compress_pool(l, s, state, positions, token_seq, seq_slots, *, ratio):
     """z_c[d] = sum over the r tokens of entry c of softmax_i(S[i, d]) * L[i, d] (spec §4.4c); the
     row completing entry c holds it, other rows hold zeros. Tokens of the group that arrived in an
     earlier step are read from the fp32 state ring (slot pos mod ring length)."""
-    out = torch.zeros_like(l, dtype=torch.float32)
+    n = l.shape[0]
     ring_len = state.shape[1]
-    for seq, rows in seq_rows(token_seq):
-        pos = positions.long()[rows]
-        start = int(pos[0])
-        slot = int(seq_slots[seq])
-        for j in completes_entry(pos, ratio).nonzero().squeeze(-1).tolist():
-            gpos = torch.arange(int(pos[j]) - ratio + 1, int(pos[j]) + 1)
-            in_step = gpos >= start
-            li = torch.where(in_step.unsqueeze(-1), l[rows][(gpos - start).clamp_min(0)].float(),
-                             state[slot, gpos % ring_len, 0])
-            si = torch.where(in_step.unsqueeze(-1), s[rows][(gpos - start).clamp_min(0)].float(),
-                             state[slot, gpos % ring_len, 1])
-            out[rows[j]] = (nm.softmax32(si, 0) * li).sum(0)
-    return out
+    pos, ts = positions.long(), token_seq.long()
+    first, _ = seq_span(positions, token_seq)
+    i = torch.arange(ratio, device=pos.device)
+    gpos = pos.unsqueeze(1) - ratio + 1 + i  # [n, r]: the group of each row's entry
+    in_step = (gpos >= first.unsqueeze(1)).unsqueeze(-1)
+    # a sequence's rows are contiguous and in position order: position g is row t - (pos_t - g)
+    step_row = (torch.arange(n, device=pos.device).unsqueeze(1) - ratio + 1 + i).clamp(0, max(n - 1, 0))
+    slot = seq_slots.long()[ts].unsqueeze(1)
+    li = torch.where(in_step, l[step_row].float(), state[slot, gpos.clamp_min(0) % ring_len, 0])
+    si = torch.where(in_step, s[step_row].float(), state[slot, gpos.clamp_min(0) % ring_len, 1])
+    z = (nm.softmax32(si, 1) * li).sum(1)
+    return torch.where(completes_entry(pos, ratio).unsqueeze(1), z, torch.zeros_like(z))
 
 
 def _state_write_rule(ins, a):
@@ -340,24 +348,27 @@ def _scores_rule(ins, a):
 @op("indexer_scores", infer=_scores_rule,
     flops=lambda i, o, a: 2 * o[0].numel * i[0].shape[1] * (i[0].shape[2] + 1),
     attrs={"ratio": REQUIRED}, n_inputs=6)
-def indexer_scores(qi, w, ik, positions, token_seq, block_table, *, ratio):
+def indexer_scores(qi, w, ik, positions, token_seq, block_table, *, ratio, chunk: int = 32):
     """score[t, c] = sum_h w[t, h] * relu(qI[t, h] . kI[c]) for visible entries c < (pos+1)//r,
-    -inf elsewhere (spec §4.4d), from the fake-quantised fp4 q and k, in fp32."""
+    -inf elsewhere (spec §4.4d), from the fake-quantised fp4 q and k, in fp32. The fp4 x fp4 dot
+    products are exact in fp64, so rows are scored in chunks of `chunk` (bounded memory) with no
+    dependence on how rows are grouped."""
     n = qi.data.shape[0]
-    cap = block_table.shape[1] * ik.data.shape[1]
-    out = torch.full((n, cap), float("-inf"))
+    pe = ik.data.shape[1]
+    cap = block_table.shape[1] * pe
+    dev = qi.data.device
+    vis = (positions.long() + 1) // ratio
     q = dequant_value(qi)
-    for seq, rows in seq_rows(token_seq):
-        pos = positions.long()[rows]
-        clen = int(pos.max() + 1) // ratio
-        if clen == 0:
-            continue
-        k = gather_entries(ik, block_table[seq], torch.arange(clen))  # [clen, dim]
-        dots = nm.mm32(q[rows].flatten(0, 1), k).view(len(rows), q.shape[1], clen)
-        s = nm.sum32(w[rows].float().unsqueeze(-1) * torch.relu(dots), 1)
-        vis = (pos + 1) // ratio
-        s = s.masked_fill(torch.arange(clen).unsqueeze(0) >= vis.unsqueeze(1), float("-inf"))
-        out[rows, :clen] = s
+    c = torch.arange(cap, device=dev)
+    bt = block_table.long()[token_seq.long()]  # [n, pages] of each row's sequence
+    out = torch.full((n, cap), float("-inf"), device=dev)
+    for r0 in range(0, n, chunk):
+        r1 = min(n, r0 + chunk)
+        page = bt[r0:r1][:, c // pe]  # [R, cap]; unused (-1) pages read garbage that is masked below
+        k = dequant_value(QTensor(ik.data[page, c % pe], ik.scale[page, c % pe]))  # [R, cap, dim]
+        dots = torch.einsum("rhd,rcd->rhc", q[r0:r1].double(), k.double()).float()
+        sc = nm.sum32(w[r0:r1].float().unsqueeze(-1) * torch.relu(dots), 1)
+        out[r0:r1] = sc.masked_fill(c.unsqueeze(0) >= vis[r0:r1].unsqueeze(1), float("-inf"))
     return out
 
 
@@ -383,7 +394,8 @@ def candidate_blocks(score, positions, token_seq, *, ratio, block_size, topk_blo
     vis = (positions.long() + 1) // ratio
     has = vis > 0
     newest = ((vis - 1).clamp_min(0) // block_size)
-    bscore[has.nonzero().squeeze(-1), newest[has]] = float("inf")
+    pinned = torch.where(has.unsqueeze(1), float("inf"), bscore.gather(1, newest.unsqueeze(1)))
+    bscore = bscore.scatter(1, newest.unsqueeze(1), pinned)
     k = min(topk_blocks, nblocks)
     top = stable_topk(bscore, k)
     keep = torch.gather(bscore, 1, top) > float("-inf")
@@ -422,18 +434,20 @@ def _topk_rule(ins, a):
     n_inputs=3)
 def topk_select(score, positions, token_seq, *, ratio, k):
     """Top-k compressed entries per row (spec §4.4d): top min(k, clen) of the sequence's clen
-    entries, re-sorted ascending, entries not visible to the row replaced by -1, -1 padded."""
-    n = score.shape[0]
-    out = torch.full((n, k), -1, dtype=torch.int32)
-    for seq, rows in seq_rows(token_seq):
-        pos = positions.long()[rows]
-        clen = int(pos.max() + 1) // ratio
-        if clen == 0:
-            continue
-        kk = min(k, clen)
-        top = torch.sort(stable_topk(score[rows, :clen], kk), dim=-1).values
-        vis = ((pos + 1) // ratio).unsqueeze(1)
-        out[rows, :kk] = torch.where(top >= vis, -1, top).to(torch.int32)
+    entries, re-sorted ascending, entries not visible to the row replaced by -1, -1 padded.
+
+    Computed over every column at once: columns past the sequence's clen are -inf, and a stable
+    top-k ranks -inf columns by index, so the first min(k, clen) picks are the sequence's own and
+    any later pick is >= clen >= the row's visible count, which the -1 rule already drops."""
+    n, cap = score.shape
+    _, newest = seq_span(positions, token_seq)
+    clen = (newest + 1) // ratio
+    cols = torch.arange(cap, device=score.device).unsqueeze(0)
+    kk = min(k, cap)
+    top = torch.sort(stable_topk(score.masked_fill(cols >= clen.unsqueeze(1), float("-inf")), kk), dim=-1).values
+    vis = ((positions.long() + 1) // ratio).unsqueeze(1)
+    out = torch.full((n, k), -1, dtype=torch.int32, device=score.device)
+    out[:, :kk] = torch.where(top >= vis, -1, top).to(torch.int32)
     return out
 
 

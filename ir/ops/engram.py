@@ -9,7 +9,7 @@ from .. import numerics as nm
 from ..quant import QTensor
 from ..registry import REQUIRED, Cost, ShapeError, op
 from ..types import TensorType, quantized
-from .attention import ring_keep, seq_rows, want_index, want_meta
+from .attention import ring_keep, seq_span, want_index, want_meta
 from .core import want_dims, want_float, want_tensor
 from .quantized import want_quant
 
@@ -55,17 +55,17 @@ def engram_ngram_ids(cids, hist, positions, token_seq, seq_slots, *, max_ngram, 
     or from the history ring of earlier steps (slot pos mod ring length), blocked per §4.3c."""
     n = cids.shape[0]
     pos = positions.long()
-    src_pos = pos.unsqueeze(1) - torch.arange(max_ngram).unsqueeze(0)
-    out = torch.empty(n, max_ngram, dtype=torch.int64)
+    r = torch.arange(max_ngram, device=pos.device)
+    src_pos = pos.unsqueeze(1) - r.unsqueeze(0)
+    first, _ = seq_span(positions, token_seq)
     ring = hist.shape[1]
-    for seq, rows in seq_rows(token_seq):
-        start = int(pos[rows[0]])
-        sp = src_pos[rows]
-        from_ring = hist[int(seq_slots[seq])][sp.clamp_min(0) % ring]
-        from_step = cids.long()[rows][(sp - start).clamp_min(0)]
-        src = torch.where(sp >= start, from_step, from_ring)
-        out[rows] = block_ngrams(src, sp, pad)
-    return out
+    slot = seq_slots.long()[token_seq.long()].unsqueeze(1)
+    from_ring = hist[slot, src_pos.clamp_min(0) % ring]
+    # a sequence's rows are contiguous and in position order: position p - r is row t - r
+    step_row = (torch.arange(n, device=pos.device).unsqueeze(1) - r.unsqueeze(0)).clamp(0, max(n - 1, 0))
+    from_step = cids.long()[step_row]
+    src = torch.where(src_pos >= first.unsqueeze(1), from_step, from_ring)
+    return block_ngrams(src, src_pos, pad)
 
 
 def _hist_write_rule(ins, a):

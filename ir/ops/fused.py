@@ -197,8 +197,9 @@ def moe_permute(sel, *, n_experts):
     so token order within an expert), and each expert's [start, end) in that order."""
     flat = sel.long().flatten()
     order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=n_experts)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    # a scatter, not bincount: bincount sizes its output from the data (a host synchronisation)
+    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=flat.device), counts.cumsum(0)])
     return order.to(torch.int32), offsets.to(torch.int32)
 
 
