@@ -24,3 +24,11 @@ def test_template_matches_reference_interpreted(interpreted, op):
 
 def test_every_template_has_a_check_case():
     assert set(triton_ops.TEMPLATES_BY_OP) <= set(triton_check.OUTPUT_KINDS)
+
+
+def test_hc_pre_with_split_k_matches_reference_interpreted():
+    """hc_pre's split-K path (the mix GEMM's K over 5 programs, the last one empty at these sizes,
+    partials summed in split order by the main kernel), against the same reference."""
+    dims = dict(triton_check.TINY)
+    got = triton_check.run_interpreted(["hc_pre"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=5))
+    assert got["hc_pre"] is None, got["hc_pre"]

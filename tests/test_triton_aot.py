@@ -52,17 +52,21 @@ def test_every_triton_launch_is_one_the_plan_built(monkeypatch):
             t = select(target, spec)
             if not t.name.startswith("triton_"):
                 continue
-            src = t.render(target, spec, t.default_config(target, spec))
-            launches = [dict(k, metadata={"name": k["entry"], "shared": 0}) for k in src.meta["kernels"]]
-            call = triton_aot.TritonAotCall(n.name, launches, [b""] * len(launches))
-            xs = [_zeros(types[v], env) for v in n.inputs]
-            with tk.aot_kernels(call):
-                out = getattr(tk, src.meta["launcher"])(*xs, **src.meta["launch_attrs"], cfg=src.meta["config"])
-            for v, name in zip(as_outputs(out, [types[o] for o in n.outputs]), n.outputs):  # what the node declares
-                want = _zeros(types[name], env)
-                for a, b in ((v.data, want.data), (v.scale, want.scale)) if isinstance(want, QTensor) else ((v, want),):
-                    assert a.shape == b.shape and a.dtype == b.dtype, (n.name, name, a.shape, b.shape, a.dtype, b.dtype)
-            checked += 1
+            configs = [t.default_config(target, spec)]
+            if t.name == "triton_hc_pre":  # its split-K variant launches two kernels
+                configs.append(dict(configs[0], SPLIT=8))
+            for cfg in configs:
+                src = t.render(target, spec, cfg)
+                launches = [dict(k, metadata={"name": k["entry"], "shared": 0}) for k in src.meta["kernels"]]
+                call = triton_aot.TritonAotCall(n.name, launches, [b""] * len(launches))
+                xs = [_zeros(types[v], env) for v in n.inputs]
+                with tk.aot_kernels(call):
+                    out = getattr(tk, src.meta["launcher"])(*xs, **src.meta["launch_attrs"], cfg=src.meta["config"])
+                for v, name in zip(as_outputs(out, [types[o] for o in n.outputs]), n.outputs):  # as the node declares
+                    want = _zeros(types[name], env)
+                    for a, b in ((v.data, want.data), (v.scale, want.scale)) if isinstance(want, QTensor) else ((v, want),):
+                        assert a.shape == b.shape and a.dtype == b.dtype, (n.name, name, a.shape, b.shape)
+                checked += 1
             templates_seen.add(t.name)
     assert checked > 100 and len(templates_seen) >= 15, (checked, sorted(templates_seen))
 
@@ -87,8 +91,8 @@ def test_an_unrecorded_launch_is_refused(monkeypatch):
 def test_decode_torch_references_need_no_host_sync():
     """A decode bucket is captured as a CUDA graph, which fails at any host synchronisation. The
     calls left to torch references must therefore do no data-dependent host work: each runs here
-    on meta tensors (which have no data), at a decode bucket of the tiny sm90 pipeline. Only the
-    attention references (TileLang templates serve them at 64 heads) still loop per sequence."""
+    on meta tensors (which have no data), at a decode bucket of the tiny sm90 pipeline (where the
+    attention ops, too, are references: the TileLang templates take 64 heads only)."""
     from deepinfer.ir.registry import get_op
 
     target = get_target("sm90")
@@ -111,4 +115,4 @@ def test_decode_torch_references_need_no_host_sync():
         except (NotImplementedError, RuntimeError):
             failing.add(n.op)
     assert ran > 50
-    assert failing <= {"sparse_attn", "window_attn", "dspark_block_attn"}, failing
+    assert not failing, failing

@@ -233,24 +233,17 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
 
 
 @triton.jit
-def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
-                  x_ptr, pre_ptr, post_ptr, m_ptr, n, eps, hc_eps, post_mult,
-                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
-                  BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr):
-    """BM rows per program. Mix GEMM [BM, C*H] x fn^T as two fp32 dots (pre|post columns and
-    the C*C mix columns, 16 each), the RMS statistic over C*H, Sinkhorn on [BM, C, C] in
-    registers, then collapse(R, pre_in) -> bf16 -> RMSNorm (two passes over H)."""
-    K: tl.constexpr = C * H
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rmask = rows < n
-    rows64 = rows.to(tl.int64)
+def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
+            BK: tl.constexpr):
+    """Mix GEMM over K columns [k_lo, k_hi) of BM rows: the pre|post and the C*C mix columns
+    (16 each) as two fp32 dots, and the rows' sum of squares."""
     jj = tl.arange(0, 16)
     acc_pp = tl.zeros([BM, 16], tl.float32)
     acc_m = tl.zeros([BM, 16], tl.float32)
     ss = tl.zeros([BM], tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(k_lo, k_hi, BK):
         kk = k0 + tl.arange(0, BK)
-        km = kk < K
+        km = kk < k_hi
         x = tl.load(r_ptr + rows64[:, None] * K + kk[None, :], mask=rmask[:, None] & km[None, :],
                     other=0.0).to(tl.float32)
         ss += tl.sum(x * x, axis=1)
@@ -259,6 +252,55 @@ def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
         fm = tl.load(fn_ptr + (2 * C + jj[None, :]) * K + kk[:, None], mask=km[:, None], other=0.0)
         acc_pp += tl.dot(x, fpp, input_precision="ieee")
         acc_m += tl.dot(x, fm, input_precision="ieee")
+    return acc_pp, acc_m, ss
+
+
+@triton.jit
+def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, n, C: tl.constexpr, H: tl.constexpr, SPLIT: tl.constexpr,
+                        BM: tl.constexpr, BK: tl.constexpr):
+    """Program (row block, split s): the mix GEMM over the s-th K range, into part[s, row, 48]
+    (pre|post 0..15, mix 16..31, sum of squares 32). Few rows (decode) leave most SMs idle with
+    one program per row block; splitting K spreads the 2*C + C*C weight rows over the GPU."""
+    K: tl.constexpr = C * H
+    KS: tl.constexpr = (K + SPLIT * BK - 1) // (SPLIT * BK) * BK
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    s = tl.program_id(1)
+    k_lo = s * KS
+    k_hi = tl.minimum(k_lo + KS, K)
+    acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K, C, BM, BK)
+    jj = tl.arange(0, 16)
+    base = part_ptr + (s * n + rows64[:, None]) * 48
+    tl.store(base + jj[None, :], acc_pp, mask=rmask[:, None])
+    tl.store(base + 16 + jj[None, :], acc_m, mask=rmask[:, None])
+    tl.store(part_ptr + (s * n + rows64) * 48 + 32, ss, mask=rmask)
+
+
+@triton.jit
+def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
+                  x_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
+                  BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, SPLIT: tl.constexpr):
+    """BM rows per program. Mix GEMM [BM, C*H] x fn^T (here, or with SPLIT > 1 summed in split
+    order from hc_mix_split_kernel's partials), the RMS statistic over C*H, Sinkhorn on
+    [BM, C, C] in registers, then collapse(R, pre_in) -> bf16 -> RMSNorm (two passes over H)."""
+    K: tl.constexpr = C * H
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    jj = tl.arange(0, 16)
+    if SPLIT == 1:
+        acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, 0, K, K, C, BM, BK)
+    else:
+        acc_pp = tl.zeros([BM, 16], tl.float32)
+        acc_m = tl.zeros([BM, 16], tl.float32)
+        ss = tl.zeros([BM], tl.float32)
+        for sp in tl.static_range(SPLIT):
+            base = part_ptr + (sp * n + rows64[:, None]) * 48
+            acc_pp += tl.load(base + jj[None, :], mask=rmask[:, None], other=0.0)
+            acc_m += tl.load(base + 16 + jj[None, :], mask=rmask[:, None], other=0.0)
+            ss += tl.load(part_ptr + (sp * n + rows64) * 48 + 32, mask=rmask, other=0.0)
     rms = tl.math.rsqrt(ss / K + eps)
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -652,10 +694,17 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
-    bm = cfg["BM"]
-    _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, n, eps, hc_eps,
-                                         post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"], BH=cfg["BH"],
-                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    bm, split = cfg["BM"], cfg.get("SPLIT", 1)
+    part = m  # not read when SPLIT == 1
+    if split > 1:
+        part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
+        _k(hc_mix_split_kernel)[(triton.cdiv(n, bm), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=bm,
+                                                             BK=cfg["BK"], num_warps=cfg["num_warps"],
+                                                             num_stages=cfg["num_stages"])
+    _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
+                                         hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
+                                         BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
+                                         num_stages=cfg["num_stages"])
     return x, pre, post, m
 
 

@@ -132,11 +132,18 @@ def _l_rope(spec, cfg):
 def _l_hc_pre(spec, cfg):
     r, fn, scale, base, pre_in, nw = spec.in_types
     n, c, h = _ints(r.shape)
+    split = cfg.get("SPLIT", 1)
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
             "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "pre_ptr": "*fp32", "post_ptr": "*fp32",
-            "m_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
-    ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"]}
-    return [_launch("hc_pre_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)]
+            "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
+    ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"],
+          "SPLIT": split}
+    main = _launch("hc_pre_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
+    if split == 1:
+        return [main]
+    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
+                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
+    return [part, main]
 
 
 def _l_hc_expand(spec, cfg):
@@ -337,8 +344,11 @@ OPS = [
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
-        dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3)),
-        dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2),
+        # SPLIT > 1 splits the mix GEMM's K over programs (decode); built and checked under the
+        # Triton interpreter, not yet timed on a GPU, so the default stays 1
+        dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
+             SPLIT=(1, 8, 32, 64)),
+        dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),

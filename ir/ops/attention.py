@@ -117,31 +117,24 @@ def page_rows(block_table_row: torch.Tensor, entries: torch.Tensor, page_entries
     return block_table_row.long()[entries // page_entries], entries % page_entries
 
 
-def gather_entries(cache: QTensor, block_table_row: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
-    """fp32 content of compressed entries `entries` (>= 0) of one sequence."""
-    e = cache.data.shape[1]
-    page, row = page_rows(block_table_row, entries, e)
-    return dequant_value(QTensor(cache.data[page, row], cache.scale[page, row]))
+def window_keys(kv_step: torch.Tensor, ring: QTensor, first: torch.Tensor, slot: torch.Tensor,
+                pos: torch.Tensor, rows: slice, window: int):
+    """fp32 window keys [rows, window, D] and their validity [rows, window] for a range of rows.
 
-
-def window_keys(kv_chunk: torch.Tensor, ring: QTensor, slot: int, rows: torch.Tensor, pos: torch.Tensor,
-                window: int):
-    """fp32 window keys and their positions for every row of one sequence.
-
-    Returns keys [rows, window, D] and a validity mask [rows, window]; key j of row t is position
-    pos_t - window + 1 + j, taken from this step's rows when the step holds it and from the ring
-    (slot pos mod ring size, written by earlier steps) otherwise.
+    Key j of row t is position kp = pos_t - window + 1 + j: from this step's rows when the step
+    holds it (kp >= the first position of t's sequence in the step; a sequence's rows are
+    contiguous and in position order, so kp is row t - (pos_t - kp)), else from the ring (slot
+    kp mod ring size, as earlier steps left it). `first`, `slot`, `pos`: per row of the step.
     """
-    start = int(pos[0])
+    t = torch.arange(rows.start, rows.stop, device=pos.device).unsqueeze(1)
+    p = pos[rows].unsqueeze(1)
+    kpos = p - window + 1 + torch.arange(window, device=pos.device).unsqueeze(0)
     ring_len = ring.data.shape[1]
-    kpos = pos.unsqueeze(1) - window + 1 + torch.arange(window).unsqueeze(0)  # [rows, window]
-    valid = kpos >= 0
-    from_step = kpos >= start
-    ring_vals = dequant_value(QTensor(ring.data[slot], ring.scale[slot]))  # [ring_len, D]
-    keys = ring_vals[kpos.clamp_min(0) % ring_len]
-    step_idx = (kpos - start).clamp(0, len(rows) - 1)
-    keys = torch.where(from_step.unsqueeze(-1), kv_chunk[rows][step_idx], keys)
-    return keys, valid
+    s, r = slot[rows].unsqueeze(1), kpos.clamp_min(0) % ring_len
+    ring_keys = dequant_value(QTensor(ring.data[s, r], ring.scale[s, r]))
+    step_row = (t - (p - kpos)).clamp(0, max(kv_step.shape[0] - 1, 0))
+    from_step = (kpos >= first[rows].unsqueeze(1)).unsqueeze(-1)
+    return torch.where(from_step, kv_step[step_row], ring_keys), kpos >= 0
 
 
 def attend_with_sink(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float):
@@ -474,20 +467,27 @@ def _sparse_attn_rule(ins, a):
 
 @op("sparse_attn", infer=_sparse_attn_rule, flops=_attn_flops,
     attrs={"window": REQUIRED, "ratio": REQUIRED, "topk": REQUIRED}, n_inputs=10)
-def sparse_attn(q, kv, ring, ckv, top, sink, positions, token_seq, seq_slots, block_table, *, window, ratio, topk):
+def sparse_attn(q, kv, ring, ckv, top, sink, positions, token_seq, seq_slots, block_table, *, window, ratio, topk,
+                chunk: int = 64):
     """Attention of each row over its window keys and the compressed entries of its top-k list
     (not de-duplicated), K = V, the sink in the denominator only, scale D^-1/2 (spec §4.4f).
-    `kv` holds this step's window keys; `ring` is the ring as earlier steps left it."""
+    `kv` holds this step's window keys; `ring` is the ring as earlier steps left it. Rows are
+    independent: they are taken `chunk` at a time (bounded memory), with no host work."""
     n, heads, d = q.shape
-    out = torch.zeros(n, heads, d)
-    kv_chunk = dequant_value(kv)
-    for seq, rows in seq_rows(token_seq):
-        pos = positions.long()[rows]
-        keys, valid = window_keys(kv_chunk, ring, int(seq_slots[seq]), rows, pos, window)
+    out = torch.zeros(n, heads, d, device=q.device)
+    kv_step = dequant_value(kv)
+    pos, ts = positions.long(), token_seq.long()
+    first, _ = seq_span(positions, token_seq)
+    slot = seq_slots.long()[ts]
+    for r0 in range(0, n, chunk):
+        rows = slice(r0, min(n, r0 + chunk))
+        keys, valid = window_keys(kv_step, ring, first, slot, pos, rows, window)
         if ckv is not None:
             sel = top[rows].long()
-            ck = gather_entries(ckv, block_table[seq], sel.clamp_min(0).flatten()).view(*sel.shape, d)
-            keys = torch.cat([keys, ck], dim=1)
+            pe = ckv.data.shape[1]
+            page = block_table.long()[ts[rows]].gather(1, sel.clamp_min(0) // pe)
+            e = sel.clamp_min(0) % pe
+            keys = torch.cat([keys, dequant_value(QTensor(ckv.data[page, e], ckv.scale[page, e]))], dim=1)
             valid = torch.cat([valid, sel >= 0], dim=1)
         out[rows] = attend_with_sink(q[rows], keys, valid, sink, d ** -0.5)
     return out.to(q.dtype)
