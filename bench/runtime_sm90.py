@@ -147,7 +147,7 @@ def local_check(plan: str, seed: int = 11) -> dict:
         vals.update((p, gpu.params[p]) for p in g.params)
         vals.update((s, gpu.state[s]) for s in g.state)
         calls = {tuple(c["outputs"]): c for c in gpu.plan["graphs"][graph]["calls"]}
-        for n, (fn, ins, outs, _) in zip(g.nodes, gpu._program(graph, bucket)):
+        for n, (fn, ins, outs, _) in zip(g.nodes, gpu.runner.program(graph, bucket)):
             call = calls[tuple(n.outputs)]
             tmpl = call["launch"][bucket].get("template") or "view"
             xs = [vals[i] for i in ins]

@@ -24,12 +24,12 @@ import torch
 from ..codegen.plan import PlanError
 from ..codegen.template import templates
 from ..ir.quant import QTensor
-from ..ir.types import QuantType
 from ..ir.registry import get_op
 from ..models.deepseek_v41 import PAGE_TOKENS
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs
 from .cuda_driver import CubinFunction, c_arg, kernel_params
 from .plan_executor import LoadedPlan, choose_bucket
+from .plan_runner import PlanRunner
 from .state import allocate_state
 from .triton_aot import TritonAotCall
 
@@ -41,21 +41,6 @@ def to_device(v, device):
     if isinstance(v, QTensor):
         return QTensor(v.data.to(device, non_blocking=True), v.scale.to(device, non_blocking=True))
     return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-
-
-def as_outputs(out, types: list) -> tuple:
-    """A call's result as one value per node output: Triton launchers return a quantised value as
-    its (data, scale) pair, the references as a QTensor."""
-    flat = list(out) if isinstance(out, tuple) and not isinstance(out, QTensor) else [out]
-    res = []
-    for t in types:
-        v = flat.pop(0)
-        if isinstance(t, QuantType) and not isinstance(v, QTensor):
-            v = QTensor(v, flat.pop(0))
-        res.append(v)
-    if flat:
-        raise PlanError(f"a call returned {len(flat)} values more than its {len(types)} outputs")
-    return tuple(res)
 
 
 class _TileLangCall:
@@ -113,10 +98,11 @@ class CudaPlanExecutor:
         self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
         self.vocab_size = self.cfg.vocab_size
         self._kernels: dict[str, object] = {}
-        self._programs: dict[tuple[str, str], list] = {}
         self.cuda_graphs = cuda_graphs
         # DEEPINFER_SYNC_CALLS=1: wait for every call, so a failing kernel is named (debugging only)
-        self.sync_calls = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
+        sync = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
+        self.runner = PlanRunner(lp, self.params, self.state, self._call_fn, self.device,
+                                 after_call=self._sync if sync else None)
         self._graphs: dict[tuple[str, str], tuple] = {}
         self.graph_status: dict[str, str] = {}  # bucket -> "captured" or why not
         self.load_seconds = time.perf_counter() - t0
@@ -160,68 +146,16 @@ class CudaPlanExecutor:
                 return launcher(*xs, **kw, cfg=cfg)
         return run
 
-    def _node_fn(self, call: dict, bucket: str, out_types: list):
-        fn = self._call_fn(call, bucket)
-        return lambda *xs: as_outputs(fn(*xs), out_types)
-
-    def _program(self, graph: str, bucket: str) -> list:
-        key = (graph, bucket)
-        if key not in self._programs:
-            g = self.loaded.graphs[graph]
-            calls = {tuple(c["outputs"]): c for c in self.plan["graphs"][graph]["calls"]}
-            # a value is dropped after its last reader, as the plan's memory plan assumes: holding
-            # every value of a 4K-token prefill step would need tens of GB
-            keep = set(g.outputs) | set(g.params) | set(g.state) | set(g.state_updates().values())
-            last = {}
-            for i, n in enumerate(g.nodes):
-                for v in (*n.inputs, *n.outputs):
-                    last[v] = i
-            dead = [[] for _ in g.nodes]
-            for v, i in last.items():
-                if v not in keep:
-                    dead[i].append(v)
-            self._programs[key] = [(self._node_fn(calls[tuple(n.outputs)], bucket, [g.types[o] for o in n.outputs]),
-                                    n.inputs, n.outputs, dead[i]) for i, n in enumerate(g.nodes)]
-        return self._programs[key]
+    def _sync(self, graph: str, bucket: str, i: int) -> None:
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            node = self.loaded.graphs[graph].nodes[i]
+            raise PlanError(f"{node.op} ({node.name.split(' =')[0]}) in {bucket} failed on the GPU: "
+                            f"{str(e).splitlines()[0]}") from e
 
     def _run(self, graph: str, bucket: str, inputs: dict, trace: dict | None = None) -> dict:
-        """`trace`, when given, receives every value of the step by name (to find where a kernel
-        departs from its reference: compare with `ir.interpret(..., trace=)` on the same inputs)."""
-        g = self.loaded.graphs[graph]
-        vals = dict(inputs)
-        vals.update((p, self.params[p]) for p in g.params)
-        vals.update((s, self.state[s]) for s in g.state)
-        # torch references create their index tensors with factory calls: on the plan's device
-        with torch.device(self.device):
-            self._run_calls(graph, bucket, vals, trace)
-        for root, v in g.state_updates().items():
-            # state lives in fixed buffers (graph replays rely on it)
-            new, buf = vals[v], self.state[root]
-            if isinstance(buf, QTensor):
-                if new.data is not buf.data:
-                    buf.data.copy_(new.data)
-                    buf.scale.copy_(new.scale)
-            elif new is not buf:
-                buf.copy_(new)
-        if trace is not None:
-            trace.update(vals)
-        return {o: vals[o] for o in g.outputs}
-
-    def _run_calls(self, graph: str, bucket: str, vals: dict, trace: dict | None = None) -> None:
-        keep_all = trace is not None
-        for i, (fn, ins, outs, dead) in enumerate(self._program(graph, bucket)):
-            self._at = (graph, i)
-            vals.update(zip(outs, fn(*(vals[v] for v in ins))))
-            if self.sync_calls:
-                try:
-                    torch.cuda.synchronize()
-                except Exception as e:  # noqa: BLE001
-                    node = self.loaded.graphs[graph].nodes[i]
-                    raise PlanError(f"{node.op} ({node.name.split(' =')[0]}) in {bucket} failed on the GPU: "
-                                    f"{str(e).splitlines()[0]}") from e
-            if not keep_all:
-                for v in dead:
-                    vals.pop(v, None)
+        return self.runner.run(graph, bucket, inputs, trace)
 
     # ---- Executor ----
 
@@ -265,7 +199,7 @@ class CudaPlanExecutor:
             with torch.cuda.graph(cuda_graph):
                 static_out = self._run(graph, bucket, static_in)
         except Exception as e:  # noqa: BLE001  (any capture failure means: run this bucket eagerly)
-            g, i = self._at
+            g, i = self.runner.at
             node = self.loaded.graphs[g].nodes[i]
             where = f"{node.op} ({node.name.split(' =')[0]})"
             try:

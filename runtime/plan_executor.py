@@ -19,6 +19,7 @@ from ..models.checkpoint import load_checkpoint
 from ..models.config import config_from_dict, load_config
 from ..models.deepseek_v41 import materialize_params
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
+from .plan_runner import PlanRunner
 from .state import allocate_state
 
 
@@ -112,6 +113,8 @@ class PlanExecutor:
             num_slots, num_pages = num_slots + 1, num_pages + 1
         self.state = allocate_state(lp.state_types, num_slots=num_slots, num_pages=num_pages)
         self.num_slots, self.num_pages = num_slots - self.pad, num_pages - self.pad
+        # padded steps run the plan's call lists the way a device executor does, with references
+        self.runner = PlanRunner(lp, self.params, self.state, _reference_call, torch.device("cpu"))
         self.vocab_size = self.cfg.vocab_size
         self.check = check
         self.state_types = lp.state_types
@@ -130,10 +133,11 @@ class PlanExecutor:
         name, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][name][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
-        outs, self.state, _ = interpret(self.graphs[name], inputs, self.params, self.state, check=self.check)
-        return outs["logits"][:n]
+        return self.runner.run(name, bucket, inputs)["logits"][:n]
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pad:
+            raise ValueError("drafts are not run at bucket shapes on the cpu plan")
         if "draft" not in self.graphs:
             raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
         inputs = draft_inputs(seqs, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
@@ -142,6 +146,12 @@ class PlanExecutor:
 
     def reset_slot(self, slot: int) -> None:
         self.loaded.zero_slot(self.state, slot)
+
+
+def _reference_call(call: dict, bucket: str):
+    op = get_op(call["op"])
+    attrs = op.check_attrs(call["attrs"])
+    return lambda *xs: op.ref(*xs, **attrs)
 
 
 def choose_bucket(plan: dict, chunks: list[SeqChunk]) -> tuple[str, str]:

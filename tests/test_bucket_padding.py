@@ -1,6 +1,8 @@
 """Device plans run every step at a bucket's static shape: padded rows and sequences in a scratch
-slot and page. Here the cpu plan runs the same padding and must give the logits of the unpadded
-step, so padding never leaks into a real row (nor a real row into the scratch)."""
+slot and page. Here the cpu plan runs the same padding through the same call-list runner as the
+GPU executor (runtime/plan_runner.py: values freed after their last reader, state kept in fixed
+buffers), with references for kernels, and must give the interpreter's logits of the unpadded
+step: padding never leaks into a real row, nor a real row into the scratch."""
 import pytest
 import torch
 

@@ -19,7 +19,7 @@ from deepinfer.models.deepseek_v41 import build_model  # noqa: E402
 from deepinfer.passes.driver import run_pipeline  # noqa: E402
 from deepinfer.passes.kernels import kernel_spec  # noqa: E402
 from deepinfer.runtime import triton_aot  # noqa: E402
-from deepinfer.runtime.cuda_executor import as_outputs  # noqa: E402
+from deepinfer.runtime.plan_runner import as_outputs  # noqa: E402
 
 
 class _NoLaunch:
