@@ -43,6 +43,16 @@ def to_device(v, device):
     return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
 
 
+class _Pending:
+    """A submitted step: its logits on the device until asked for."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def result(self) -> torch.Tensor:
+        return self.logits.cpu()
+
+
 class _TileLangCall:
     """A TileLang instance: its cubins (the main kernel, and the combine of a split attention)."""
 
@@ -160,6 +170,11 @@ class CudaPlanExecutor:
     # ---- Executor ----
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        return self.submit(chunks).result()
+
+    def submit(self, chunks: list[SeqChunk]) -> "_Pending":
+        """Launch one step and return at once; `.result()` waits for its logits (on the host). The
+        engine plans the next step in between."""
         for c in chunks:
             if not 0 <= c.slot < self.num_slots:
                 raise ValueError(f"slot {c.slot} is outside [0, {self.num_slots})")
@@ -168,7 +183,8 @@ class CudaPlanExecutor:
         graph, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][graph][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
-        return self.run_bucket(graph, bucket, inputs)["logits"][:n].float().cpu()
+        # a copy on the device: a graph's output buffer is rewritten by the bucket's next replay
+        return _Pending(self.run_bucket(graph, bucket, inputs)["logits"][:n].to(torch.float32, copy=True))
 
     def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
         """One step at a bucket's shape from host inputs; through its CUDA graph when it has one."""

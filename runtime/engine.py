@@ -1,10 +1,14 @@
 """The engine: requests in, one step at a time, finished requests out.
 
-A step is four functions run in order: `schedule` (scheduler) -> `prepare_inputs` (the ragged
-batch and what the sampler needs) -> `execute` (the model step and the sampler: device work) ->
-`process_outputs` (append tokens, detokenize, finish). Only `execute` touches the executor, and
-`prepare_inputs` needs nothing from the previous step's `execute` except the caches it filled, so
-a later version can schedule and prepare step N+1 while step N runs on the device.
+A step is: `schedule` (scheduler) -> `prepare_inputs` (the ragged batch and what the sampler
+needs) -> submit to the executor (device work) -> sample -> `accept` (append tokens, detokenize,
+finish). With `overlap` (the default for executors that `submit` asynchronously), the scheduling
+of step N+1 runs while the device runs step N: every sequence step N samples is given a
+placeholder token, the scheduler plans step N+1 from the token counts, and once step N's tokens
+are sampled the placeholders are replaced, sequences that finished are dropped from the plan, and
+step N+1 is prepared and submitted before `step()` returns. Tokens do not change: a sequence's
+tokens depend only on its own context, seed and positions (the sampler's §10 RNG), so the
+occasional different preemption the early plan makes is invisible in the outputs.
 """
 from __future__ import annotations
 
@@ -48,9 +52,25 @@ class PreparedStep:
     sampled: list[Sequence]
 
 
+PLACEHOLDER = -1  # the token a sampled sequence holds while its step runs (never fed to the model)
+
+
+class _Done:
+    """A step an executor without `submit` ran synchronously."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def result(self):
+        return self.logits
+
+
 class LLMEngine:
     def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
-                 max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None):
+                 max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None,
+                 overlap: bool | None = None):
+        """`overlap`: schedule step N+1 while step N runs (default: when the executor submits
+        asynchronously)."""
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if executor.num_slots < max_num_seqs:
@@ -70,6 +90,8 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # finished by abort_request, reported by the next step()
         self.num_steps = 0
+        self.overlap = hasattr(executor, "submit") if overlap is None else overlap
+        self._inflight: tuple[PreparedStep, object] | None = None  # submitted, not yet sampled
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -124,14 +146,35 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it (and any aborted since)."""
         finished, self._aborted = self._aborted, []
-        batch = self.scheduler.schedule()
-        if batch:
-            prepared = self.prepare_inputs(batch)
-            tokens = self.execute(prepared)
-            finished += self.process_outputs(prepared, tokens)
-        elif self.scheduler.has_unfinished():
-            raise RuntimeError("the scheduler found nothing to run while requests are pending")
+        if self._inflight is None:
+            batch = self.scheduler.schedule()
+            if not batch:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError("the scheduler found nothing to run while requests are pending")
+                return [RequestOutput.of(s) for s in finished]
+            self._submit(self.prepare_inputs(batch))
+        prepared, handle = self._inflight
+        self._inflight = None
+        self.scheduler.advance(prepared.batch)  # the caches hold each chunk once the step has run
+        planned = None
+        if self.overlap:  # while the device runs the step: plan the next one
+            for seq in prepared.sampled:
+                if not seq.finished:  # (aborted while the step ran)
+                    seq.token_ids.append(PLACEHOLDER)
+            planned = self.scheduler.schedule()
+        logits = handle.result()
+        tokens = sample(logits, prepared.samples) if prepared.samples else []
+        finished += self.accept(prepared, tokens, replace=self.overlap)
+        if planned:
+            planned = [s for s in planned if not s.seq.finished]
+            if planned:
+                self._submit(self.prepare_inputs(planned))
         return [RequestOutput.of(s) for s in finished]
+
+    def _submit(self, prepared: PreparedStep) -> None:
+        submit = getattr(self.executor, "submit", None)
+        handle = submit(prepared.chunks) if submit else _Done(self.executor.step(prepared.chunks))
+        self._inflight = (prepared, handle)
 
     def prepare_inputs(self, batch: list[Scheduled]) -> PreparedStep:
         chunks, samples, sampled = [], [], []
@@ -148,15 +191,17 @@ class LLMEngine:
                 sampled.append(seq)
         return PreparedStep(batch, chunks, samples, sampled)
 
-    def execute(self, prepared: PreparedStep) -> list[int]:
-        logits = self.executor.step(prepared.chunks)
-        return sample(logits, prepared.samples) if prepared.samples else []
-
-    def process_outputs(self, prepared: PreparedStep, tokens: list[int]) -> list[Sequence]:
-        self.scheduler.advance(prepared.batch)
+    def accept(self, prepared: PreparedStep, tokens: list[int], replace: bool = False) -> list[Sequence]:
+        """The step's sampled tokens into their sequences (`replace`: in place of the placeholder),
+        then the stop checks; returns the sequences that finished."""
         now, finished = time.time(), []
         for seq, token in zip(prepared.sampled, tokens):
-            seq.token_ids.append(token)
+            if seq.finished:
+                continue  # aborted while its step ran: the token is dropped
+            if replace:
+                seq.token_ids[-1] = token
+            else:
+                seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             reason = self._check_stop(seq, token)
