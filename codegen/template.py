@@ -51,10 +51,13 @@ class Template:
     render: Callable[[Target, KernelSpec, Mapping[str, Any]], KernelSource]
     default_config: Callable[[Target, KernelSpec], dict]
     supports: Callable[[Target, KernelSpec], bool] = lambda target, spec: True
-    # the host side of a generated kernel on its device: host(launch, inputs, attrs, config) -> the
+    # the host side of a generated kernel on its device: host(launch, inputs, attrs, config, meta) -> the
     # op's outputs, where launch(i, **buffers) runs the instance's i-th kernel with its buffers
     # bound by parameter name (TileLang templates; a Triton template's host is its launcher)
     host: Callable | None = None
+    # the spec an instance is rendered for, when calls of several shapes can share one instance
+    # (decode GEMMs: every row count up to 64 runs the 64-row kernel, its host pads the rows)
+    canonical: Callable[[Target, KernelSpec], KernelSpec] | None = None
 
     def configs(self, target: Target, spec: KernelSpec):
         """Every point of the tuning space (the autotuner filters invalid ones by building)."""

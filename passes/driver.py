@@ -128,6 +128,8 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
             if kernel != "view":
                 spec = kernel_spec(g, n, types)
                 t = select(target, spec)  # per bucket: decode and prefill shapes may want different templates
+                if t.canonical:
+                    spec = t.canonical(target, spec)
                 config = t.default_config(target, spec)
                 key = json.dumps([t.name, spec.key(), config], sort_keys=True, default=str)
                 if key not in instances:

@@ -145,7 +145,7 @@ class CudaPlanExecutor:
         kern = self._kernel(inst)
         if k["language"] == "cuda":
             host = templates()[k["template"]].host
-            return lambda *xs: host(kern.launch, xs, attrs, k["config"])
+            return lambda *xs: host(kern.launch, xs, attrs, k["config"], k["meta"])
         from ..codegen.library import triton_kernels as tk
 
         launcher = getattr(tk, k["meta"]["launcher"])

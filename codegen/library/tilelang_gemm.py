@@ -164,6 +164,29 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     return gemm_fp8
 
 
+DECODE_ROWS = 64  # one 64-row tile: every GEMM with at most this many rows runs the same kernel
+
+
+def rows_type(t, rows: int):
+    """`t` ([.., in], plain or quantised) as [rows, in]."""
+    from ...ir.types import QuantType
+
+    if isinstance(t, QuantType):
+        return QuantType(rows_type(t.data, rows), rows_type(t.scale, rows), (1,) + tuple(t.block[-1:]))
+    return t.with_shape((rows, t.shape[-1]))
+
+
+def canonical_rows(target: Target, spec: KernelSpec) -> KernelSpec:
+    """Decode GEMMs (at most 64 rows: one row tile, and a config that does not depend on the row
+    count) share the 64-row instance across buckets; the host pads the rows. Fewer instances to
+    render and build, the same work on the GPU."""
+    m, n, _ = _mnk(spec)
+    if m >= DECODE_ROWS:
+        return spec
+    return KernelSpec(spec.op, spec.attrs, (rows_type(spec.in_types[0], DECODE_ROWS),) + tuple(spec.in_types[1:]),
+                      (spec.out_types[0].with_shape((DECODE_ROWS, n)),) + tuple(spec.out_types[1:]))
+
+
 def _mnk(spec: KernelSpec):
     """(rows, out features, in features) of a [.., in] x [out, in]^T product."""
     x, w = spec.in_types[0], spec.in_types[1]
@@ -212,6 +235,7 @@ register(Template(
     default_config=lambda target, spec: gemm_default_config(target, *_mnk(spec)),
     supports=lambda target, spec: _mnk(spec)[2] % 32 == 0,
     host=host_gemm_fp8,
+    canonical=canonical_rows,
 ))
 
 
@@ -284,4 +308,5 @@ register(Template(
     default_config=_linear_default_config,
     supports=_linear_supports,
     host=host_linear,
+    canonical=canonical_rows,
 ))

@@ -11,43 +11,57 @@ def _torch_dtype(name):
     return dt.dtype(name).storage
 
 
-def _run_2d(launch, config, a2, n, out_dtype, **buffers):
-    """C = the kernel over 2-D operands; split-K kernels accumulate atomically into zeroed fp32."""
+def _pad_rows(t, rows: int):
+    """`t` with zero rows appended up to `rows` (the instance's row count; see canonical_rows)."""
+    if t.shape[0] == rows:
+        return t
+    out = torch.zeros((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    out[: t.shape[0]] = t
+    return out
+
+
+def _run_2d(launch, config, m, rows, n, out_dtype, **buffers):
+    """C[:m] of the kernel over 2-D operands padded to its `rows`; split-K kernels accumulate
+    atomically into zeroed fp32."""
+    dev = next(iter(buffers.values())).device
     if config.get("split_k", 1) > 1:
-        c = torch.zeros(a2.shape[0], n, dtype=torch.float32, device=a2.device)
+        c = torch.zeros(rows, n, dtype=torch.float32, device=dev)
         launch(0, C=c, **buffers)
-        return c.to(out_dtype)
-    c = torch.empty(a2.shape[0], n, dtype=out_dtype, device=a2.device)
+        return c[:m].to(out_dtype)
+    c = torch.empty(rows, n, dtype=out_dtype, device=dev)
     launch(0, C=c, **buffers)
-    return c
+    return c[:m]
 
 
-def host_gemm_fp8(launch, inputs, attrs, config):
+def host_gemm_fp8(launch, inputs, attrs, config, meta):
     x, w = inputs
     k, n = x.data.shape[-1], w.data.shape[0]
     a = x.data.reshape(-1, k).contiguous()
-    c = _run_2d(launch, config, a, n, _torch_dtype(attrs["out_dtype"]), A=a,
-                SA=x.scale.reshape(-1, k // 32).contiguous(), B=w.data, SB=w.scale)
+    m, rows = a.shape[0], max(meta["mnk"][0], a.shape[0])
+    c = _run_2d(launch, config, m, rows, n, _torch_dtype(attrs["out_dtype"]), A=_pad_rows(a, rows),
+                SA=_pad_rows(x.scale.reshape(-1, k // 32).contiguous(), rows), B=w.data, SB=w.scale)
     return c.reshape(*x.data.shape[:-1], n)
 
 
-def host_linear(launch, inputs, attrs, config):
+def host_linear(launch, inputs, attrs, config, meta):
     x, w = inputs
     k, n = x.shape[-1], w.shape[0]
     a = x.reshape(-1, k).contiguous()
+    m, rows = a.shape[0], max(meta["mnk"][0], a.shape[0])
     out = _torch_dtype(attrs["out_dtype"]) if attrs.get("out_dtype") else x.dtype
-    return _run_2d(launch, config, a, n, out, A=a, B=w.contiguous()).reshape(*x.shape[:-1], n)
+    return _run_2d(launch, config, m, rows, n, out, A=_pad_rows(a, rows), B=w.contiguous()).reshape(*x.shape[:-1], n)
 
 
-def host_grouped_gemm_fp4(launch, inputs, attrs, config):
+def host_grouped_gemm_fp4(launch, inputs, attrs, config, meta):
     x, w, offsets = inputs
+    m, rows = x.data.shape[0], max(meta["dims"]["rows"], x.data.shape[0])
     # rows past the last expert's range are not computed by the kernel; the op leaves them 0
-    c = torch.zeros(x.data.shape[0], w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
-    launch(0, X=x.data, SX=x.scale, W=w.data, SW=w.scale, offsets=offsets, C=c)
-    return c
+    c = torch.zeros(rows, w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
+    launch(0, X=_pad_rows(x.data, rows), SX=_pad_rows(x.scale, rows), W=w.data, SW=w.scale, offsets=offsets, C=c)
+    return c[:m]
 
 
-def host_indexer_scores(launch, inputs, attrs, config):
+def host_indexer_scores(launch, inputs, attrs, config, meta):
     qi, w, ik, pos, tseq, bt = inputs
     s = torch.empty(qi.data.shape[0], bt.shape[1] * ik.data.shape[1], dtype=torch.float32, device=w.device)
     # CAND: the candidate pool is a separate op here (this template renders without it)
@@ -56,7 +70,7 @@ def host_indexer_scores(launch, inputs, attrs, config):
     return s
 
 
-def host_attention(launch, inputs, attrs, config):
+def host_attention(launch, inputs, attrs, config, meta):
     """Inputs in the op's order; window and DSpark calls bind 1-element placeholders for the
     compressed-cache buffers their kernels declare but never read."""
     if len(inputs) == 10:

@@ -113,6 +113,19 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
                                       "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
 
 
+def canonical_rows(target: Target, spec: KernelSpec) -> KernelSpec:
+    """Decode calls (at most 2 rows per expert: the decode config, whose grid and tiles do not
+    depend on the row count) share the 2E-row instance; the host pads the rows, which the
+    expert offsets never reach."""
+    from .tilelang_gemm import rows_type
+
+    mtot, n, _, e = _dims(spec)
+    if mtot >= 2 * e:
+        return spec
+    return KernelSpec(spec.op, spec.attrs, (rows_type(spec.in_types[0], 2 * e),) + tuple(spec.in_types[1:]),
+                      (spec.out_types[0].with_shape((2 * e, n)),))
+
+
 register(Template(
     name="tilelang_grouped_gemm_fp4",
     ops=("grouped_gemm_fp4",),
@@ -122,4 +135,5 @@ register(Template(
     default_config=lambda target, spec: moe_default_config(target, *_dims(spec)),
     supports=lambda target, spec: _dims(spec)[2] % 128 == 0 and _dims(spec)[1] % 64 == 0,
     host=host_grouped_gemm_fp4,
+    canonical=canonical_rows,
 ))
