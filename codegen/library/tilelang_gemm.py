@@ -212,6 +212,10 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
             if kt % s == 0 and tiles * s <= 2 * target.cores and tiles < target.cores:
                 split = s
                 break
+        if target.name == "sm100" and k % 64 == 0:
+            # 128-deep K steps spill on sm100 (ptxas: 255 registers, 8 bytes, with 3 or 4 stages);
+            # 64-deep ones do not (224 registers); the split stays a divisor of the K steps
+            bk = 64
         return {"block_M": 64, "block_N": bn, "block_K": bk, "stages": 4, "threads": 128, "split_k": split}
     if target.name == "sm100":  # 128x128 spills on sm100 (ptxas: 255 registers, 24 bytes); 128x64 does not
         return {"block_M": 128, "block_N": 64, "block_K": 128, "stages": 3, "threads": 256, "split_k": 1}
