@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     m = res.get("medium", {})
     if "prefill_4096" in m:
         print(f"medium: prefill 4K {m['prefill_4096']['tok_per_s']:.0f} tok/s; " + "; ".join(
-            f"b{b} {m[f'decode_b{b}']['graph']['wall_ms']:.2f} ms (eager {m[f'decode_b{b}']['eager']['wall_ms']:.2f})"
+            f"b{b} " + ", ".join(f"{mode} {r['wall_ms']:.2f} ms" for mode, r in m[f"decode_b{b}"].items())
             for b in (1, 8, 64) if f"decode_b{b}" in m))
     return 0
 
