@@ -562,10 +562,11 @@ class GeneratedCheckpoint(Mapping):
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device="cpu", chunk_rows: int = 1 << 16):
         self.cfg, self.seed, self.device, self.chunk_rows = cfg, seed, device, chunk_rows
-        self.specs = {s.name: s for s in checkpoint_schema(cfg)}
+        schema = checkpoint_schema(cfg)
+        self.specs = {s.name: s for s in schema}
         self._owner = {}
         last = None
-        for s in checkpoint_schema(cfg):
+        for s in schema:
             if s.quant == "scale":
                 self._owner[s.name] = last
             else:

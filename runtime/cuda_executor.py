@@ -28,7 +28,7 @@ from ..ir.registry import get_op
 from ..models.deepseek_v41 import PAGE_TOKENS
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs
 from .cuda_driver import CubinFunction, c_arg, kernel_params
-from .plan_executor import LoadedPlan, choose_bucket
+from .plan_executor import LoadedPlan, choose_bucket, reference_call
 from .plan_runner import PlanRunner
 from .state import allocate_state
 from .triton_aot import TritonAotCall
@@ -135,12 +135,11 @@ class CudaPlanExecutor:
 
     def _call_fn(self, call: dict, bucket: str):
         """The function one call runs in one bucket: (inputs) -> the op's outputs."""
-        op = get_op(call["op"])
-        attrs = op.check_attrs(call["attrs"])
         launch = call["launch"][bucket]
         inst = launch.get("kernel")
         if inst is None or launch.get("template") in TORCH_TEMPLATES:
-            return lambda *xs: op.ref(*xs, **attrs)
+            return reference_call(call, bucket)
+        attrs = get_op(call["op"]).check_attrs(call["attrs"])
         k = self.plan["kernels"][inst]
         kern = self._kernel(inst)
         if k["language"] == "cuda":
@@ -163,9 +162,6 @@ class CudaPlanExecutor:
             node = self.loaded.graphs[graph].nodes[i]
             raise PlanError(f"{node.op} ({node.name.split(' =')[0]}) in {bucket} failed on the GPU: "
                             f"{str(e).splitlines()[0]}") from e
-
-    def _run(self, graph: str, bucket: str, inputs: dict, trace: dict | None = None) -> dict:
-        return self.runner.run(graph, bucket, inputs, trace)
 
     # ---- Executor ----
 
@@ -196,7 +192,7 @@ class CudaPlanExecutor:
                     static_in[k].copy_(v, non_blocking=True)
                 cuda_graph.replay()
                 return static_out
-        return self._run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+        return self.runner.run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
 
     def _capture(self, graph: str, bucket: str, inputs: dict):
         key = (graph, bucket)
@@ -205,15 +201,17 @@ class CudaPlanExecutor:
         static_in = {k: v.to(self.device) for k, v in inputs.items()}
         self._graphs[key] = None
         try:
-            # warm-up on a side stream (loads modules, fills the allocator's pools), as torch asks before capture
+            # warm-up on a side stream (loads modules, fills the allocator's pools), as torch asks
+            # before capture; it runs this step once more, and its cache writes are the same values
+            # the replay then writes again
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
-                self._run(graph, bucket, static_in)
+                self.runner.run(graph, bucket, static_in)
             torch.cuda.current_stream().wait_stream(s)
             cuda_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(cuda_graph):
-                static_out = self._run(graph, bucket, static_in)
+                static_out = self.runner.run(graph, bucket, static_in)
         except Exception as e:  # noqa: BLE001  (any capture failure means: run this bucket eagerly)
             g, i = self.runner.at
             node = self.loaded.graphs[g].nodes[i]
@@ -239,7 +237,7 @@ class CudaPlanExecutor:
         size, bucket = fits[0]
         pad = [DraftSeq(self.num_slots, self.cfg.pad_token_id, 1)] * (size - b)
         inputs = draft_inputs(list(seqs) + pad, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
-        outs = self._run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
+        outs = self.runner.run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
         return outs["drafts"][:b].cpu(), outs["confidence"][:b].float().cpu()
 
     def reset_slot(self, slot: int) -> None:

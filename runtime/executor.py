@@ -7,12 +7,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..ir import interpret, shapes as sh
-from ..ir.quant import QTensor
-from ..ir.types import QuantType
+from ..ir import interpret
 from ..models.deepseek_v41 import PAGE_TOKENS, ModelProgram
 from .batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
-from .state import allocate_state
+from .state import allocate_state, slot_buffers, zero_slot
 
 
 @runtime_checkable
@@ -50,8 +48,7 @@ class InterpreterExecutor:
         self.check = check
         self.state = allocate_state(program.state, num_slots=num_slots, num_pages=num_pages)
         # which state buffers are indexed by slot (the rest are paged); dim 0 is the slot/page index
-        self._slot_buffers = [name for name, t in program.state.items()
-                              if (t.data if isinstance(t, QuantType) else t).shape[0] == sh.num_slots]
+        self._slot_buffers = slot_buffers(program.state)
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:
@@ -72,9 +69,4 @@ class InterpreterExecutor:
         return outs["drafts"], outs["confidence"]
 
     def reset_slot(self, slot: int) -> None:
-        # Correctness does not depend on this (every op masks history by position), but a clean slot
-        # keeps a new sequence's state bit-identical whatever ran in the slot before.
-        for name in self._slot_buffers:
-            buf = self.state[name]
-            for t in ((buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)):
-                t[slot].zero_()
+        zero_slot(self.state, self._slot_buffers, slot)

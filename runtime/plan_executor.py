@@ -11,16 +11,14 @@ import torch
 
 from ..codegen.plan import PlanError, load_plan
 from ..ir import interpret, parse_graph, parse_type, verify
-from ..ir import shapes as sh
 from ..ir.graph import Graph
-from ..ir.quant import QTensor
 from ..ir.registry import get_op
 from ..models.checkpoint import load_checkpoint
 from ..models.config import config_from_dict, load_config
 from ..models.deepseek_v41 import materialize_params
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
 from .plan_runner import PlanRunner
-from .state import allocate_state
+from .state import allocate_state, slot_buffers, zero_slot
 
 
 def _step_graph(full: Graph, derived: set[str]) -> Graph:
@@ -76,15 +74,10 @@ class LoadedPlan:
                 if v not in needed and v not in later:
                     self.params.pop(v, None)
         self.state_types = {k: parse_type(v) for k, v in plan["state"].items()}
-        # state buffers indexed by slot (the rest are paged); dim 0 is the slot/page index
-        self.slot_buffers = [n for n, t in self.state_types.items()
-                             if (t.data if hasattr(t, "scale") else t).shape[0] == sh.num_slots]
+        self.slot_buffers = slot_buffers(self.state_types)
 
     def zero_slot(self, state: dict, slot: int) -> None:
-        for name in self.slot_buffers:
-            buf = state[name]
-            for part in ((buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)):
-                part[slot].zero_()
+        zero_slot(state, self.slot_buffers, slot)
 
 
 class PlanExecutor:
@@ -114,7 +107,7 @@ class PlanExecutor:
         self.state = allocate_state(lp.state_types, num_slots=num_slots, num_pages=num_pages)
         self.num_slots, self.num_pages = num_slots - self.pad, num_pages - self.pad
         # padded steps run the plan's call lists the way a device executor does, with references
-        self.runner = PlanRunner(lp, self.params, self.state, _reference_call, torch.device("cpu"))
+        self.runner = PlanRunner(lp, self.params, self.state, reference_call, torch.device("cpu"))
         self.vocab_size = self.cfg.vocab_size
         self.check = check
         self.state_types = lp.state_types
@@ -148,7 +141,8 @@ class PlanExecutor:
         self.loaded.zero_slot(self.state, slot)
 
 
-def _reference_call(call: dict, bucket: str):
+def reference_call(call: dict, bucket: str):
+    """A call run by its op's torch reference (any bucket)."""
     op = get_op(call["op"])
     attrs = op.check_attrs(call["attrs"])
     return lambda *xs: op.ref(*xs, **attrs)

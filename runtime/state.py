@@ -1,4 +1,4 @@
-"""Allocation of the state buffers (caches) a model program declares."""
+"""The state buffers (caches) a model program declares: allocation and clearing a slot."""
 from __future__ import annotations
 
 import torch
@@ -25,3 +25,19 @@ def allocate_state(types: dict, **sizes: int) -> dict:
 
 def state_bytes(types: dict, **sizes: int) -> int:
     return sum(int(sh.evaluate((t.nbytes,), sizes)[0]) for t in types.values())
+
+
+def slot_buffers(types: dict) -> list[str]:
+    """The state buffers indexed by slot (window rings, compressor rings, Engram history); the rest
+    are paged. Dim 0 is the slot or page index."""
+    return [name for name, t in types.items() if (t.data if isinstance(t, QuantType) else t).shape[0] == sh.num_slots]
+
+
+def zero_slot(state: dict, names: list[str], slot: int) -> None:
+    """Clear one slot of the named buffers before a new sequence takes it. Correctness does not
+    depend on it (every op masks history by position), but a clean slot keeps a new sequence's
+    state bit-identical whatever ran in the slot before."""
+    for name in names:
+        buf = state[name]
+        for part in ((buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)):
+            part[slot].zero_()
