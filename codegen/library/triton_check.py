@@ -7,10 +7,20 @@ The tolerance rule (the kernels accumulate in fp32 where the references accumula
 use fp32 transcendentals where the references round fp64 ones once):
 - fp32 outputs: |got - ref| <= 1e-3 * |ref| + 1e-3 * rms(ref). fp32 accumulation over <= 20480
   terms leaves ~1e-5 relative error; any indexing or formula error is O(1), so 1e-3 separates them.
-- bf16 outputs: both sides round to nearest even from fp32 values that agree to ~1e-6 relative,
-  so an element is either identical or one bf16 ulp apart when its fp32 value sat within ~1e-6 of
-  a rounding boundary (probability ~ 1e-6 / 2^-8 ~ 3e-4 per element). Allowed: every element
-  within 1 ulp, and at most max(2, 1%) elements not identical.
+- bf16 outputs: both sides round to nearest even from fp32 values that agree to a few fp32 ulps
+  of the magnitude of the terms combined, so an element is either identical or one bf16 ulp apart
+  when its fp32 value sat near a rounding boundary (probability ~ 1e-6 / 2^-8 ~ 3e-4 per element).
+  Where the terms cancel (rope's re*c - im*s, mHC's post*y + sum M*R, Engram's R + gate*v, the
+  collapse before a norm) the result is small and its bf16 ulp finer than that absolute fp32
+  error, so the error is bounded in units of the row's scale, not of the element's own ulp.
+  Allowed: every element within 1 ulp of itself plus ROW_FLOOR = 2^-16 of its row's largest
+  reference magnitude (256 fp32 ulps of the row scale: fp32 sums over up to 16384 terms, the
+  Sinkhorn divisions and the gate's square root near zero stay well inside it, while any
+  indexing or formula error is of the row's own scale, 2^16 times larger), and at most
+  max(2, 1%) elements not identical. Where the spec rounds an intermediate to bf16 on the way
+  (hc_pre's collapse, then its RMSNorm), the two sides' intermediates may sit one bf16 ulp apart
+  (the same boundary effect one step earlier), which the rest of the op carries to the output as
+  up to 2^-7 of its magnitude: each such rounding adds 2^-7 * |ref| (INNER_ROUNDINGS).
 - fp8 / fp4 quantised outputs: compared dequantised. The quantiser is bit-exact, so a difference
   can only come from a 1-ulp bf16 flip upstream landing on a different fp8/fp4 grid point (or, if
   it was the block's amax at a power-of-two boundary, a different block scale). Allowed: every
@@ -57,8 +67,14 @@ def _bf16_ulp(v):
     return torch.pow(2.0, e - 7)
 
 
-def compare_rounded(got, ref, what="output"):
-    """bf16 (or f16) outputs: 1 ulp, flips bounded."""
+ROW_FLOOR = 2.0**-16
+# op -> {output index: bf16 roundings of intermediates the spec pins on the way to that output}
+INNER_ROUNDINGS = {"hc_pre": {0: 1}}
+
+
+def compare_rounded(got, ref, what="output", inner=0):
+    """bf16 (or f16) outputs: 1 ulp plus the row-scale floor (plus 2^-7 |ref| for each rounded
+    intermediate), flips bounded."""
     if got.dtype in (torch.float32, torch.float64):
         return compare_f32(got, ref, what)
     g, r = got.double().cpu(), ref.double().cpu()
@@ -66,8 +82,15 @@ def compare_rounded(got, ref, what="output"):
     if not diff.any():
         return None
     ulp = _bf16_ulp(torch.maximum(g.abs(), r.abs())) * (8 if got.dtype == torch.float16 else 1)
-    if ((g - r).abs() > ulp * 1.0001).any():
-        return f"{what}: {int(((g - r).abs() > ulp).sum())} elements beyond 1 ulp (max {(g - r).abs().max().item():.3g})"
+    row = r.abs().amax(-1, keepdim=True) if r.dim() else r.abs()
+    err = (g - r).abs()
+    beyond = err > ulp * 1.0001 + ROW_FLOOR * row + inner * 2.0**-7 * r.abs()
+    if beyond.any():
+        worst = int(torch.argmax(torch.where(beyond, err / ulp, torch.zeros_like(err))))
+        extra = f" + {inner} rounded intermediate" if inner else ""
+        return (f"{what}: {int(beyond.sum())} elements beyond 1 ulp + 2^-16 of the row scale{extra} (worst: "
+                f"got {g.flatten()[worst].item():.6g}, ref {r.flatten()[worst].item():.6g}, "
+                f"row scale {row.expand_as(r).flatten()[worst].item():.3g})")
     if int(diff.sum()) > _flip_budget(r.numel()):
         return f"{what}: {int(diff.sum())} of {r.numel()} elements flipped (budget {_flip_budget(r.numel())})"
     return None
@@ -292,7 +315,7 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     cpu_ins = [QTensor(v.data.cpu(), v.scale.cpu()) if isinstance(v, QTensor) else
                (v.cpu() if isinstance(v, torch.Tensor) else v) for v in ins]
     want = get_op(ref_op).ref(*[_clone(v) for v in cpu_ins], **attrs)
-    cfg = dict(cfg or triton_ops.TEMPLATES_BY_OP[ref_op].default_config(None, None))
+    cfg = dict(cfg or triton_ops.default_config(ref_op, n))
     got = launch(*[_clone(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
@@ -302,11 +325,11 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     if kind == "rounded":
         if isinstance(want, tuple):
             for i, (a, b) in enumerate(zip(got, want)):
-                m = compare_rounded(a, b, f"output {i}")
+                m = compare_rounded(a, b, f"output {i}", INNER_ROUNDINGS.get(ref_op, {}).get(i, 0))
                 if m:
                     return m
             return None
-        return compare_rounded(got, want)
+        return compare_rounded(got, want, inner=INNER_ROUNDINGS.get(ref_op, {}).get(0, 0))
     if kind == "f32":
         return compare_f32(got, want)
     return compare_exact(tuple(got) if isinstance(got, tuple) else got, tuple(want) if isinstance(want, tuple) else want)
@@ -358,7 +381,7 @@ def _interp_main():
     out = {}
     for op in job["ops"]:
         ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
-        cfg = dict(triton_ops.TEMPLATES_BY_OP[ref_op].default_config(None, None))
+        cfg = dict(triton_ops.default_config(ref_op, job["n"]))
         cfg.update({k: v for k, v in job["overrides"].items() if k in cfg})
         try:
             out[op] = check(op, getattr(triton_kernels, triton_ops.LAUNCHERS[ref_op]), job["dims"], job["n"], cfg=cfg)
