@@ -304,6 +304,7 @@ class _Op:
     default: dict
     attrs: Callable[[dict], dict] = lambda a: dict(a)
     supports: Callable[[Any, KernelSpec], bool] = lambda t, s: True
+    by_rows: Callable[[int], dict] = lambda n: {}  # default knobs that depend on the call's row count
 
 
 def _rope_attrs(op):
@@ -317,6 +318,13 @@ def _rope_attrs(op):
             out.update(mode="fp4", scale=a["scale"], block=a["block"])
         return out
     return f
+
+
+def _hc_pre_by_rows(n: int) -> dict:
+    return {"SPLIT": 64, "BM": 16} if n <= HC_PRE_SPLIT_ROWS else {}
+
+
+HC_PRE_SPLIT_ROWS = 256
 
 
 def _hc_supports(t, spec):
@@ -349,7 +357,11 @@ OPS = [
         dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
              SPLIT=(1, 8, 32, 64)),
         dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),
-        lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports),
+        lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
+        # H200, bench/results/triton_h200.json: one program per 16 rows leaves decode batches with
+        # a handful of programs walking K = 20480 alone (959 us at batch 1); K split in 64 runs
+        # in 69 us (batch 1) and 95 us (batch 64), the fastest point of the sweep at both
+        _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
     # a per-row bias ([n, E], bias_vl for image tokens) is not what this kernel reads
@@ -399,11 +411,23 @@ def _make_render(o: _Op):
     return render
 
 
+def _call_rows(spec: KernelSpec | None) -> int | None:
+    n = spec.in_types[0].shape[0] if spec is not None and spec.in_types and spec.in_types[0].shape else None
+    return n if isinstance(n, int) else None
+
+
+def default_config(op: str, rows: int | None = None) -> dict:
+    """The op's default knobs for a call of `rows` rows (None: the row-independent default)."""
+    o = _BY_OP[op]
+    return {**o.default, **(o.by_rows(rows) if rows is not None else {})}
+
+
+_BY_OP = {o.op: o for o in OPS}
 TEMPLATES_BY_OP: dict[str, Template] = {}
 for _o in OPS:
     TEMPLATES_BY_OP[_o.op] = register(Template(
         name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
-        default_config=(lambda target, spec, _d=_o.default: dict(_d)), supports=_o.supports))
+        default_config=(lambda target, spec, _o=_o: default_config(_o.op, _call_rows(spec))), supports=_o.supports))
 _ATTRS = {o.op: o.attrs for o in OPS}
 LAUNCHERS = {o.op: o.launcher for o in OPS}
 
