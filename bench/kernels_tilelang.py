@@ -27,6 +27,7 @@ from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
+from ceilings import measure_ceilings  # noqa: E402
 
 DEV = "cuda"
 
@@ -402,28 +403,6 @@ def compile_all(cases, tiny_flags, workers):
     return kernels
 
 
-# ---- ceilings ------------------------------------------------------------------------------------
-
-def measure_ceilings(bench):
-    out = {}
-    x = torch.empty(1 << 30, device=DEV, dtype=torch.uint8).random_(0, 255)  # 1 GiB
-    y = torch.empty_like(x)
-    t = bench(lambda: y.copy_(x))
-    out["copy_bytes_per_s"] = 2 * x.numel() / (t * 1e-3)
-    del x, y
-    n = 8192
-    a = torch.randn(n, n, device=DEV).bfloat16()
-    b = torch.randn(n, n, device=DEV).bfloat16()
-    t = bench(lambda: a @ b)
-    out["bf16_flops"] = 2 * n ** 3 / (t * 1e-3)
-    a8 = a.to(torch.float8_e4m3fn)
-    b8 = b.to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device=DEV)
-    t = bench(lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-    out["fp8_flops"] = 2 * n ** 3 / (t * 1e-3)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(HERE, "results", "tilelang_h200.json"))
@@ -448,7 +427,7 @@ def main():
     t0 = time.time()
     kernels = compile_all(cases, flags, args.workers)
     print(f"compiled {len(cases)} cases in {time.time() - t0:.0f} s", flush=True)
-    ceil = {} if args.check_only else measure_ceilings(bench)
+    ceil = {} if args.check_only else measure_ceilings(bench, DEV)
     rows = []
     for c, k in zip(cases, kernels):
         row = {"name": c["name"], "template": c["template"], "shape": c["shape"], "config": c["config"]}

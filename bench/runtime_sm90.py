@@ -109,7 +109,7 @@ def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
             if isinstance(b, QTensor):
                 m = tc.compare_quant((a.data, a.scale), (b.data, b.scale), f"output {i}")
             elif b.dtype.is_floating_point and b.dtype != torch.float32 and kind != "f32":
-                m = tc.compare_rounded(a, b, f"output {i}")
+                m = tc.compare_rounded(a, b, f"output {i}", tc.INNER_ROUNDINGS.get(op, {}).get(i, 0))
             elif b.dtype.is_floating_point:
                 m = tc.compare_f32(a, b, f"output {i}")
             else:

@@ -35,9 +35,21 @@ def test_real_widths(op, n):
 
 @pytest.mark.parametrize("op", ["rms_norm_quant_fp8", "hc_pre", "rope_quant_fp8", "moe_router", "engram_gate"])
 def test_every_knob_point_of_the_space_agrees(op):
-    """Each config of the tuning space is a different kernel; all of them must match."""
+    """Each config of the tuning space is a different kernel; all of them must match. Spaces of
+    more than 32 points (hc_pre: 648) are checked on a seeded sample of 32 that holds every value
+    of every knob."""
     t = triton_ops.TEMPLATES_BY_OP[op]
     dims = dict(triton_check.REAL)
-    for cfg in t.configs(None, None):
+    configs = list(t.configs(None, None))
+    if len(configs) > 32:
+        import random
+
+        pick = random.Random(0).sample(configs, 32)
+        for knob, values in t.knobs.items():  # every value of every knob at least once
+            for v in values:
+                if not any(c[knob] == v for c in pick):
+                    pick.append(next(c for c in configs if c[knob] == v))
+        configs = pick
+    for cfg in configs:
         msg = triton_check.check(op, _launcher(op), dims, 64, device="cuda", cfg=cfg)
         assert msg is None, f"{cfg}: {msg}"

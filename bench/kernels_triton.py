@@ -1,0 +1,155 @@
+"""Triton templates on the GPU at V4.1-Flash decode (batch 1, 64) and prefill (4096 tokens) shapes:
+each checked against its op's reference (codegen/library/triton_check.py rules), then timed
+against its byte floor at the copy bandwidth measured in the same run, and, where DeepSeek's
+TileKernels has the same kernel, against TileKernels at the same shapes in the same run
+(bench/tilekernels_peer.py says what each pairing covers). Not a test; run on the H200:
+
+    python bench/kernels_triton.py --out bench/results/triton_h200.json [--only OP] [--no-check]
+
+Floor = bytes moved / copy bandwidth, with each input read once and each output written once;
+gathers and cache writes count only the rows they touch. "floor/time" 1.0 = at the floor.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+from ceilings import measure_ceilings  # noqa: E402
+
+from deepinfer.codegen.library import triton_check, triton_kernels, triton_ops  # noqa: E402
+from deepinfer.ir.quant import QTensor  # noqa: E402
+
+SIZES = {"decode b1": 1, "decode b64": 64, "prefill 4K": 4096}
+# gathers read only the rows they hand out; cache writes touch only the rows they write
+GATHERS = {"embedding", "gather_rows", "moe_gather_rows", "engram_gather"}
+CACHE_WRITES = {"swa_write": 0, "compress_state_write": 0, "engram_hist_write": 0, "compressed_write": 0}
+
+
+def _bytes(v) -> int:
+    if isinstance(v, QTensor):
+        return _bytes(v.data) + _bytes(v.scale)
+    if isinstance(v, (tuple, list)):
+        return sum(_bytes(x) for x in v)
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+
+def moved_bytes(op: str, ins, out) -> int:
+    if op in GATHERS:  # the rows handed out, read once and written once, and the indices
+        return 2 * _bytes(out) + _bytes(ins[0] if op == "embedding" else ins[1])
+    if op in CACHE_WRITES:  # the new rows and their metadata are read, the rows written once
+        new = sum(_bytes(v) for v in ins[1:] if not (isinstance(v, torch.Tensor) and v.dtype in (torch.int32,)))
+        meta = sum(_bytes(v) for v in ins[1:] if isinstance(v, torch.Tensor) and v.dtype == torch.int32)
+        return 2 * new + meta
+    return _bytes(list(ins)) + _bytes(out)
+
+
+def launcher(op):
+    return getattr(triton_kernels, triton_ops.LAUNCHERS["rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op])
+
+
+def run_case(op, n, cfg, bench, ceil, check=True):
+    ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+    ins, attrs = triton_check.make_case(op, triton_check.REAL, n, "cuda", seed=n)
+    cfg = dict(cfg or triton_ops.default_config(ref_op, n))
+    kw = triton_ops.launch_attrs(ref_op, attrs)
+    row = {"op": op, "n": n, "config": cfg}
+    if check:
+        why = triton_check.check(op, launcher(op), triton_check.REAL, n, device="cuda", cfg=cfg, seed=n)
+        row["check"] = "pass" if why is None else "FAIL: " + why
+    fresh = [QTensor(v.data.clone(), v.scale.clone()) if isinstance(v, QTensor) else
+             (v.clone() if isinstance(v, torch.Tensor) else v) for v in ins]
+    out = launcher(op)(*fresh, **kw, cfg=cfg)
+    t = bench(lambda: launcher(op)(*fresh, **kw, cfg=cfg))
+    b = moved_bytes(op, ins, out)
+    floor = b / ceil["copy_bytes_per_s"]
+    row.update(time_us=t * 1e3, bytes=b, floor_us=floor * 1e6, floor_over_time=floor / (t * 1e-3))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "triton_h200.json"))
+    ap.add_argument("--only", default="", help="comma-separated ops")
+    ap.add_argument("--no-check", action="store_true", help="time only (tests/gpu/test_triton_ops.py checks)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the TileKernels comparison")
+    ap.add_argument("--graphs", action="store_true",
+                    help="time each launch replayed from a CUDA graph (as a plan's decode steps run), "
+                         "which takes the host's launch cost out of microsecond kernels")
+    args = ap.parse_args()
+    import triton
+
+    def eager(fn):
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def bench(fn):
+        if args.graphs:
+            return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+        return eager(fn)
+
+    if not args.no_peer:  # TileKernels compiles on first use: in parallel, before anything is timed
+        import tilekernels_peer
+
+        for m in tilekernels_peer.warm(args.only.split(",") if args.only else tilekernels_peer.COVERED):
+            print("peer warm-up:", m, flush=True)
+    ceil = measure_ceilings(eager)  # a 1 GiB copy replayed from a graph reads slower (2.8 TB/s on the H200)
+    ops = args.only.split(",") if args.only else sorted(triton_check.OUTPUT_KINDS) + ["rope_quant_fp4_e4m3"]
+    rows = []
+    for op in ops:
+        for label, n in SIZES.items():
+            try:
+                row = run_case(op, n, None, bench, ceil, check=not args.no_check)
+            except Exception as e:  # noqa: BLE001  (reported per case, the run goes on)
+                row = {"op": op, "n": n, "error": f"{type(e).__name__}: {str(e).strip()[-300:]}"}
+            row["case"] = label
+            rows.append(row)
+            print({k: v for k, v in row.items() if k != "config"}, flush=True)
+    # hc_pre's split-K knob at each size: the default is chosen from these times
+    splits = []
+    if "hc_pre" in ops:
+        base = triton_ops.default_config("hc_pre")
+        for label, n in SIZES.items():
+            for split in triton_ops.TEMPLATES_BY_OP["hc_pre"].knobs["SPLIT"]:
+                for bm in (16, 32, 64) if n <= 64 else (16,):
+                    cfg = dict(base, SPLIT=split, BM=bm)
+                    try:
+                        row = run_case("hc_pre", n, cfg, bench, ceil, check=not args.no_check)
+                    except Exception as e:  # noqa: BLE001
+                        row = {"op": "hc_pre", "n": n, "config": cfg, "error": f"{type(e).__name__}: {e}"[-300:]}
+                    row["case"] = label
+                    splits.append(row)
+                    print({k: v for k, v in row.items() if k not in ("op",)}, flush=True)
+    peers = []
+    if not args.no_peer:
+        peers = tilekernels_peer.compare(bench, ceil, ops)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(), "ceilings": ceil,
+           "timing": "cuda graph replay" if args.graphs else "eager launches (do_bench)",
+           "rows": rows, "hc_pre_split": splits, "peer": peers}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, args.out)
+    print("\n%-28s %-10s %-6s %9s %9s %6s" % ("op", "case", "check", "time_us", "floor_us", "f/t"))
+    for r in rows:
+        print("%-28s %-10s %-6s %9s %9s %6s" % (
+            r["op"][:28], r["case"], r.get("check", "-")[:6], "%.1f" % r["time_us"] if "time_us" in r else "ERR",
+            "%.1f" % r["floor_us"] if "floor_us" in r else "-",
+            "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"))
+    if splits:
+        print("\nhc_pre split-K:", " ".join("%s/S%d/BM%d=%s" % (r["case"], r["config"]["SPLIT"], r["config"]["BM"],
+                                                          "%.1f" % r["time_us"] if "time_us" in r else "ERR")
+                                         for r in splits))
+    for p in peers:
+        print("peer:", p)
+    print("copy ceiling %.2f TB/s" % (ceil["copy_bytes_per_s"] / 1e12))
+    return 0 if all(r.get("check", "pass") == "pass" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
