@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from ceilings import measure_ceilings  # noqa: E402
 
-from deepinfer.codegen.library import triton_check, triton_kernels, triton_ops  # noqa: E402
+from deepinfer.codegen.library import triton_check, triton_ops  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 
 SIZES = {"decode b1": 1, "decode b64": 64, "prefill 4K": 4096}
@@ -48,12 +48,11 @@ def moved_bytes(op: str, ins, out) -> int:
     return _bytes(list(ins)) + _bytes(out)
 
 
-def launcher(op):
-    return getattr(triton_kernels, triton_ops.LAUNCHERS["rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op])
+launcher = triton_check.launcher
 
 
 def run_case(op, n, cfg, bench, ceil, check=True):
-    ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+    ref_op = triton_check.case_op(op)
     ins, attrs = triton_check.make_case(op, triton_check.REAL, n, "cuda", seed=n)
     cfg = dict(cfg or triton_ops.default_config(ref_op, n))
     kw = triton_ops.launch_attrs(ref_op, attrs)
@@ -97,7 +96,7 @@ def main():
         for m in tilekernels_peer.warm(args.only.split(",") if args.only else tilekernels_peer.COVERED):
             print("peer warm-up:", m, flush=True)
     ceil = measure_ceilings(eager)  # a 1 GiB copy replayed from a graph reads slower (2.8 TB/s on the H200)
-    ops = args.only.split(",") if args.only else sorted(triton_check.OUTPUT_KINDS) + ["rope_quant_fp4_e4m3"]
+    ops = args.only.split(",") if args.only else triton_check.CASES
     rows = []
     for op in ops:
         for label, n in SIZES.items():

@@ -8,7 +8,7 @@ import pytest
 
 from deepinfer.codegen.library import triton_check, triton_ops
 
-CASES = sorted(triton_check.OUTPUT_KINDS) + ["rope_quant_fp4_e4m3"]
+CASES = triton_check.CASES
 
 
 @pytest.fixture(scope="module")

@@ -223,6 +223,9 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router":
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
+        return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
+            {"k": dims["k"], "scale": 1.5, "renorm": True}
     if op == "swiglu_quant_fp8":
         return [rn(n, dims["F"], scale=4), rn(n, dims["F"], scale=4)], {"limit": 10.0, "block": 32}
     if op == "swiglu_weighted_quant_fp8":
@@ -265,6 +268,11 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         # one k_weight row per copy, as the model holds it (a single shared row broadcast is the
         # other layout the kernel reads)
         return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(C, H)], {"eps": 1e-20}
+    if op == "engram_gate_ids":  # with the token ids: image tokens (every third row here) keep R
+        ids = torch.randint(3, 1000, (n,), generator=g)
+        ids[::3] = 999_999
+        return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(C, H), ids.to(device)], \
+            {"eps": 1e-20, "image_token_id": 999_999}
     if op in ("swa_write", "compress_state_write", "compressed_write", "engram_hist_write"):
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device)
@@ -310,7 +318,7 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
 
     from . import triton_ops
 
-    ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+    ref_op = case_op(op)
     ins, attrs = make_case(op, dims, n, device, seed)
     cpu_ins = [QTensor(v.data.cpu(), v.scale.cpu()) if isinstance(v, QTensor) else
                (v.cpu() if isinstance(v, torch.Tensor) else v) for v in ins]
@@ -343,6 +351,22 @@ OUTPUT_KINDS = {
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
 }
+# further cases of an op, in another of the layouts its template reads: case name -> op
+VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
+            "engram_gate_ids": "engram_gate"}
+CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
+
+
+def case_op(case: str) -> str:
+    return VARIANTS.get(case, case)
+
+
+def launcher(case: str):
+    """The host launcher that runs `case` (triton_kernels is imported here, not at module level:
+    the interpreter decides per process whether kernels are interpreted)."""
+    from . import triton_kernels, triton_ops
+
+    return getattr(triton_kernels, triton_ops.LAUNCHERS[case_op(case)])
 
 
 # ---- interpreter runs --------------------------------------------------------------------------
@@ -380,7 +404,7 @@ def _interp_main():
     job = json.loads(sys.stdin.read())
     out = {}
     for op in job["ops"]:
-        ref_op = "rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op
+        ref_op = case_op(op)
         cfg = dict(triton_ops.default_config(ref_op, job["n"]))
         cfg.update({k: v for k, v in job["overrides"].items() if k in cfg})
         try:

@@ -370,8 +370,9 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
 
 @triton.jit
 def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexpr, K: tl.constexpr,
-                      KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr):
-    """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s."""
+                      KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, BIAS_ROWS: tl.constexpr):
+    """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s.
+    The bias is one row for all tokens, or one row per token (BIAS_ROWS)."""
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     em = e < E
@@ -383,7 +384,7 @@ def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexp
     l1p = tl.where(u == 1.0, z, tl.log(u) * z / (u - 1.0))
     sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
     s = tl.sqrt_rn(sp)
-    b = tl.load(bias_ptr + e, mask=em, other=0.0)
+    b = tl.load(bias_ptr + (row * E if BIAS_ROWS else 0) + e, mask=em, other=0.0)
     score = tl.where(em, s + b, float("-inf"))
     kk = tl.arange(0, KP)
     sel = tl.zeros([KP], tl.int32)
@@ -539,11 +540,11 @@ def engram_hash_kernel(g_ptr, mult_ptr, prime_ptr, off_ptr, out_ptr, G: tl.const
 
 
 @triton.jit
-def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.constexpr, H: tl.constexpr,
-                       BH: tl.constexpr, KW_ROWS: tl.constexpr):
+def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, ids_ptr, out_ptr, eps, image_id, C: tl.constexpr,
+                       H: tl.constexpr, BH: tl.constexpr, KW_ROWS: tl.constexpr, IDS: tl.constexpr):
     """Program (row, copy c): dot of R[c] and key[c] weighted by q_w[c] * k_w[c] (k_w has one row
     per copy, or one row for all), normalised per copy over H, signed sqrt, sigmoid gate;
-    R[c] + gate * value."""
+    R[c] + gate * value. With token ids (IDS), an image token's gate is 0."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     hh = tl.arange(0, BH)
@@ -563,6 +564,8 @@ def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, out_ptr, eps, C: tl.conste
         * tl.math.rsqrt(tl.sum(kk2, axis=0) / H + eps) * (1.0 / tl.sqrt_rn(H * 1.0))
     sq = tl.sqrt_rn(tl.maximum(tl.abs(d), 1e-6))
     gate = _sigmoid(tl.where(d < 0, -sq, sq))
+    if IDS:
+        gate = tl.where(tl.load(ids_ptr + row) == image_id, 0.0, gate)
     for h0 in range(0, H, BH):
         m = (h0 + hh) < H
         r = tl.load(r_ptr + row * C * H + c * H + h0 + hh, mask=m, other=0.0).to(tl.float32)
@@ -721,7 +724,7 @@ def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
     _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
-                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                            BIAS_ROWS=bias.dim() == 2, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sel, w
 
 
@@ -855,10 +858,12 @@ def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
     return out
 
 
-def launch_engram_gate(r, kv, q_weight, k_weight, *, eps, cfg):
+def launch_engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_id=None, cfg):
     n, c, h = r.shape
     out = torch.empty_like(r)
-    _k(engram_gate_kernel)[(n, c)](r, kv, q_weight, k_weight, out, eps, C=c, H=h, BH=cfg["BH"],
-                                   KW_ROWS=k_weight.numel() // h,
-                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    with_ids = ids is not None and image_token_id is not None
+    _k(engram_gate_kernel)[(n, c)](r, kv, q_weight, k_weight, ids if with_ids else r, out, eps,
+                                   int(image_token_id) if with_ids else 0, C=c, H=h, BH=cfg["BH"],
+                                   KW_ROWS=k_weight.numel() // h, IDS=with_ids,
+                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

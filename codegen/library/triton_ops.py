@@ -159,7 +159,8 @@ def _l_router(spec, cfg):
     k = spec.attr["k"]
     args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32"}
     return [_launch("moe_router_kernel", args, {"E": e, "K": k, "KP": _p2(k), "BLOCK_E": _p2(e),
-                                                "RENORM": bool(spec.attr["renorm"] and k > 1)}, (n,), cfg)]
+                                                "RENORM": bool(spec.attr["renorm"] and k > 1),
+                                                "BIAS_ROWS": bias.rank == 2}, (n,), cfg)]
 
 
 def _l_swiglu(spec, cfg):
@@ -282,12 +283,14 @@ def _l_engram_hash(spec, cfg):
 
 
 def _l_engram_gate(spec, cfg):
-    r, kv, qw, kw = spec.in_types
+    r, kv, qw, kw, *ids = spec.in_types
     n, c, h = _ints(r.shape)
-    args = {"r_ptr": _ptr(r), "kv_ptr": _ptr(kv), "qw_ptr": _ptr(qw), "kw_ptr": _ptr(kw), "out_ptr": _ptr(r),
-            "eps": "fp32"}
+    with_ids = bool(ids) and spec.attr.get("image_token_id") is not None
+    args = {"r_ptr": _ptr(r), "kv_ptr": _ptr(kv), "qw_ptr": _ptr(qw), "kw_ptr": _ptr(kw),
+            "ids_ptr": _ptr(ids[0]) if with_ids else _ptr(r), "out_ptr": _ptr(r), "eps": "fp32", "image_id": "i32"}
     kw_rows = _ints(kw.shape)[0] if kw.rank == 2 else 1
-    return [_launch("engram_gate_kernel", args, {"C": c, "H": h, "BH": cfg["BH"], "KW_ROWS": kw_rows}, (n, c), cfg)]
+    return [_launch("engram_gate_kernel", args, {"C": c, "H": h, "BH": cfg["BH"], "KW_ROWS": kw_rows,
+                                                 "IDS": with_ids}, (n, c), cfg)]
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -364,9 +367,8 @@ OPS = [
         _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
-    # a per-row bias ([n, E], bias_vl for image tokens) is not what this kernel reads
-    _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1),
-        supports=lambda t, s: s.in_types[1].rank == 1),
+    # the bias: one row, or one per token (route_bias gives image tokens their own)
+    _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
     _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
@@ -383,9 +385,10 @@ OPS = [
         dict(BLOCK=256, num_warps=2, num_stages=1)),
     _Op("engram_hash", "launch_engram_hash", _l_engram_hash, {"num_warps": (1, 2), "num_stages": (1,)},
         dict(num_warps=1, num_stages=1)),
-    # with token ids (image tokens gated off) the call has a fifth operand this kernel does not read
+    # with the token ids (a fifth operand), image tokens are gated off
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
-        dict(BH=1024, num_warps=4, num_stages=1), lambda a: {"eps": a["eps"]}, lambda t, s: len(s.in_types) == 4),
+        dict(BH=1024, num_warps=4, num_stages=1),
+        lambda a: {"eps": a["eps"], "image_token_id": a.get("image_token_id")}),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),

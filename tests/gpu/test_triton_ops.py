@@ -7,16 +7,13 @@ Run: python -m pytest -m gpu tests/gpu/test_triton_ops.py
 import pytest
 import torch
 
-from deepinfer.codegen.library import triton_check, triton_kernels, triton_ops
+from deepinfer.codegen.library import triton_check, triton_ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-OPS = sorted(triton_check.OUTPUT_KINDS) + ["rope_quant_fp4_e4m3"]
-
-
-def _launcher(op):
-    return getattr(triton_kernels, triton_ops.LAUNCHERS["rope_quant_fp4" if op == "rope_quant_fp4_e4m3" else op])
+OPS = triton_check.CASES
+_launcher = triton_check.launcher
 
 
 @pytest.mark.parametrize("op", OPS)
