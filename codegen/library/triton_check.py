@@ -164,10 +164,10 @@ def compare_router(got, ref, logits, bias):
 # ---- cases -------------------------------------------------------------------------------------
 
 TINY = dict(n=5, H=96, C=4, D=128, rope=64, heads=2, index_dim=128, E=24, k=3, F=64, ring=8, slots=3, pages=6, entries=4,
-            vocab=50, hc_iters=20)
+            vocab=50, hc_iters=20, o_groups=2, o_in=128, o_rank=64)
 # real V4.1-Flash widths (spec §1); n is set per case (decode 1 / 64, prefill 4096)
 REAL = dict(H=5120, C=4, D=512, rope=64, heads=32, index_dim=128, E=384, k=6, F=2304, ring=128, slots=64, pages=512,
-            entries=64, vocab=129280, hc_iters=20)
+            entries=64, vocab=129280, hc_iters=20, o_groups=8, o_in=4096, o_rank=1024)
 YARN = (16, 65536, 32, 1)
 
 
@@ -223,6 +223,16 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router":
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "grouped_linear":  # wo_a: fp8 weight, 32x32 ue8m0 blocks, G groups of the input
+        from deepinfer.ir.quant import quant_fp8_weight
+
+        G, kg, ng = dims["o_groups"], dims["o_in"], dims["o_rank"]
+        w = quant_fp8_weight(torch.randn(G * ng, kg, generator=g) * 0.05)
+        return [rn(n, G * kg), QTensor(w.data.to(device), w.scale.to(device))], {"groups": G, "weight_dtype": "bf16"}
+    if op == "linear":  # fp32 compute on a bf16 weight: the router's logits
+        return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "f32", "compute": "f32"}
+    if op == "linear_f32_input":  # an fp32 input (the compressor's)
+        return [rn(n, H, dtype=torch.float32), rn(dims["D"], H, scale=0.05)], {"out_dtype": None, "compute": "f32"}
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
@@ -350,10 +360,11 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
+    "grouped_linear": "rounded", "linear": "f32",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
-            "engram_gate_ids": "engram_gate"}
+            "engram_gate_ids": "engram_gate", "linear_f32_input": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

@@ -293,9 +293,41 @@ def _l_engram_gate(spec, cfg):
                                                  "IDS": with_ids}, (n, c), cfg)]
 
 
+def _l_grouped_linear(spec, cfg):
+    x, w = spec.in_types
+    quant = isinstance(w, QuantType)
+    data = w.data if quant else w
+    rows_w, kg = _ints(data.shape)
+    g = spec.attr.get("groups", 1)  # linear: one group
+    n = _rows(x)
+    args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
+            "y_ptr": _ptr(spec.out_types[0]), "n": "i32"}
+    ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32), "QUANT": quant, "IEEE": x.dtype.name == "f32",
+          "BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"]}
+    return [_launch("grouped_linear_kernel", args, ce, (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"])), cfg)]
+
+
+def _linear_f32_supports(t, spec):
+    """fp32-compute linear on a bf16 weight (router, compressor, LM head); the bf16-compute GEMMs
+    go to TileLang."""
+    x, w = spec.in_types
+    return (spec.attr["compute"] == "f32" and not isinstance(w, QuantType) and w.dtype.name == "bf16"
+            and x.dtype.name in ("bf16", "f32") and spec.out_types[0].dtype.name in ("bf16", "f32"))
+
+
+def _grouped_linear_supports(t, spec):
+    x, w = spec.in_types
+    if spec.attr["weight_dtype"] != "bf16" or x.dtype.name != "bf16":
+        return False
+    if isinstance(w, QuantType):  # fp8 with 32x32 ue8m0 blocks, the checkpoint's wo_a
+        return w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
+    return w.dtype.name == "bf16"
+
+
 # ---- templates ---------------------------------------------------------------------------------
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
+BLOCK_LINEAR = dict(BM=(16, 32, 64, 128), BN=(32, 64, 128), BK=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
 
 
 @dataclass(frozen=True)
@@ -389,6 +421,13 @@ OPS = [
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1),
         lambda a: {"eps": a["eps"], "image_token_id": a.get("image_token_id")}),
+    # wo_a (spec §4.4g): dequantised to bf16 in registers, bf16 MMAs; decode row counts take
+    # 16-row tiles, prefill 64
+    _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, BLOCK_LINEAR,
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), supports=_grouped_linear_supports,
+        by_rows=lambda n: {} if n <= 64 else {"BM": 64, "BN": 128}),
+    _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
+        supports=_linear_f32_supports, by_rows=lambda n: {} if n <= 64 else {"BM": 64, "BN": 128}),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
