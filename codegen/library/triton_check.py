@@ -231,8 +231,6 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         return [rn(n, G * kg), QTensor(w.data.to(device), w.scale.to(device))], {"groups": G, "weight_dtype": "bf16"}
     if op == "linear":  # fp32 compute on a bf16 weight: the router's logits
         return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "f32", "compute": "f32"}
-    if op == "linear_f32_input":  # an fp32 input (the compressor's)
-        return [rn(n, H, dtype=torch.float32), rn(dims["D"], H, scale=0.05)], {"out_dtype": None, "compute": "f32"}
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
@@ -364,7 +362,7 @@ OUTPUT_KINDS = {
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
-            "engram_gate_ids": "engram_gate", "linear_f32_input": "linear"}
+            "engram_gate_ids": "engram_gate"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

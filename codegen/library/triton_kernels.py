@@ -575,15 +575,15 @@ def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, ids_ptr, out_ptr, eps, ima
 
 @triton.jit
 def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl.constexpr, NG: tl.constexpr,
-                          SK: tl.constexpr, QUANT: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr,
-                          BN: tl.constexpr, BK: tl.constexpr):
+                          SK: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr):
     """Block-diagonal projection: y[:, g*NG + j] = x[:, g*KG:(g+1)*KG] . W[g*NG + j] for group g.
     W is fp8 e4m3 with one ue8m0 scale per 32x32 block (QUANT), widened in registers (exact: 4
     significant bits times a power of two, a bf16 value as the spec's load-time dequantisation
     gives), or bf16. The MMAs take the bf16 values as fp32 at tf32 precision, which holds them
     exactly (10 mantissa bits >= 7), so the products are exact as in a bf16 MMA; the CPU
-    interpreter has no bf16 dot. An fp32 x (IEEE) takes full fp32 products instead. fp32
-    accumulation, output rounded to y's dtype. `linear` at fp32 compute is the one-group case.
+    interpreter has no bf16 dot. fp32 accumulation, output rounded to y's dtype. `linear` at fp32
+    compute on bf16 operands is the one-group case.
     Program (row tile, (group, column tile))."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
@@ -607,10 +607,7 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl
             wt = _e4m3_value(code) * (sb << 23).to(tl.float32, bitcast=True)  # x 2^(sb-127)
         else:
             wt = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :], mask=wm, other=0.0).to(tl.float32)
-        if IEEE:
-            acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="ieee")
-        else:
-            acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="tf32")
+        acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="tf32")
     _store_as(y_ptr + rows.to(tl.int64)[:, None] * (G * NG) + g * NG + cols[None, :], acc,
               rm[:, None] & cm[None, :])
 
@@ -920,8 +917,8 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     y = torch.empty(n, data.shape[0], dtype=out_dtype, device=x.device)
     _k(grouped_linear_kernel)[(triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]))](
         x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, n, G=groups, KG=kg, NG=ng,
-        SK=triton.cdiv(kg, 32), QUANT=quant, IEEE=x.dtype == torch.float32, BM=cfg["BM"], BN=cfg["BN"],
-        BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SK=triton.cdiv(kg, 32), QUANT=quant, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y.view(*x.shape[:-1], data.shape[0])
 
 
