@@ -389,15 +389,15 @@ OPS = [
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
-        # SPLIT > 1 splits the mix GEMM's K over programs (decode); built and checked under the
-        # Triton interpreter, not yet timed on a GPU, so the default stays 1
+        # SPLIT > 1 splits the mix GEMM's K over programs, partials summed in split order
         dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
              SPLIT=(1, 8, 32, 64)),
         dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
-        # H200, bench/results/triton_h200.json: one program per 16 rows leaves decode batches with
-        # a handful of programs walking K = 20480 alone (959 us at batch 1); K split in 64 runs
-        # in 69 us (batch 1) and 95 us (batch 64), the fastest point of the sweep at both
+        # H200, the decode sweep in bench/results/triton_tilekernels_h200.json: one program per
+        # 16 rows leaves decode batches with a handful of programs walking K = 20480 alone (959 us
+        # at batch 1); K split in 64 with 16-row blocks runs in 69 us (batch 1) and 95 us (batch
+        # 64), the fastest point at both (triton_h200.json repeats it; at 4K rows no split gains)
         _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
@@ -423,8 +423,8 @@ OPS = [
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1),
         lambda a: {"eps": a["eps"], "image_token_id": a.get("image_token_id")}),
-    # wo_a (spec §4.4g): dequantised to bf16 in registers, bf16 MMAs; decode row counts take
-    # 16-row tiles, prefill 64
+    # wo_a (spec §4.4g): widened to its bf16 values in registers, tf32 MMAs on them (exact);
+    # decode row counts take 16-row tiles, prefill 64
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, BLOCK_LINEAR,
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), supports=_grouped_linear_supports,
         by_rows=lambda n: {} if n <= 64 else {"BM": 64, "BN": 128}),
