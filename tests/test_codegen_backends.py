@@ -173,3 +173,29 @@ def test_swa_write_renders_two_launches():
     src = b.render(templates()["triton_swa_write"], s)
     assert [k["entry"] for k in src.meta["kernels"]] == ["seq_newest_kernel", "ring_write_kernel"]
     assert src.meta["kernels"][1]["constexprs"]["L"] == 128
+
+
+def test_ascend_linear_renders_a_cube_gemm_within_capacity():
+    """bf16 linears on ascend950 (router, LM head, the bf16 GEMMs) render a cube-core GEMM whose
+    L1 / L0A / L0B / L0C plan passes the capacity check, at decode and prefill rows; rendered
+    only, never run."""
+    from deepinfer.codegen.library.ascend_gemm import gemm_plan
+
+    b, t, tgt = get_backend("ascend950"), templates()["ascend_linear"], TARGETS["ascend950"]
+    router = spec("linear", [tensor("bf16", 1, 5120), tensor("bf16", 384, 5120)], {"compute": "f32", "out_dtype": "f32"})
+    wide = spec("linear", [tensor("bf16", 4096, 5120), tensor("bf16", 4096, 5120)], {"compute": "bf16"})
+    for s in (router, wide):
+        assert select(tgt, s).name == "ascend_linear"
+        src = b.render(t, s)
+        assert src.language == "ascendc" and "linear_kernel" in src.text and "ascend_gemm_l1" in src.text
+        assert b.validate(src) is None
+    # one decode row still spreads over the AI cores (narrow N tiles), a prefill takes them all
+    assert b.render(t, router).grid == (24,) and b.render(t, wide).grid == (64,)
+    assert gemm_plan(1, 384, 5120, t.default_config(tgt, router), tgt.cores)["block_M"] == 16
+    # the plan the check reads grows with the tile: a 256x256 fp32 accumulator fills L0C, more fails
+    assert "l0c" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": gemm_plan(
+        4096, 4096, 5120, {"block_M": 256, "block_N": 512, "block_K": 64, "stages": 2}, 64)["buffers"]}))
+    odd = spec("linear", [tensor("bf16", 4, 5120), tensor("bf16", 100, 5120)], {"compute": "f32"})
+    fp8 = KernelSpec("linear", router.attrs, (tensor("bf16", 1, 5120), quantized("fp8e4m3", (384, 5120), "e8m0", (32, 32))),
+                     router.out_types)
+    assert not t.supports(tgt, odd) and not t.supports(tgt, fp8)
