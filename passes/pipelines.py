@@ -11,7 +11,7 @@ from .attention import lower_sparse_attention
 from .fuse import fuse, fuse_decode
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch
-from .quant import legalize_quant
+from .quant import legalize_quant, row_weight_scales
 from .shapes import infer_shapes
 
 
@@ -31,6 +31,12 @@ def _pipeline(target: str, ep: int = 1, variant: str = "prefill"):
         # window keys written to the ring before the attention reads it: valid only with few rows per
         # sequence; after fuse, whose rope+quant rule makes the node it matches
         decode_rules.append(("fuse_decode", fuse_decode))
+    mx_rules = []
+    if target == "ascend950" and has_generated_template(target, "gemm_fp8"):
+        # the cube's block-scaled MMA reads per-row weight scales; a load-time repeat of the 32x32
+        # block scales, after the MoE lowering (its GEMMs are grouped, fp4) and before the final
+        # type check
+        mx_rules.append(("row_weight_scales", row_weight_scales))
     return [
         # the builder's graph must be sound before any pass reads it; errors name the node
         ("verify", verify),
@@ -48,6 +54,7 @@ def _pipeline(target: str, ep: int = 1, variant: str = "prefill"):
         # MoE into permute / grouped GEMMs / combine (+ all-to-all for ep > 1); after fusion so the
         # router's outputs feed it, before kernel selection which needs the grouped GEMMs
         ("lower_moe_dispatch", partial(lower_moe_dispatch, ep=ep)),
+        *mx_rules,
         # rewrites introduced values; recompute and verify every type before choosing kernels
         ("infer_shapes_final", infer_shapes),
         ("verify_final", verify),

@@ -15,7 +15,7 @@ OPERAND_FORMATS = {
     "sm100": {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4", "moe_experts": "fp4", "grouped_linear": "bf16", "engram_gather": "fp8"},
     "sm90": {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4->fp8 in prologue", "moe_experts": "fp4->fp8 in prologue", "grouped_linear": "bf16",
              "engram_gather": "fp8"},
-    "ascend950": {"gemm_fp8": "fp8->bf16 at load", "grouped_gemm_fp4": "fp4->bf16 in prologue", "moe_experts": "fp4->bf16 in prologue",
+    "ascend950": {"gemm_fp8": "mxfp8 (weight scales per row at load)", "grouped_gemm_fp4": "fp4->bf16 in prologue", "moe_experts": "fp4->bf16 in prologue",
                   "grouped_linear": "bf16", "engram_gather": "fp8->bf16"},
     "cpu": {"gemm_fp8": "dequantised", "grouped_gemm_fp4": "dequantised", "moe_experts": "dequantised", "grouped_linear": "dequantised",
             "engram_gather": "dequantised"},
@@ -42,3 +42,32 @@ def legalize_quant(g: Graph, target: str) -> Graph:
             n = Node.make(n.op, n.inputs, n.outputs, n.attr | {"@operands": formats[n.op]})
         nodes.append(n)
     return g.replace_nodes(nodes)
+
+
+def row_weight_scales(g: Graph) -> Graph:
+    """Block-scaled (MX) MMAs read one scale per row and 32 K elements; the checkpoint's fp8
+    weights carry one per 32x32 block. Each gemm_fp8 weight gets a `row_block_scales` node (the
+    same values; it reads only the weight, so the plan runs it once at load)."""
+    from ..ir.registry import get_op
+    from .rewrite import Rewrite, apply_rules
+
+    made: set[str] = set()
+
+    def rule(ctx, i):
+        n = ctx.g.nodes[i]
+        if n.op != "gemm_fp8":
+            return None
+        x, w = n.inputs
+        wt = ctx.g.types[w]
+        if getattr(wt, "block", None) != (32, 32):
+            return None
+        rows = f"{w}.rows"
+        add, types = [], {}
+        if rows not in ctx.g.types and rows not in made:
+            made.add(rows)
+            add.append(Node.make("row_block_scales", [w], [rows]))
+            types[rows] = get_op("row_block_scales").infer_types([wt], {})[0]
+        add.append(Node(n.op, (x, rows), n.outputs, n.attrs))
+        return Rewrite([i], add, types)
+
+    return apply_rules(g, [rule])

@@ -199,3 +199,22 @@ def test_ascend_linear_renders_a_cube_gemm_within_capacity():
     fp8 = KernelSpec("linear", router.attrs, (tensor("bf16", 1, 5120), quantized("fp8e4m3", (384, 5120), "e8m0", (32, 32))),
                      router.out_types)
     assert not t.supports(tgt, odd) and not t.supports(tgt, fp8)
+
+
+def test_ascend_fp8_gemm_is_an_mx_block_scaled_cube_gemm():
+    """gemm_fp8 on ascend950 with per-row weight scales (the pipeline repeats the 32x32 block
+    scales at load) renders TileLang-Ascend's block-scaled GEMM within capacity; weights still in
+    32x32 blocks, or scale rows that are not whole 32-byte granules, are declined. Rendered only."""
+    b, t, tgt = get_backend("ascend950"), templates()["ascend_gemm_mxfp8"], TARGETS["ascend950"]
+
+    def gemm(m, n, k, wblock=(1, 32)):
+        return spec("gemm_fp8", [quantized("fp8e4m3", (m, k), "e8m0", (1, 32)), quantized("fp8e4m3", (n, k), "e8m0", wblock)],
+                    {"out_dtype": "bf16"})
+
+    for s in (gemm(1, 1280, 5120), gemm(4096, 4096, 5120)):
+        assert select(tgt, s).name == "ascend_gemm_mxfp8"
+        src = b.render(t, s)
+        assert "gemm_fp8_kernel" in src.text and b.validate(src) is None and src.grid == (64,)
+        assert len(src.meta["buffers"]["l1"]) == 8  # A, B and both scale tiles, double-buffered
+    assert not t.supports(tgt, gemm(64, 4096, 5120, (32, 32)))
+    assert not t.supports(tgt, gemm(64, 32768, 1280))  # 40-byte scale rows

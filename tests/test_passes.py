@@ -227,3 +227,20 @@ def test_failed_compile_keeps_existing_plan(tiny_plan, tmp_path):
     with pytest.raises(Exception, match="unknown target"):
         compile_model("v4.1-flash-tiny", CompileOptions("tpu"), out)
     assert (out / "plan.json").read_bytes() == before
+
+
+def test_row_weight_scales_keeps_the_interpreter_output(tiny):
+    """ascend950's MX GEMMs read per-row weight scales: the load-time repeat of the 32x32 block
+    scales changes no logit, and every fp8 GEMM reads the repeated form."""
+    from deepinfer.passes.quant import row_weight_scales
+
+    _, prog, params = tiny
+    steps = [[SeqChunk(0, 0, list(range(3, 40)), [0])], [SeqChunk(0, 37, [7], [0])]]
+    want, _ = _run_steps(prog.step, params, prog.state, steps)
+    g = row_weight_scales(prog.step)
+    gemms = [n for n in g.nodes if n.op == "gemm_fp8"]
+    scales = [n for n in g.nodes if n.op == "row_block_scales"]
+    assert gemms and all(n.inputs[1].endswith(".rows") and g.types[n.inputs[1]].block == (1, 32) for n in gemms)
+    assert len(scales) == len({n.inputs[1] for n in gemms}) and load_time_nodes(g) >= {g.nodes.index(n) for n in scales}
+    got, _ = _run_steps(g, _params_for(g, params), prog.state, steps)
+    assert all(torch.equal(w, x) for w, x in zip(want, got))

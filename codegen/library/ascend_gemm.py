@@ -1,5 +1,7 @@
-"""TileLang-Ascend cube-core GEMM for ascend950: `linear` on bf16 operands, C = A @ B^T with fp32
-accumulation in L0C, written as bf16 or fp32 through the fixpipe.
+"""TileLang-Ascend cube-core GEMMs for ascend950, C = A @ B^T with fp32 accumulation in L0C, written
+as bf16 or fp32 through the fixpipe: `linear` on bf16 operands, and `gemm_fp8` as an MX block-scaled
+GEMM (fp8 e4m3 operands, one ue8m0 scale per row and 32 K elements; the weights' 32x32 block
+scales are repeated per row at load by the pipeline's `row_weight_scales`).
 
 Data path (the buffer scopes choose the engines): GM -> L1 by DMA, double-buffered over K by
 `T.Pipelined`; L1 -> L0A / L0B inside `T.gemm` (TileLang's template splits each K tile into the
@@ -35,15 +37,22 @@ def _k_chunk(block_m: int, block_n: int, block_k: int, elem: int = 2) -> int:
     return t
 
 
-def gemm_plan(m: int, n: int, k: int, config: dict, cores: int) -> dict:
-    """Tiles, grid and on-chip bytes per scope for a config (what the capacity check reads)."""
+def _align32(n: int) -> int:
+    return -(-n // 32) * 32
+
+
+def gemm_plan(m: int, n: int, k: int, config: dict, cores: int, elem: int = 2, mx: bool = False) -> dict:
+    """Tiles, grid and on-chip bytes per scope for a config (what the capacity check reads); `mx`
+    adds the scale tiles (one byte per row and 32 K) to L1."""
     bm = min(config["block_M"], -(-m // 16) * 16)  # decode rows: the M tile shrinks to the rows
     bn, bk, stages = config["block_N"], config["block_K"], config["stages"]
     tiles = -(-m // bm) * (n // bn)
-    kc = _k_chunk(bm, bn, bk)
-    return {"block_M": bm, "tiles": tiles, "grid": min(cores, tiles),
-            "buffers": {"l1": [bm * bk * 2] * stages + [bn * bk * 2] * stages, "l0a": [2 * bm * kc * 2],
-                        "l0b": [2 * bn * kc * 2], "l0c": [bm * bn * 4]}}
+    kc = _k_chunk(bm, bn, bk, elem)
+    l1 = [_align32(bm * bk * elem)] * stages + [_align32(bn * bk * elem)] * stages
+    if mx:
+        l1 += [_align32(bm * bk // 32)] * stages + [_align32(bn * bk // 32)] * stages
+    return {"block_M": bm, "tiles": tiles, "grid": min(cores, tiles), "k_chunk": kc,
+            "buffers": {"l1": l1, "l0a": [2 * bm * kc * elem], "l0b": [2 * bn * kc * elem], "l0c": [bm * bn * 4]}}
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,3 +124,83 @@ register(Template(
     name="ascend_linear", ops=("linear",), targets=("ascend950",),
     knobs={"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (1, 2)},
     render=_render, default_config=_default_config, supports=_supports))
+
+
+# ---- gemm_fp8: MX block-scaled ------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _mx_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, stages: int, grid: int) -> str:
+    import tilelang
+    import tilelang.ascend.language as T
+    from tilelang.ascend.target import _make_ascend_target
+
+    fp8, odt = "float8_e4m3fn", {"bf16": T.bfloat16, "f32": T.float32}[out]
+    m_tiles, n_tiles, sk, tsf = -(-m // bm), n // bn, k // 32, bk // 32
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((m, k), fp8), B: T.Tensor((n, k), fp8), SA: T.Tensor((m, sk), T.uint8),
+                 SB: T.Tensor((n, sk), T.uint8), C: T.Tensor((m, n), odt)):
+        with T.Kernel(grid) as core:
+            a_l1 = T.alloc_l1((bm, bk), fp8)
+            b_l1 = T.alloc_l1((bn, bk), fp8)
+            sa_l1 = T.alloc_l1((bm, tsf), T.uint8)
+            sb_l1 = T.alloc_l1((bn, tsf), T.uint8)
+            acc = T.alloc_l0c((bm, bn), T.float32)
+            for tile in T.Persistent([m_tiles * n_tiles], grid, core):
+                m0 = tile // n_tiles * bm
+                n0 = tile % n_tiles * bn
+                for kt in T.Pipelined(k // bk, num_stages=stages):
+                    T.copy(A[m0, kt * bk], a_l1)
+                    T.copy(B[n0, kt * bk], b_l1)
+                    T.copy(SA[m0, kt * tsf], sa_l1)
+                    T.copy(SB[n0, kt * tsf], sb_l1)
+                    T.gemm_blockscaled(a_l1, b_l1, acc, sa_l1, sb_l1, transpose_B=True, clear_accum=(kt == 0))
+                T.copy(acc, C[m0, n0])
+
+    with _make_ascend_target():
+        return tilelang.lower(gemm_fp8, target="ascend").kernel_source
+
+
+def _mx_dims(spec: KernelSpec):
+    x, w = spec.in_types
+    m = 1
+    for d in x.data.shape[:-1]:
+        m *= d
+    return m, w.data.shape[0], w.data.shape[1], spec.out_types[0].dtype.name
+
+
+def _mx_supports(target, spec: KernelSpec) -> bool:
+    x, w = spec.in_types
+    if getattr(x, "block", None) is None or getattr(w, "block", None) != (1, 32) or x.block[-1] != 32:
+        return False
+    if not all(isinstance(d, int) for t in (x.data, w.data) for d in t.shape):
+        return False
+    m, n, k, out = _mx_dims(spec)
+    # K tiles of 128 (the MX MMA steps 64 K per scale pair); a scale row of K/32 bytes must be a
+    # whole number of 32-byte granules for its DMA
+    return out in _BYTES and n % 16 == 0 and k % 128 == 0 and (k // 32) % 32 == 0
+
+
+def _mx_default_config(target, spec: KernelSpec) -> dict:
+    m, n, k, _ = _mx_dims(spec)
+    widths = [b for b in (256, 128, 64, 32, 16) if n % b == 0]
+    bn = next((b for b in widths if n // b >= target.cores), widths[-1]) if m <= 64 else widths[0]
+    return {"block_M": 128, "block_N": bn, "block_K": 128, "stages": 2}
+
+
+def _mx_render(target, spec: KernelSpec, config) -> KernelSource:
+    m, n, k, out = _mx_dims(spec)
+    c = {**_mx_default_config(target, spec), **(config or {})}
+    p = gemm_plan(m, n, k, c, target.cores, elem=1, mx=True)
+    if p["k_chunk"] % 64:
+        raise ValueError(f"gemm_fp8 on ascend950: a {p['block_M']}x{c['block_N']} tile leaves L0 chunks of "
+                         f"{p['k_chunk']} K, the MX MMA needs multiples of 64")
+    text = _mx_source(m, n, k, out, p["block_M"], c["block_N"], c["block_K"], c["stages"], p["grid"])
+    return KernelSource(language="ascendc", entry="gemm_fp8_kernel", text=text, grid=(p["grid"],), block=(),
+                        meta={"buffers": p["buffers"], "gm_row_bytes": [k, k // 32, n * _BYTES[out]], "config": c})
+
+
+register(Template(
+    name="ascend_gemm_mxfp8", ops=("gemm_fp8",), targets=("ascend950",),
+    knobs={"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (128, 256), "stages": (1, 2)},
+    render=_mx_render, default_config=_mx_default_config, supports=_mx_supports))

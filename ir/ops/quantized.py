@@ -126,6 +126,22 @@ def dequant(x, *, dtype):
     return dequant_value(x).to(dt.dtype(dtype).storage)
 
 
+def _row_scales_rule(ins, a):
+    w = want_quant(ins[0], "weight", "fp8e4m3")
+    if w.rank != 2 or w.block[1] != 32:
+        raise ShapeError(f"expected an fp8 weight [out, in] with 32-wide blocks along in, got {w}")
+    return [QuantType(w.data, TensorType(w.scale.dtype, (w.data.shape[0], w.scale.shape[1])), (1, 32))]
+
+
+@op("row_block_scales", infer=_row_scales_rule, flops=lambda i, o, a: 0, n_inputs=1)
+def row_block_scales(w):
+    """The same fp8 weight with its [out/32, in/32] block scales repeated per row, [out, in/32]:
+    the per-row (MX) scale layout block-scaled MMAs read (Ascend's cube). Dequantises to the same
+    values; the plan runs it once at load."""
+    data, scale = w
+    return q.QTensor(data, scale.repeat_interleave(-(-data.shape[0] // scale.shape[0]), 0)[: data.shape[0]].contiguous())
+
+
 # ---- GEMMs ------------------------------------------------------------------------------------
 
 def _gemm_fp8_rule(ins, a):
