@@ -11,9 +11,13 @@ is a byte map and the scales stay outside the MMA, applied per 32-deep slice lik
 expert's row tiles; CTAs of empty experts exit at once. Decode (a few rows per expert) and
 prefill (tens to hundreds) differ only by their knobs.
 
-sm100: TileLang 0.1.15 has a block-scaled tcgen05 GEMM (`T.tcgen05_gemm_blockscaled`, used in its
-mxfp8 examples with TMA and a warp-specialised producer); this template does not use it yet: the
-sm100 render is the same widening program (lowered without wgmma), and is never run here.
+sm100 has the operands natively: `tcgen05.mma ... kind::mxf8f6f4.block_scale` multiplies e4m3 rows
+by e2m1 weights with a ue8m0 scale per row and 32 K on each side (`T.tcgen05_gemm_blockscaled`),
+accumulating in tensor memory. Its shared-memory fp4 layout holds 16 codes in the first 8 of every
+16 bytes (one byte slot per element), which the CTA fills from the packed weight; the scales go
+through the warp transpose into tensor memory each 128-deep K step (4 ue8m0 bytes per row are one
+32-bit word, so the [rows, K/32] byte tensors are read as [rows, K/128] words). 128-row tiles (the
+instruction's M); single-buffered. Built with nvcc for sm_100a here, never run.
 """
 from typing import Any, Mapping
 
@@ -81,6 +85,67 @@ def grouped_gemm_fp4_program(Mtot: int, N: int, K: int, E: int, *, block_M=64, b
     return grouped_gemm_fp4
 
 
+def grouped_gemm_fp4_sm100_program(Mtot: int, N: int, K: int, E: int, *, block_N=128, **_):
+    """The grouped GEMM on sm100's block-scaled tensor-core MMA (module docstring)."""
+    _, T = _tl()
+    from tilelang.layout import make_full_bank_swizzled_layout
+
+    block_M, block_K = 128, 128
+    assert K % block_K == 0 and N % block_N == 0
+    k_iters = K // block_K
+    fp4_s = T.float4_e2m1_unpacked
+
+    @T.prim_func
+    def grouped_gemm_fp4(X: T.Tensor((Mtot, K), "float8_e4m3fn"), SX: T.Tensor((Mtot, K // 128), "uint32"),
+                         W: T.Tensor((E, N, K // 2), "uint8"), SW: T.Tensor((E, N, K // 128), "uint32"),
+                         offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=128) as (bx, e):
+            X_s = T.alloc_shared((block_M, block_K), "float8_e4m3fn")
+            W_s = T.alloc_shared((block_N, block_K), fp4_s)
+            SX_s = T.alloc_shared((block_M,), "uint32")
+            SW_s = T.alloc_shared((block_N,), "uint32")
+            acc_t = T.alloc_tmem([block_M, block_N], "float32")
+            sx_t = T.alloc_tmem([block_M, 4], "uint32")
+            sw_t = T.alloc_tmem([block_M, block_N // 128 * 4], "uint32")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            mbar = T.alloc_barrier(1)
+            W_b = T.view(W_s, dtype="uint8")
+            T.annotate_layout({W_s: make_full_bank_swizzled_layout(W_s), W_b: make_full_bank_swizzled_layout(W_b)})
+            tx = T.get_thread_binding()
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                r0 = start + mt * block_M
+                for k in T.serial(k_iters):
+                    # rows past the expert's end are read (other experts' rows, or guarded at Mtot)
+                    # and never stored
+                    T.copy(X[r0, k * block_K], X_s)
+                    for r, c in T.Parallel(block_N, block_K):
+                        W_b[r, c] = T.if_then_else(
+                            c % 16 < 8, W[e, bx * block_N + r, k * (block_K // 2) + (c // 16) * 8 + c % 16], T.uint8(0))
+                    T.copy(SX[r0:r0 + block_M, k], SX_s)
+                    T.copy(SW[e, bx * block_N:(bx + 1) * block_N, k], SW_s)
+                    T.fence_proxy_async()
+                    T.sync_threads()
+                    if tx < 32:
+                        T.tcgen05_sf_warp_transpose(SX_s)
+                        T.tcgen05_sf_warp_transpose(SW_s)
+                        T.fence_proxy_async()
+                        T.sync_warp()
+                        T.tcgen05_cp_warpx4(SX_s, sx_t)
+                        T.tcgen05_cp_warpx4(SW_s, sw_t)
+                        T.tcgen05_gemm_blockscaled(X_s, W_s, acc_t, sx_t, sw_t, transpose_B=True, mbar=mbar,
+                                                   clear_accum=k == 0, k_start=k * block_K,
+                                                   sf_a_granularity_k=32, sf_b_granularity_k=32)
+                    T.mbarrier_wait_parity(mbar, (mt * k_iters + k) % 2)
+                T.copy(acc_t, acc)
+                for i, j in T.Parallel(block_M, block_N):
+                    if mt * block_M + i < rows:
+                        C[r0 + i, bx * block_N + j] = acc[i, j]
+
+    return grouped_gemm_fp4
+
+
 def _dims(spec: KernelSpec):
     x, w = spec.in_types[0], spec.in_types[1]
     return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
@@ -94,9 +159,12 @@ def moe_default_config(target: Target, mtot: int, n: int, k: int, e: int) -> dic
     """Decode (under ~2 rows per expert on average): 64-row tiles and narrow N tiles, so the few
     active experts still spread their weight stream over many CTAs. Prefill: 128-row tiles over
     two warpgroups."""
+    if target.name == "sm100" and n % 128 == 0:
+        return {"block_N": 128}  # the block-scaled program: 128-row tiles by the instruction
     if target.name == "sm100":
-        # sm100 lowering keeps the fp4->fp8 tile and the accumulator in registers: the sm90 tiles
-        # spill there (ptxas: 255 registers, 16-72 bytes), these do not
+        # the widening program (N not a multiple of 128): its sm100 lowering keeps the fp4->fp8
+        # tile and the accumulator in registers: the sm90 tiles spill there (ptxas: 255
+        # registers, 16-72 bytes), these do not
         if mtot <= 2 * e:
             return {"block_M": 64, "block_N": 32, "block_K": 64, "stages": 4, "threads": 128}
         return {"block_M": 128, "block_N": 64, "block_K": 64, "stages": 3, "threads": 256}
@@ -108,7 +176,10 @@ def moe_default_config(target: Target, mtot: int, n: int, k: int, e: int) -> dic
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     mtot, n, k, e = _dims(spec)
     c = dict(moe_default_config(target, mtot, n, k, e), **config)
-    func = grouped_gemm_fp4_program(mtot, n, k, e, **c)
+    if target.name == "sm100" and n % 128 == 0:
+        func = grouped_gemm_fp4_sm100_program(mtot, n, k, e, block_N=c["block_N"])
+    else:
+        func = grouped_gemm_fp4_program(mtot, n, k, e, **c)
     return source(func, target.arch, {"template": "tilelang_grouped_gemm_fp4", "config": c,
                                       "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
 

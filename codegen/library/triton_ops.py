@@ -330,6 +330,7 @@ def _grouped_linear_supports(t, spec):
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
 BLOCK_LINEAR = dict(BM=(16, 32, 64, 128), BN=(32, 64, 128), BK=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+_BLOCK_LINEAR_ROWS = {"BM": 64, "BN": 64, "BK": 32}
 
 
 @dataclass(frozen=True)
@@ -424,12 +425,14 @@ OPS = [
         dict(BH=1024, num_warps=4, num_stages=1),
         lambda a: {"eps": a["eps"], "image_token_id": a.get("image_token_id")}),
     # wo_a (spec §4.4g): widened to its bf16 values in registers, tf32 MMAs on them (exact);
-    # decode row counts take 16-row tiles, prefill 64
+    # decode row counts take 16-row tiles, more rows 64x64 tiles 32 deep: with fp32 operands in
+    # registers, 64x128x128 tiles spill 1.5 KB and 64x64x64 up to 112 B on sm90 / sm100 (ptxas),
+    # these take 134-167 registers
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, BLOCK_LINEAR,
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), supports=_grouped_linear_supports,
-        by_rows=lambda n: {} if n <= 64 else {"BM": 64, "BN": 128}),
+        by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
-        supports=_linear_f32_supports, by_rows=lambda n: {} if n <= 64 else {"BM": 64, "BN": 128}),
+        supports=_linear_f32_supports, by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
