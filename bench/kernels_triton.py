@@ -27,7 +27,7 @@ from deepinfer.ir.quant import QTensor  # noqa: E402
 SIZES = {"decode b1": 1, "decode b64": 64, "prefill 4K": 4096}
 # gathers read only the rows they hand out; cache writes touch only the rows they write
 GATHERS = {"embedding", "gather_rows", "moe_gather_rows", "engram_gather"}
-CACHE_WRITES = {"swa_write": 0, "compress_state_write": 0, "engram_hist_write": 0, "compressed_write": 0}
+CACHE_WRITES = {"swa_write", "compress_state_write", "engram_hist_write", "compressed_write"}
 
 
 def _bytes(v) -> int:
