@@ -84,11 +84,20 @@ def _gemm_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, st
 
 
 def _dims(spec: KernelSpec):
-    x, w = spec.in_types
+    """(rows, N, K, output dtype) of a call; quantised operands by their data."""
+    x, w = (getattr(t, "data", t) for t in spec.in_types[:2])
     m = 1
     for d in x.shape[:-1]:
         m *= d
     return m, w.shape[0], w.shape[1], spec.out_types[0].dtype.name
+
+
+def _tile_config(target, spec: KernelSpec, block_k: int) -> dict:
+    m, n, _, _ = _dims(spec)
+    widths = [b for b in (256, 128, 64, 32, 16) if n % b == 0]
+    # decode: the widest N tile that still gives every AI core a tile, else the narrowest
+    bn = next((b for b in widths if n // b >= target.cores), widths[-1]) if m <= 64 else widths[0]
+    return {"block_M": 128, "block_N": bn, "block_K": block_k, "stages": 2}
 
 
 def _supports(target, spec: KernelSpec) -> bool:
@@ -102,13 +111,7 @@ def _supports(target, spec: KernelSpec) -> bool:
 
 
 def _default_config(target, spec: KernelSpec) -> dict:
-    m, n, k, _ = _dims(spec)
-    widths = [b for b in (256, 128, 64, 32, 16) if n % b == 0]
-    if m <= 64:  # decode: the widest N tile that still gives every AI core a tile, else the narrowest
-        bn = next((b for b in widths if n // b >= target.cores), widths[-1])
-    else:
-        bn = widths[0]
-    return {"block_M": 128, "block_N": bn, "block_K": _pick(k, (64, 128, 32, 16)), "stages": 2}
+    return _tile_config(target, spec, _pick(_dims(spec)[2], (64, 128, 32, 16)))
 
 
 def _render(target, spec: KernelSpec, config) -> KernelSource:
@@ -161,35 +164,24 @@ def _mx_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, stag
         return tilelang.lower(gemm_fp8, target="ascend").kernel_source
 
 
-def _mx_dims(spec: KernelSpec):
-    x, w = spec.in_types
-    m = 1
-    for d in x.data.shape[:-1]:
-        m *= d
-    return m, w.data.shape[0], w.data.shape[1], spec.out_types[0].dtype.name
-
-
 def _mx_supports(target, spec: KernelSpec) -> bool:
     x, w = spec.in_types
     if getattr(x, "block", None) is None or getattr(w, "block", None) != (1, 32) or x.block[-1] != 32:
         return False
     if not all(isinstance(d, int) for t in (x.data, w.data) for d in t.shape):
         return False
-    m, n, k, out = _mx_dims(spec)
+    m, n, k, out = _dims(spec)
     # K tiles of 128 (the MX MMA steps 64 K per scale pair); a scale row of K/32 bytes must be a
     # whole number of 32-byte granules for its DMA
     return out in _BYTES and n % 16 == 0 and k % 128 == 0 and (k // 32) % 32 == 0
 
 
 def _mx_default_config(target, spec: KernelSpec) -> dict:
-    m, n, k, _ = _mx_dims(spec)
-    widths = [b for b in (256, 128, 64, 32, 16) if n % b == 0]
-    bn = next((b for b in widths if n // b >= target.cores), widths[-1]) if m <= 64 else widths[0]
-    return {"block_M": 128, "block_N": bn, "block_K": 128, "stages": 2}
+    return _tile_config(target, spec, 128)
 
 
 def _mx_render(target, spec: KernelSpec, config) -> KernelSource:
-    m, n, k, out = _mx_dims(spec)
+    m, n, k, out = _dims(spec)
     c = {**_mx_default_config(target, spec), **(config or {})}
     p = gemm_plan(m, n, k, c, target.cores, elem=1, mx=True)
     if p["k_chunk"] % 64:
