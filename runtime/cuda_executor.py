@@ -145,7 +145,7 @@ class CudaPlanExecutor:
         if k["language"] == "cuda":
             host = templates()[k["template"]].host
             return lambda *xs: host(kern.launch, xs, attrs, k["config"], k["meta"])
-        from ..codegen.library import triton_kernels as tk
+        from ..codegen.library import triton_launchers as tk
 
         launcher = getattr(tk, k["meta"]["launcher"])
         kw, cfg = k["meta"]["launch_attrs"], k["meta"]["config"]

@@ -1,6 +1,6 @@
 """Launching a plan's ahead-of-time Triton cubins through the templates' own host launchers.
 
-A Triton template's host side is its launcher in `codegen/library/triton_kernels.py` (it allocates
+A Triton template's host side is its launcher in `codegen/library/triton_launchers.py` (it allocates
 the outputs and launches one or more kernels). Inside `aot_kernels(provider)` a launcher's
 `_k(kernel)[grid](...)` comes here instead of Triton's JIT: the launch is matched to the plan's
 record of it (kernel name and specialisation), its grid checked against the one the plan was

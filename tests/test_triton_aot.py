@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from deepinfer.codegen.library import triton_kernels as tk  # noqa: E402
+from deepinfer.codegen.library import triton_launchers as tk  # noqa: E402
 from deepinfer.codegen.target import get_target  # noqa: E402
 from deepinfer.codegen.template import select  # noqa: E402
 from deepinfer.ir import shapes as sh  # noqa: E402

@@ -320,7 +320,7 @@ def _clone(v):
 
 
 def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
-    """Run `launch` (a triton_kernels launcher) and the op's reference on the same case; returns
+    """Run `launch` (a triton_launchers launcher) and the op's reference on the same case; returns
     None when they agree by the rule above, else a one-line reason."""
     from deepinfer.ir.registry import get_op
 
@@ -371,11 +371,11 @@ def case_op(case: str) -> str:
 
 
 def launcher(case: str):
-    """The host launcher that runs `case` (triton_kernels is imported here, not at module level:
+    """The host launcher that runs `case` (triton_launchers is imported here, not at module level:
     the interpreter decides per process whether kernels are interpreted)."""
-    from . import triton_kernels, triton_ops
+    from . import triton_launchers, triton_ops
 
-    return getattr(triton_kernels, triton_ops.LAUNCHERS[case_op(case)])
+    return getattr(triton_launchers, triton_ops.LAUNCHERS[case_op(case)])
 
 
 # ---- interpreter runs --------------------------------------------------------------------------
@@ -408,7 +408,7 @@ def _interp_main():
     import json
     import sys
 
-    from . import triton_kernels, triton_ops
+    from . import triton_launchers, triton_ops
 
     job = json.loads(sys.stdin.read())
     out = {}
@@ -417,7 +417,7 @@ def _interp_main():
         cfg = dict(triton_ops.default_config(ref_op, job["n"]))
         cfg.update({k: v for k, v in job["overrides"].items() if k in cfg})
         try:
-            out[op] = check(op, getattr(triton_kernels, triton_ops.LAUNCHERS[ref_op]), job["dims"], job["n"], cfg=cfg)
+            out[op] = check(op, getattr(triton_launchers, triton_ops.LAUNCHERS[ref_op]), job["dims"], job["n"], cfg=cfg)
         except Exception as e:  # noqa: BLE001  (reported per case, the run goes on)
             out[op] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
     print(json.dumps(out))

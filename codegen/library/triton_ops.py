@@ -1,6 +1,6 @@
 """Triton templates for sm90 / sm100: the row-wise, gather and small ops (norm + quant, RoPE +
 quant, mHC pre/expand, the router, SwiGLU + quant, cache writes, Engram hash and gate, row
-gathers, the MoE combine). The kernels and their launchers are in `triton_kernels`; a template
+gathers, the MoE combine). The kernels are in `triton_kernels`, their launchers in `triton_launchers`; a template
 renders that module's source with the launch of one call: the kernels it runs, each with its
 signature, specialisation (constexprs), warps, stages and grid, so the Triton build compiles it
 ahead of time and a runtime launches it through the named launcher.

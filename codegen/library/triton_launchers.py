@@ -1,0 +1,337 @@
+"""Host launchers of the Triton kernels (`triton_kernels`): op inputs (torch) -> op outputs, with
+the op references' conventions. They allocate outputs and launch; inside `aot_kernels(provider)`
+a launch goes to the provider (a plan's ahead-of-time cubins, or the compile-time recorder of a
+host recipe) instead of Triton's JIT. Compile-time and test code: a serving runtime runs the
+recipes the plan holds, not these."""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import torch
+import triton
+
+from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram_hash_kernel, gather_rows_kernel,
+                             grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
+                             inverse_perm_kernel, moe_combine_kernel, moe_router_kernel, quant_fp8_kernel,
+                             ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
+
+_AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
+
+
+def _k(fn):
+    """The kernel a launcher launches: Triton's JIT function, or, inside `aot_kernels(...)`, the
+    plan's ahead-of-time cubin of the same kernel (runtime/triton_aot.py)."""
+    aot = _AOT.get()
+    return fn if aot is None else aot.bind(fn)
+
+
+@contextlib.contextmanager
+def aot_kernels(provider):
+    """Launchers inside this block launch `provider.bind(kernel)` instead of compiling."""
+    token = _AOT.set(provider)
+    try:
+        yield
+    finally:
+        _AOT.reset(token)
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def _rms_block(h: int, cfg) -> int:
+    """The row chunk: the configured one, narrowed to the row (as triton_ops records the launch)."""
+    return min(cfg["BLOCK_H"], _p2(h)) if h >= 32 else 32
+
+
+def launch_rms_norm(x, w, *, eps, cfg):
+    h = x.shape[-1]
+    y = torch.empty_like(x)
+    rows = x.numel() // h
+    _k(rms_norm_kernel)[(rows,)](x, w, y, y, y, eps, H=h, BLOCK_H=_rms_block(h, cfg), QUANT=False,
+                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y
+
+
+def launch_rms_norm_quant_fp8(x, w, *, eps, block, cfg):
+    h = x.shape[-1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[:-1] + (h // 32,), dtype=torch.uint8, device=x.device)
+    rows = x.numel() // h
+    _k(rms_norm_kernel)[(rows,)](x, w, x, _u8(q), s, eps, H=h, BLOCK_H=_rms_block(h, cfg), QUANT=True,
+                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_quant_fp8(x, *, block, cfg):
+    n = x.shape[-1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x.shape[:-1] + (n // block,), dtype=torch.uint8, device=x.device)
+    rows = x.numel() // n
+    bs = max(cfg["BLOCK"], block)
+    _k(quant_fp8_kernel)[(rows, triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block,
+                                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def rope_freqs(rope_dim, theta, yarn, device):
+    """f_i exactly as the reference computes them (a handful of fp32 values per layer)."""
+    return _rope_freqs(rope_dim, theta, tuple(yarn) if yarn else None, torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_freqs(rope_dim, theta, yarn, device):
+    # made once per device: a copy to the GPU inside a CUDA graph capture is not allowed
+    from deepinfer.ir.ops.attention import yarn_freqs
+
+    return yarn_freqs(rope_dim, theta, yarn).to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _int64_const(values: tuple, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def rope_mode(mode: str, scale: str | None = None, block: int = 32):
+    if mode == "rope":
+        return 0, 32
+    if mode == "fp8":
+        return 1, block
+    return (2, block) if scale == "ue8m0" else (3, block)
+
+
+def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offset=0, mode="rope",
+                scale=None, block=32, cfg):
+    d = x.shape[-1]
+    heads = x.numel() // (d * x.shape[0])
+    code, blk = rope_mode(mode, scale, block)
+    if code == 0 and d % 32:
+        blk = 2
+    nb = _p2(triton.cdiv(d, blk))
+    f = rope_freqs(rope_dim, theta, yarn, x.device)
+    grid = (x.numel() // d,)
+    kw = dict(HEADS=heads, D=d, ROPE=rope_dim, INVERSE=bool(inverse), MODE=code, BLK=blk, NB=nb,
+              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if code == 0:
+        y = torch.empty_like(x)
+        _k(rope_kernel)[grid](x, positions, f, y, y, y, pos_offset, **kw)
+        return y
+    if code == 1:
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(x.shape[:-1] + (d // blk,), dtype=torch.uint8, device=x.device)
+        _k(rope_kernel)[grid](x, positions, f, x, _u8(q), s, pos_offset, **kw)
+        return q, s
+    q = torch.empty(x.shape[:-1] + (d // 2,), dtype=torch.uint8, device=x.device)
+    sdt = torch.uint8 if code == 2 else torch.float8_e4m3fn
+    s = torch.empty(x.shape[:-1] + (d // blk,), dtype=sdt, device=x.device)
+    _k(rope_kernel)[grid](x, positions, f, x, q, _u8(s), pos_offset, **kw)
+    return q, s
+
+
+def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_eps, post_mult, cfg):
+    n, c, h = r.shape
+    x = torch.empty(n, h, dtype=r.dtype, device=r.device)
+    pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
+    post = torch.empty_like(pre)
+    m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
+    bm, split = cfg["BM"], cfg.get("SPLIT", 1)
+    part = m  # not read when SPLIT == 1
+    if split > 1:
+        part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
+        _k(hc_mix_split_kernel)[(triton.cdiv(n, bm), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=bm,
+                                                             BK=cfg["BK"], num_warps=cfg["num_warps"],
+                                                             num_stages=cfg["num_stages"])
+    _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
+                                         hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
+                                         BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
+                                         num_stages=cfg["num_stages"])
+    return x, pre, post, m
+
+
+def launch_hc_expand(y, r, post, m, *, cfg):
+    n, c, h = r.shape
+    out = torch.empty_like(r)
+    _k(hc_expand_kernel)[(n, triton.cdiv(h, cfg["BH"]))](y, r, post, m, out, C=c, H=h, BH=cfg["BH"],
+                                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
+    n, e = logits.shape
+    sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
+    w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
+    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
+                            BIAS_ROWS=bias.dim() == 2, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return sel, w
+
+
+def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
+    n, f = g.shape
+    if u.stride() != g.stride():
+        raise ValueError("swiglu_quant_fp8 kernel wants gate and up with the same row stride")
+    q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=g.device)
+    s = torch.empty(n, f // 32, dtype=torch.uint8, device=g.device)
+    _k(swiglu_quant_kernel)[(n, triton.cdiv(f, cfg["BLOCK"]))](g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0),
+                                                         U_OFF=0, WEIGHTED=False, BLOCK=cfg["BLOCK"],
+                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
+    m, f2 = gu.shape
+    f = f2 // 2
+    q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=gu.device)
+    s = torch.empty(m, f // 32, dtype=torch.uint8, device=gu.device)
+    _k(swiglu_quant_kernel)[(m, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit,
+                                                         F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=True,
+                                                         BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
+                                                         num_stages=cfg["num_stages"])
+    return q, s
+
+
+def launch_moe_combine(y, pairs, offsets, like, *, k, cfg):
+    n = like.shape[0]
+    h = y.shape[1]
+    inv = torch.empty(pairs.shape[0], dtype=torch.int32, device=y.device)
+    _k(inverse_perm_kernel)[(triton.cdiv(pairs.shape[0], 1024),)](pairs, inv, pairs.shape[0], BLOCK=1024)
+    out = torch.empty(n, h, dtype=torch.float32, device=y.device)
+    _k(moe_combine_kernel)[(n, triton.cdiv(h, cfg["BH"]))](y, inv, out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
+                                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def _gather(src2d, idx, div, cfg):
+    w = src2d.shape[1]
+    out = torch.empty((idx.numel(), w), dtype=src2d.dtype, device=src2d.device)
+    if idx.numel():
+        _k(gather_rows_kernel)[(idx.numel(), triton.cdiv(w, cfg["BLOCK"]))](src2d, idx.reshape(-1), out, W=w, DIV=div,
+                                                                       BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return out
+
+
+def _rows2d(t):
+    return t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(-1, 1)
+
+
+def launch_embedding(ids, table, *, cfg):
+    return _gather(table, ids, 1, cfg).view(*ids.shape, table.shape[1])
+
+
+def launch_gather_rows(x, rows, *, cfg):
+    return _gather(_rows2d(x), rows, 1, cfg).view(rows.shape[0], *x.shape[1:])
+
+
+def launch_moe_gather_rows(x, pairs, *, k, cfg):
+    data, scale = x
+    d = _gather(_u8(data), pairs, k, cfg).view(data.dtype)
+    return d, _gather(_u8(scale), pairs, k, cfg).view(scale.dtype)
+
+
+def launch_engram_gather(cols, table, *, cfg):
+    data, scale = table
+    n = cols.shape[0]
+    d = _gather(_u8(data), cols, 1, cfg).view(data.dtype).reshape(n, -1)
+    return d, _gather(_u8(scale), cols, 1, cfg).view(scale.dtype).reshape(n, -1)
+
+
+def _newest(positions, token_seq):
+    n = positions.shape[0]
+    newest = torch.full((n,), -1, dtype=torch.int32, device=positions.device)
+    _k(seq_newest_kernel)[(triton.cdiv(n, 1024),)](positions, token_seq, newest, n, BLOCK=1024)
+    return newest
+
+
+def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
+    """Writes into `ring` in place (the op's output aliases input 0) and returns it."""
+    data, scale = ring
+    n, d = kv.data.shape
+    if n:
+        _k(ring_write_kernel)[(n,)](_u8(kv.data), _u8(kv.scale), positions, token_seq, seq_slots,
+                                _newest(positions, token_seq), _u8(data), _u8(scale), L=data.shape[1], WA=d,
+                                WB=kv.scale.shape[1], A_STRIDE=d, A_OFF=0, B_STRIDE=kv.scale.shape[1], B_OFF=0,
+                                BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return ring
+
+
+def launch_compress_state_write(state, l, s, positions, token_seq, seq_slots, *, cfg):
+    n, d = l.shape
+    if n:
+        _k(ring_write_kernel)[(n,)](l.float().contiguous(), s.float().contiguous(), positions, token_seq, seq_slots,
+                                _newest(positions, token_seq), state, state, L=state.shape[1], WA=d, WB=d,
+                                A_STRIDE=2 * d, A_OFF=0, B_STRIDE=2 * d, B_OFF=d, BLOCK=cfg["BLOCK"],
+                                num_warps=cfg["num_warps"])
+    return state
+
+
+def launch_engram_hist_write(hist, cids, positions, token_seq, seq_slots, *, cfg):
+    n = cids.shape[0]
+    if n:
+        c = cids.long().contiguous()
+        _k(ring_write_kernel)[(n,)](c, c, positions, token_seq, seq_slots, _newest(positions, token_seq), hist, hist,
+                                L=hist.shape[1], WA=1, WB=0, A_STRIDE=1, A_OFF=0, B_STRIDE=1, B_OFF=0,
+                                BLOCK=32, num_warps=1)
+    return hist
+
+
+def launch_compressed_write(cache, rows_q, positions, token_seq, block_table, *, ratio, cfg):
+    data, scale = cache
+    n = rows_q.data.shape[0]
+    if n:
+        _k(compressed_write_kernel)[(n,)](_u8(rows_q.data), _u8(rows_q.scale), positions, token_seq, block_table,
+                                      _u8(data), _u8(scale), RATIO=ratio, ENTRIES=data.shape[1],
+                                      BT_W=block_table.shape[1], WA=rows_q.data.shape[1], WB=rows_q.scale.shape[1],
+                                      BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return cache
+
+
+def launch_engram_hash(grams, *, multipliers, primes, offsets, heads, cfg):
+    n, g = grams.shape
+    dev = grams.device
+    out = torch.empty(n, len(primes), dtype=torch.int64, device=dev)
+    if n:
+        _k(engram_hash_kernel)[(n,)](grams.long().contiguous(), _int64_const(tuple(multipliers), dev),
+                                     _int64_const(tuple(primes), dev), _int64_const(tuple(offsets), dev), out,
+                                     G=g, HEADS=heads, HP=_p2(heads), num_warps=cfg["num_warps"])
+    return out
+
+
+def launch_engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_id=None, cfg):
+    n, c, h = r.shape
+    out = torch.empty_like(r)
+    with_ids = ids is not None and image_token_id is not None
+    _k(engram_gate_kernel)[(n, c)](r, kv, q_weight, k_weight, ids if with_ids else r, out, eps,
+                                   int(image_token_id) if with_ids else 0, C=c, H=h, BH=cfg["BH"],
+                                   KW_ROWS=k_weight.numel() // h, IDS=with_ids,
+                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def _block_linear(x, w, groups, out_dtype, cfg):
+    quant = isinstance(w, tuple)
+    data = w[0] if quant else w
+    ng, kg = data.shape[0] // groups, data.shape[1]
+    x2 = x.reshape(-1, x.shape[-1])
+    n = x2.shape[0]
+    y = torch.empty(n, data.shape[0], dtype=out_dtype, device=x.device)
+    _k(grouped_linear_kernel)[(triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]))](
+        x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, n, G=groups, KG=kg, NG=ng,
+        SK=triton.cdiv(kg, 32), QUANT=quant, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y.view(*x.shape[:-1], data.shape[0])
+
+
+def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
+    return _block_linear(x, w, groups, x.dtype, cfg)
+
+
+def launch_linear(x, w, *, out_dtype, compute, cfg):
+    """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
+    return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
+
+
+_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
