@@ -15,7 +15,7 @@ def _user_errors() -> tuple[type, ...]:
     from .models.checkpoint import CheckpointError
     from .models.config import ConfigError
     from .models.deepseek_v41 import BuildError
-    from .codegen.plan import PlanError
+    from .runtime.plan_file import PlanError
     from .codegen.target import UnknownTargetError
 
     return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, PlanError, UnknownTargetError,

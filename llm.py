@@ -68,7 +68,7 @@ class LLM:
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
-        from .codegen.plan import load_plan
+        from .runtime.plan_file import load_plan
         from .runtime.plan_executor import PlanExecutor
 
         if weights is None:

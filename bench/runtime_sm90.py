@@ -21,6 +21,7 @@ import traceback
 
 import torch
 
+from deepinfer.ir.quant import QTensor
 from deepinfer.models.checkpoint import GeneratedCheckpoint
 from deepinfer.models.config import load_config
 from deepinfer.models.deepseek_v41 import build_model, load_params
@@ -71,8 +72,6 @@ TOLERANCE = {"tilelang_gemm_fp8": 1e-2, "tilelang_linear": 1e-2, "tilelang_group
 
 
 def _cpu(v):
-    from deepinfer.ir.quant import QTensor
-
     if isinstance(v, QTensor):
         return QTensor(v.data.cpu().clone(), v.scale.cpu().clone())
     return v.cpu().clone() if isinstance(v, torch.Tensor) else v
@@ -146,22 +145,21 @@ def local_check(plan: str, seed: int = 11) -> dict:
         vals = {k: v.cuda() for k, v in inputs.items()}
         vals.update((p, gpu.params[p]) for p in g.params)
         vals.update((s, gpu.state[s]) for s in g.state)
-        calls = {tuple(c["outputs"]): c for c in gpu.plan["graphs"][graph]["calls"]}
-        for n, (fn, ins, outs, _) in zip(g.nodes, gpu.runner.program(graph, bucket)):
-            call = calls[tuple(n.outputs)]
+        for call, (fn, ins, outs, _) in zip(g.calls, gpu.runner.program(graph, bucket)):
             tmpl = call["launch"][bucket].get("template") or "view"
             xs = [vals[i] for i in ins]
             xs_cpu = [_cpu(x) for x in xs]
             with torch.device(gpu.device):
                 res = fn(*xs)
-            op = get_op(n.op)
-            ref = op.ref(*xs_cpu, **op.check_attrs(n.attr))
-            ok, what = judge(n.op, tmpl, res if len(res) > 1 else res[0], ref, xs_cpu)
+            res = res if isinstance(res, tuple) and not isinstance(res, QTensor) else (res,)
+            op = get_op(call["op"])
+            ref = op.ref(*xs_cpu, **op.check_attrs(call["attrs"]))
+            ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, xs_cpu)
             row = per_template.setdefault(tmpl, {"calls": 0, "pass": 0, "worst": ""})
             row["calls"] += 1
             row["pass"] += ok
             if not ok:
-                failures.append({"step": bucket, "node": n.name, "template": tmpl, "why": what})
+                failures.append({"step": bucket, "node": call["outputs"][0], "template": tmpl, "why": what})
                 row["worst"] = what
             elif "max rel" in what:
                 prev = float(row["worst"].split()[-1]) if row["worst"].startswith("max rel") else -1

@@ -110,16 +110,32 @@ def load_time_nodes(g: Graph) -> set[int]:
 TORCH_TEMPLATES = ("torch_ref", "torch_device")  # run the op's reference: nothing to render or build
 
 
+def _step_graph_record(g: Graph, load: set[int]) -> dict:
+    """What the runtime needs of a graph besides its calls: the step's inputs, the params its calls
+    read (load-time outputs such as w13 among them; weights only the load program reads are not
+    step params), the state, which value holds each state buffer at the end, and the outputs."""
+    read = {v for i, n in enumerate(g.nodes) if i not in load for v in n.inputs} | set(g.outputs)
+    derived = [o for i in sorted(load) for o in g.nodes[i].outputs]
+    params = [p for p in g.params if p in read] + [d for d in derived if d in read]
+    return {"inputs": {v: str(g.types[v]) for v in g.inputs}, "params": params, "state": list(g.state),
+            "state_updates": g.state_updates(), "outputs": list(g.outputs)}
+
+
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict) -> list:
     """The plan's call list; every non-view call gets, per bucket, its static shapes and the
     kernel instance that serves it (`instances`: key -> (id, template, spec, config), filled here)."""
     calls = []
+    producer: dict[str, int] = {}  # value -> index of the call that makes it
     for i, n in enumerate(g.nodes):
         if i in load:
             continue
         kernel = n.attr.get("@kernel")
-        call = {"op": n.op, "kernel": kernel, "inputs": list(n.inputs), "outputs": list(n.outputs),
+        # explicit dependencies: the calls whose outputs this one reads (state order is the call
+        # order: the verifier keeps each state read before the write that follows it)
+        deps = sorted({producer[v] for v in n.inputs if v in producer})
+        call = {"op": n.op, "kernel": kernel, "inputs": list(n.inputs), "outputs": list(n.outputs), "deps": deps,
                 "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")}, "launch": {}}
+        producer.update((o, len(calls)) for o in n.outputs)
         for bname, env in buckets.items():
             types = {v: g.types[v].subs(env) for v in (*n.inputs, *n.outputs)}
             shapes = {v: [sh.shape_str(p.storage_shape()) for p in ((t.data, t.scale) if hasattr(t, "scale") else (t,))]
@@ -217,7 +233,8 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                                      "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")},
                                      "types": [str(g.types[o]) for o in n.outputs]})
         files[f"ir/{name}.ir"] = print_graph(g).encode()
-        plan_graphs[name] = {"ir": f"ir/{name}.ir", "calls": _calls(g, load, envs[name], target, instances)}
+        plan_graphs[name] = dict(_step_graph_record(g, load), ir=f"ir/{name}.ir",
+                                 calls=_calls(g, load, envs[name], target, instances))
         resident = {o for i in load for o in g.nodes[i].outputs}
         memory[name] = {b: plan_memory(g, env, resident) for b, env in envs[name].items()}
     timings["specialize"] = time.perf_counter() - t
@@ -225,6 +242,14 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     kernels = _kernels(instances, target, options.jobs, files)
     timings["render+build"] = time.perf_counter() - t
     bar.step("kernels")
+    from ..codegen.host_recipe import host_recipes
+
+    t = time.perf_counter()
+    recipes: dict[str, dict] = {}
+    for name, g in graphs.items():
+        if name in plan_graphs:
+            host_recipes(g, plan_graphs[name]["calls"], envs[name], kernels, recipes)
+    timings["host recipes"] = time.perf_counter() - t
 
     params = {}
     sources = param_sources(program)
@@ -252,6 +277,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "graphs": plan_graphs,
         "memory": memory,
         "kernels": kernels,
+        "recipes": recipes,
     }
     t = time.perf_counter()
     out = write_plan(plan, files, out_dir)

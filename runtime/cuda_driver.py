@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import re
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
@@ -76,28 +75,6 @@ class CubinFunction:
         _check(_lib().cuLaunchKernel(self.fn, *[ctypes.c_uint(x) for x in g], *[ctypes.c_uint(x) for x in self.block],
                                      ctypes.c_uint(self.smem), ctypes.c_void_p(stream), ptrs, None),
                f"launching {self.name}")
-
-
-_SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)')
-
-
-def kernel_params(source: str, entry: str) -> list[tuple[str, str]]:
-    """(name, C type) of each parameter of `entry` in a TileLang-rendered CUDA source, in order.
-    TileLang orders them itself (by name) and drops buffers the kernel never touches, so a host
-    binds its arguments by these names, never by the program's parameter order."""
-    for m in _SIG.finditer(source):
-        if m.group(1) == entry:
-            out = []
-            for p in m.group(2).split(","):
-                p = p.replace("__restrict__", " ").strip()
-                if not p:
-                    continue
-                ctype, name = p.rsplit(None, 1)
-                if name.startswith("*"):
-                    ctype, name = ctype + "*", name[1:]
-                out.append((name, ctype.replace(" ", "")))
-            return out
-    raise CudaError(f"the source has no kernel {entry!r}")
 
 
 def c_arg(ctype: str, value):

@@ -1,7 +1,8 @@
-"""Runs an sm90 / sm100 plan on its GPU: every kernel call of a step launches the plan's cubin
-for the step's bucket (TileLang kernels through their template's host side, Triton kernels
-through their launcher), calls the plan left to torch run their op's reference on the device, and
-views are views.
+"""Runs an sm90 / sm100 plan on its GPU: every generated call of a step replays its host recipe
+for the step's bucket (runtime/host_recipe.py: the allocations, padding and views its template's
+host code made at compile time, and the launches of the plan's cubins), calls the plan left to
+torch run their op's reference on the device, and views are views. Everything comes from the
+plan: this module imports nothing of the compiler.
 
 Steps run at a bucket's static shape (`runtime.batch.bucket_inputs`): the last state slot and the
 last page of the plan's pool are the scratch the padding writes into, so the engine sees one
@@ -21,17 +22,15 @@ from pathlib import Path
 
 import torch
 
-from ..codegen.plan import PlanError
-from ..codegen.template import templates
 from ..ir.quant import QTensor
-from ..ir.registry import get_op
-from ..models.deepseek_v41 import PAGE_TOKENS
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs
-from .cuda_driver import CubinFunction, c_arg, kernel_params
+from .cuda_driver import CubinFunction, c_arg
+from .host_recipe import HostRecipe
 from .plan_executor import LoadedPlan, choose_bucket, reference_call
+from .plan_file import PlanError
 from .plan_runner import PlanRunner
 from .state import allocate_state
-from .triton_aot import TritonAotCall
+from .triton_aot import TritonKernels
 
 TORCH_TEMPLATES = ("torch_ref", "torch_device")
 CAPABILITY = {"sm90": (9, 0), "sm100": (10, 0)}
@@ -53,38 +52,23 @@ class _Pending:
         return self.logits.cpu()
 
 
-class _TileLangCall:
-    """A TileLang instance: its cubins (the main kernel, and the combine of a split attention)."""
+class _TileLangKernels:
+    """A TileLang instance's cubins: the main kernel, and the combine of a split attention."""
 
     def __init__(self, root: Path, inst: str, k: dict, device: int):
-        src = (root / f"kernels/{inst}.cu").read_text()
         files = k["build"]["files"]
-        self.kernels = [(CubinFunction((root / files["cubin"]).read_bytes(), k["entry"], k["grid"], k["block"],
-                                       k["smem_bytes"], device), kernel_params(src, k["entry"]))]
+        self.kernels = [CubinFunction((root / files["cubin"]).read_bytes(), k["entry"], k["grid"], k["block"],
+                                      k["smem_bytes"], device)]
         if "combine" in k["meta"]:
             c = k["meta"]["combine"]
-            self.kernels.append((CubinFunction((root / files["cubin_combine"]).read_bytes(), c["entry"], c["grid"],
-                                               c["block"], c["smem_bytes"], device),
-                                 kernel_params(c["text"], c["entry"])))
-        self.inst = inst
+            self.kernels.append(CubinFunction((root / files["cubin_combine"]).read_bytes(), c["entry"], c["grid"],
+                                              c["block"], c["smem_bytes"], device))
 
-    def launch(self, i: int, **buffers) -> None:
-        fn, params = self.kernels[i]
-        args = []
-        for name, ctype in params:
-            if name not in buffers:
-                raise PlanError(f"instance {self.inst}: kernel {fn.name} wants buffer {name}, the host gave "
-                                f"{', '.join(buffers)}")
-            v = buffers[name]
-            if isinstance(v, torch.Tensor) and not v.is_contiguous():
-                raise PlanError(f"instance {self.inst}: buffer {name} is not contiguous")
-            args.append(c_arg(ctype, v))
-        fn.launch(args)
+    def launch(self, i: int, grid, args: list) -> None:
+        self.kernels[i].launch(args, grid=grid)
 
 
 class CudaPlanExecutor:
-    page_tokens = PAGE_TOKENS
-
     def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash=None, device: int = 0,
                  cuda_graphs: bool = True):
         if not torch.cuda.is_available():
@@ -107,7 +91,9 @@ class CudaPlanExecutor:
         self.state = {k: to_device(v, self.device) for k, v in state.items()}
         self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
         self.vocab_size = self.cfg.vocab_size
+        self.page_tokens = lp.page_tokens
         self._kernels: dict[str, object] = {}
+        self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs
         # DEEPINFER_SYNC_CALLS=1: wait for every call, so a failing kernel is named (debugging only)
         sync = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
@@ -125,12 +111,12 @@ class CudaPlanExecutor:
             if k["build"]["status"] != "built":
                 raise PlanError(f"instance {inst} ({k['template']}) was not built: {k['build']['reason']}")
             if k["language"] == "cuda":
-                self._kernels[inst] = _TileLangCall(self.root, inst, k, self.device.index)
+                self._kernels[inst] = _TileLangKernels(self.root, inst, k, self.device.index)
             else:
                 files = k["build"]["files"]
                 launches = json.loads((self.root / files["launches"]).read_text())
                 cubins = [(self.root / files[f"cubin{i}"]).read_bytes() for i in range(len(launches))]
-                self._kernels[inst] = TritonAotCall(inst, launches, cubins, self.device.index)
+                self._kernels[inst] = TritonKernels(inst, launches, cubins, self.device.index)
         return self._kernels[inst]
 
     def _call_fn(self, call: dict, bucket: str):
@@ -139,28 +125,20 @@ class CudaPlanExecutor:
         inst = launch.get("kernel")
         if inst is None or launch.get("template") in TORCH_TEMPLATES:
             return reference_call(call, bucket)
-        attrs = get_op(call["op"]).check_attrs(call["attrs"])
-        k = self.plan["kernels"][inst]
-        kern = self._kernel(inst)
-        if k["language"] == "cuda":
-            host = templates()[k["template"]].host
-            return lambda *xs: host(kern.launch, xs, attrs, k["config"], k["meta"])
-        from ..codegen.library import triton_launchers as tk
-
-        launcher = getattr(tk, k["meta"]["launcher"])
-        kw, cfg = k["meta"]["launch_attrs"], k["meta"]["config"]
-
-        def run(*xs):
-            with tk.aot_kernels(kern):
-                return launcher(*xs, **kw, cfg=cfg)
-        return run
+        rid = launch.get("recipe")
+        if rid is None:
+            raise PlanError(f"call {call['op']} ({call['outputs'][0]}) in {bucket} has no host recipe")
+        if (rid, inst) not in self._recipes:
+            self._recipes[rid, inst] = HostRecipe(self.plan["recipes"][rid], self._kernel(inst).launch, self.device,
+                                                  f"{call['op']} ({call['outputs'][0]}) in {bucket}", c_arg)
+        return self._recipes[rid, inst]
 
     def _sync(self, graph: str, bucket: str, i: int) -> None:
         try:
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
-            node = self.loaded.graphs[graph].nodes[i]
-            raise PlanError(f"{node.op} ({node.name.split(' =')[0]}) in {bucket} failed on the GPU: "
+            c = self.loaded.graphs[graph].calls[i]
+            raise PlanError(f"{c['op']} ({c['outputs'][0]}) in {bucket} failed on the GPU: "
                             f"{str(e).splitlines()[0]}") from e
 
     # ---- Executor ----
@@ -214,8 +192,8 @@ class CudaPlanExecutor:
                 static_out = self.runner.run(graph, bucket, static_in)
         except Exception as e:  # noqa: BLE001  (any capture failure means: run this bucket eagerly)
             g, i = self.runner.at
-            node = self.loaded.graphs[g].nodes[i]
-            where = f"{node.op} ({node.name.split(' =')[0]})"
+            c = self.loaded.graphs[g].calls[i]
+            where = f"{c['op']} ({c['outputs'][0]})"
             try:
                 torch.cuda.synchronize()
             except Exception:  # noqa: BLE001  (the failed capture's error resurfaces here once)

@@ -2,39 +2,23 @@
 checkpoint. On the cpu target every kernel call runs its op's torch reference.
 
 `LoadedPlan` is the part every target shares: the plan checked and read, the weights materialised
-in the plan's layouts (its load program run once), and the per-step graphs."""
+in the plan's layouts (its load program run once), and the per-step graphs. All of it comes from
+plan.json (and the kernel files it names): the runtime reads no IR and no compiler code."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from ..codegen.plan import PlanError, load_plan
-from ..ir import interpret, parse_graph, parse_type, verify
-from ..ir.graph import Graph
+from ..ir import parse_type
 from ..ir.registry import get_op
 from ..models.checkpoint import load_checkpoint
 from ..models.config import config_from_dict, load_config
 from ..models.deepseek_v41 import materialize_params
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
-from .plan_runner import PlanRunner
+from .plan_file import PlanError, load_plan
+from .plan_runner import PlanGraph, PlanRunner
 from .state import allocate_state, slot_buffers, zero_slot
-
-
-def _step_graph(full: Graph, derived: set[str]) -> Graph:
-    """The per-step part of a graph: load-time nodes removed, their outputs become params."""
-    g = full.replace_nodes([n for n in full.nodes if not set(n.outputs) & derived])
-    for v in sorted(derived):
-        if v in full.types and v not in g.params:
-            g.types[v] = full.types[v]
-            g.params.append(v)
-    # weights only the load program read (w1, w3 once w13 exists) are no step's params: they are
-    # freed after load instead of held twice
-    read = {i for n in g.nodes for i in n.inputs} | set(g.outputs)
-    for p in [p for p in g.params if p not in read]:
-        g.types.pop(p, None)
-    g.params = [p for p in g.params if p in read]
-    return g
 
 
 class LoadedPlan:
@@ -56,11 +40,11 @@ class LoadedPlan:
                             f"for {plan['model']['id']} (config {plan['model']['config_hash'][:12]})")
         if checkpoint is None:
             checkpoint = load_checkpoint(weights, cfg)
-        self.graphs: dict[str, Graph] = {}
-        derived = {o for call in plan["load_program"] for o in call["outputs"]}
-        for name, g in plan["graphs"].items():
-            full = verify(parse_graph((root / g["ir"]).read_text()))
-            self.graphs[name] = _step_graph(full, derived)
+        try:
+            self.graphs = {name: PlanGraph(name, g) for name, g in plan["graphs"].items()}
+        except KeyError as e:
+            raise PlanError(f"plan {root}: a graph record lacks {e}") from None
+        self.page_tokens = plan["options"]["page_tokens"]
         needed = {p for g in self.graphs.values() for p in g.params}
         sources = {k: v["sources"] for k, v in plan["params"].items()}
         self.params = materialize_params(sources, checkpoint)
@@ -82,7 +66,7 @@ class LoadedPlan:
 
 class PlanExecutor:
     def __init__(self, plan_dir, weights, num_slots: int | None = None, num_pages: int | None = None,
-                 check: bool = False, pad_to_buckets: bool = False):
+                 pad_to_buckets: bool = False):
         """`pad_to_buckets` runs every step at its bucket's shape, padded as a device executor pads
         it (tests use it to check the padding never changes a real row)."""
         root = Path(plan_dir)
@@ -109,7 +93,7 @@ class PlanExecutor:
         # padded steps run the plan's call lists the way a device executor does, with references
         self.runner = PlanRunner(lp, self.params, self.state, reference_call, torch.device("cpu"))
         self.vocab_size = self.cfg.vocab_size
-        self.check = check
+        self.page_tokens = lp.page_tokens
         self.state_types = lp.state_types
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
@@ -119,10 +103,8 @@ class PlanExecutor:
         name = "step"
         if "step_decode" in self.graphs and max(len(c.tokens) for c in chunks) <= self.plan["options"]["decode_rows_max"]:
             name = "step_decode"
-        if not self.pad:
-            outs, self.state, _ = interpret(self.graphs[name], step_inputs(chunks), self.params, self.state,
-                                            check=self.check)
-            return outs["logits"]
+        if not self.pad:  # references take any shape: the step runs at its own
+            return self.runner.run(name, None, step_inputs(chunks))["logits"]
         name, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][name][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
@@ -134,7 +116,7 @@ class PlanExecutor:
         if "draft" not in self.graphs:
             raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
         inputs = draft_inputs(seqs, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
-        outs, self.state, _ = interpret(self.graphs["draft"], inputs, self.params, self.state, check=self.check)
+        outs = self.runner.run("draft", None, inputs)
         return outs["drafts"], outs["confidence"]
 
     def reset_slot(self, slot: int) -> None:

@@ -1,13 +1,14 @@
-"""A device plan launches its Triton cubins through the templates' own host launchers: every
-launch a launcher makes must be one the plan recorded and built (kernel, specialisation, grid).
-Checked here without a GPU: the tiny model through the sm90 pipeline, every Triton call rendered
-at a decode and a prefill bucket, its launcher run on zero tensors of the call's types with the
-cubin launch itself stubbed out."""
+"""A device plan runs its Triton cubins through host recipes recorded from the templates' own
+launchers: every launch a launcher makes must be one the instance rendered (kernel,
+specialisation, grid). Checked here without a GPU: the tiny model through the sm90 pipeline,
+every Triton call rendered at a decode and a prefill bucket and its launcher recorded on meta
+tensors of the call's types."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from deepinfer.codegen.host_recipe import meta_value, record_triton  # noqa: E402
 from deepinfer.codegen.library import triton_launchers as tk  # noqa: E402
 from deepinfer.codegen.target import get_target  # noqa: E402
 from deepinfer.codegen.template import select  # noqa: E402
@@ -18,16 +19,6 @@ from deepinfer.models.config import load_config  # noqa: E402
 from deepinfer.models.deepseek_v41 import build_model  # noqa: E402
 from deepinfer.passes.driver import run_pipeline  # noqa: E402
 from deepinfer.passes.kernels import kernel_spec  # noqa: E402
-from deepinfer.runtime import triton_aot  # noqa: E402
-from deepinfer.runtime.plan_runner import as_outputs  # noqa: E402
-
-
-class _NoLaunch:
-    def __init__(self, *a, **k):
-        pass
-
-    def launch(self, *a, **k):
-        pass
 
 
 def _zeros(t, env):
@@ -36,8 +27,7 @@ def _zeros(t, env):
     return torch.zeros(sh.evaluate(t.storage_shape(), env), dtype=t.dtype.storage)
 
 
-def test_every_triton_launch_is_one_the_plan_built(monkeypatch):
-    monkeypatch.setattr(triton_aot, "CubinFunction", _NoLaunch)
+def test_every_triton_launch_is_one_the_instance_rendered():
     target = get_target("sm90")
     g = run_pipeline(build_model(load_config("v4.1-flash-tiny")).step, "sm90")
     envs = [{"num_tokens": 4, "num_seqs": 4, "num_samples": 4, "max_pages": 4, "num_slots": 6, "num_pages": 9},
@@ -57,35 +47,19 @@ def test_every_triton_launch_is_one_the_plan_built(monkeypatch):
                 configs.append(dict(configs[0], SPLIT=8))
             for cfg in configs:
                 src = t.render(target, spec, cfg)
-                launches = [dict(k, metadata={"name": k["entry"], "shared": 0}) for k in src.meta["kernels"]]
-                call = triton_aot.TritonAotCall(n.name, launches, [b""] * len(launches))
-                xs = [_zeros(types[v], env) for v in n.inputs]
-                with tk.aot_kernels(call):
-                    out = getattr(tk, src.meta["launcher"])(*xs, **src.meta["launch_attrs"], cfg=src.meta["config"])
-                for v, name in zip(as_outputs(out, [types[o] for o in n.outputs]), n.outputs):  # as the node declares
+                kernel = {"template": t.name, "meta": src.meta}
+                xs = [meta_value(types[v]) for v in n.inputs]
+                quantised = [isinstance(types[o], QuantType) for o in n.outputs]
+                with torch.device("meta"):
+                    rec, outs = record_triton(getattr(tk, src.meta["launcher"]), kernel, xs, quantised)
+                assert {s["launch"] for s in rec["steps"] if "launch" in s} == set(range(len(src.meta["kernels"])))
+                for v, name in zip(outs, n.outputs):  # as the node declares
                     want = _zeros(types[name], env)
                     for a, b in ((v.data, want.data), (v.scale, want.scale)) if isinstance(want, QTensor) else ((v, want),):
                         assert a.shape == b.shape and a.dtype == b.dtype, (n.name, name, a.shape, b.shape)
                 checked += 1
             templates_seen.add(t.name)
     assert checked > 100 and len(templates_seen) >= 15, (checked, sorted(templates_seen))
-
-
-def test_an_unrecorded_launch_is_refused(monkeypatch):
-    monkeypatch.setattr(triton_aot, "CubinFunction", _NoLaunch)
-    rec = {"entry": "quant_fp8_kernel", "constexprs": {"N": 64, "BLOCK": 1024, "BLK": 32}, "grid": [3, 1],
-           "num_warps": 4, "num_stages": 1, "signature": {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8",
-                                                          "N": "constexpr", "BLOCK": "constexpr", "BLK": "constexpr"},
-           "metadata": {"name": "quant_fp8_kernel", "shared": 0}}
-    call = triton_aot.TritonAotCall("k0", [rec], [b""])
-    x = torch.zeros(3, 64, dtype=torch.bfloat16)
-    with tk.aot_kernels(call):
-        tk.launch_quant_fp8(x, block=32, cfg={"BLOCK": 1024, "num_warps": 4, "num_stages": 1})  # as recorded
-        with pytest.raises(RuntimeError, match="did not build"):
-            tk.launch_quant_fp8(x, block=32, cfg={"BLOCK": 512, "num_warps": 4, "num_stages": 1})
-        with pytest.raises(RuntimeError, match="grid"):
-            tk.launch_quant_fp8(torch.zeros(5, 64, dtype=torch.bfloat16), block=32,
-                                cfg={"BLOCK": 1024, "num_warps": 4, "num_stages": 1})
 
 
 def test_decode_torch_references_need_no_host_sync():

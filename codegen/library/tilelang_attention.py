@@ -247,11 +247,11 @@ def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]
     c = dict(attention_default_config(target, spec), **config)
     func = attention_program(MODES[spec.op], **d, **c)
     r = lower(func, target.arch)
-    meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d}
+    meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d, "params": r["params"]}
     if c["splits"] > 1:
         comb = lower(combine_program(d["n"], d["H"], d["D"], c["splits"]), target.arch)
         meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"], "block": comb["block"],
-                           "smem_bytes": comb["smem"]}
+                           "smem_bytes": comb["smem"], "params": comb["params"]}
     return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
                         meta=meta)
 

@@ -53,23 +53,33 @@ def lower(func, arch: str, pass_configs: Mapping[str, Any] | None = None) -> dic
     cfg = dict(PASS_CONFIGS, **(pass_configs or {}))
     with tvm.transform.PassContext(opt_level=3, config=cfg), cuda_target(arch) as tgt:
         art = tilelang.lower(func, target=tgt)
-    out = {"src": art.kernel_source, "entry": "", "grid": (), "block": (), "smem": 0}
+    out = {"src": art.kernel_source, "entry": "", "grid": (), "block": (), "smem": 0, "params": []}
     for gv, f in art.device_mod.functions.items():
         attrs = f.attrs
         if attrs is None or "thread_extent" not in attrs:
             continue
         ext = {str(k): int(v) for k, v in attrs["thread_extent"].items()}
         out["entry"] = gv.name_hint
+        # the kernel's parameters as the lowering left them (it orders them by name and drops
+        # buffers the kernel never touches): hosts bind buffers by these names
+        out["params"] = [[p.name, _param_ctype(p)] for p in f.params]
         out["grid"] = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
         out["block"] = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
         out["smem"] = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
     return out
 
 
+def _param_ctype(p) -> str:
+    """A device-function parameter as the launch ABI sees it: a pointer, or a scalar type."""
+    if str(p.dtype) == "handle":
+        return "void*"
+    return {"int32": "int32_t", "int64": "int64_t", "float32": "float"}[str(p.dtype)]
+
+
 def source(func, arch: str, meta: Mapping[str, Any]) -> KernelSource:
     r = lower(func, arch)
     return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
-                        meta=dict(meta))
+                        meta=dict(meta, params=r["params"]))
 
 
 def nvcc_report(src: str, arch: str, timeout: int = 600) -> dict:

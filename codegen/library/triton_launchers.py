@@ -81,20 +81,38 @@ def launch_quant_fp8(x, *, block, cfg):
 
 def rope_freqs(rope_dim, theta, yarn, device):
     """f_i exactly as the reference computes them (a handful of fp32 values per layer)."""
-    return _rope_freqs(rope_dim, theta, tuple(yarn) if yarn else None, torch.device(device))
+    return _on_device(_rope_freqs(rope_dim, theta, tuple(yarn) if yarn else None), torch.device(device))
 
 
 @functools.lru_cache(maxsize=None)
-def _rope_freqs(rope_dim, theta, yarn, device):
-    # made once per device: a copy to the GPU inside a CUDA graph capture is not allowed
+def _rope_freqs(rope_dim, theta, yarn):
     from deepinfer.ir.ops.attention import yarn_freqs
 
-    return yarn_freqs(rope_dim, theta, yarn).to(device)
+    with torch.device("cpu"):  # real values, whatever device context the caller runs under
+        return yarn_freqs(rope_dim, theta, yarn)
+
+
+def _int64_const(values: tuple, device) -> torch.Tensor:
+    return _on_device(_cpu_int64(values), torch.device(device))
 
 
 @functools.lru_cache(maxsize=None)
-def _int64_const(values: tuple, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+def _cpu_int64(values: tuple) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device="cpu")
+
+
+def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host-made constant on `device`: copied once per GPU (a copy inside a CUDA graph capture
+    is not allowed), and copied afresh onto meta, where a host recipe is being recorded and the
+    copy of real values is what records the constant."""
+    if device.type in ("cpu", "meta"):
+        return t.to(device)
+    return _cached_copy(t, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_copy(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.to(device)
 
 
 def rope_mode(mode: str, scale: str | None = None, block: int = 32):

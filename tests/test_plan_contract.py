@@ -1,0 +1,115 @@
+"""The plan is the runtime's whole contract: the runtime imports nothing of the compiler (codegen,
+passes), reads plan.json and the kernel files it names, and checks the call graph it is given."""
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepinfer.models.checkpoint import make_checkpoint
+from deepinfer.passes.driver import CompileOptions, compile_model
+from deepinfer.runtime.plan_file import PlanError
+from deepinfer.runtime.plan_runner import PlanGraph
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILER = ("codegen", "passes")
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Every deepinfer module a file imports, at any depth (function-level imports too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.startswith("deepinfer")}
+
+
+def test_runtime_modules_import_no_compiler_code():
+    bad = {}
+    for f in sorted((ROOT / "runtime").glob("*.py")):
+        hits = {m for m in _imports(f, "deepinfer.runtime") if m.split(".")[1:2] and m.split(".")[1] in COMPILER}
+        if hits:
+            bad[f.name] = sorted(hits)
+    assert not bad, bad
+
+
+# a process in which the compiler's packages cannot be imported
+_BLOCK = """
+import importlib.abc, sys
+class NoCompiler(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[:2] in (['deepinfer', 'codegen'], ['deepinfer', 'passes']) or name in ('tilelang', 'triton'):
+            raise ImportError(f'{name} is not installed on this serving machine')
+sys.meta_path.insert(0, NoCompiler())
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_plan(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract")
+    ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=3)
+    plan = compile_model("v4.1-flash-tiny", CompileOptions("cpu", max_model_len=256, max_num_seqs=2), root / "plan")
+    return plan.plan_dir, ckpt
+
+
+def test_a_cpu_plan_generates_where_the_compiler_is_absent(cpu_plan):
+    plan, ckpt = cpu_plan
+    code = _BLOCK + f"""
+from deepinfer import LLM, SamplingParams
+try:
+    import deepinfer.codegen
+    raise SystemExit('the block did not hold')
+except ImportError:
+    pass
+llm = LLM(plan={str(plan)!r}, weights={str(ckpt)!r}, max_num_seqs=2, max_model_len=128)
+outs = llm.generate(prompt_token_ids=[[5, 17, 300, 9000, 12], list(range(100, 130))],
+                    sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+print('TOKENS', [o.token_ids for o in outs])
+print('MODULES', sorted(m for m in sys.modules if m.startswith(('deepinfer.codegen', 'deepinfer.passes'))))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=""))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.startswith(("TOKENS", "MODULES")))
+    assert lines["MODULES"] == "[]"
+    from deepinfer import LLM, SamplingParams
+
+    want = LLM("v4.1-flash-tiny", ckpt, max_num_seqs=2, max_model_len=128).generate(
+        prompt_token_ids=[[5, 17, 300, 9000, 12], list(range(100, 130))],
+        sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    assert lines["TOKENS"] == str([o.token_ids for o in want])
+
+
+def test_the_plan_records_what_the_runtime_needs(cpu_plan):
+    plan, _ = cpu_plan
+    body = json.loads((Path(plan) / "plan.json").read_text())
+    assert body["options"]["page_tokens"] == 128
+    for name, g in body["graphs"].items():
+        PlanGraph(name, g)  # checks every dependency
+        assert g["outputs"] and g["params"] and g["calls"]
+        assert all("deps" in c for c in g["calls"])
+
+
+def test_a_call_graph_with_a_wrong_dependency_is_refused(cpu_plan):
+    plan, _ = cpu_plan
+    g = json.loads((Path(plan) / "plan.json").read_text())["graphs"]["step"]
+    i = next(i for i, c in enumerate(g["calls"]) if c["deps"])
+    bad = json.loads(json.dumps(g))
+    bad["calls"][i]["deps"] = []
+    with pytest.raises(PlanError, match="neither its dependencies"):
+        PlanGraph("step", bad)
+    bad = json.loads(json.dumps(g))
+    bad["calls"][0]["deps"] = [len(bad["calls"]) - 1]
+    with pytest.raises(PlanError, match="does not precede"):
+        PlanGraph("step", bad)
