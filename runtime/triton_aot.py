@@ -53,6 +53,10 @@ class _Bound:
             raise CudaError(f"instance {self.call.inst}: {name} launched over grid {list(grid)}, built for {ln['grid']}")
         values = dict(zip(fn.arg_names, args))
         values.update(kw)
+        for a in ln.get("aligned", ()):
+            if values[a].data_ptr() % 16:
+                raise CudaError(f"instance {self.call.inst}: {name} was built for a 16-byte aligned {a}, got "
+                                f"address {values[a].data_ptr():#x}")
         params = []
         for a in fn.arg_names:
             ty = ln["signature"][a]

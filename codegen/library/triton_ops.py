@@ -74,17 +74,24 @@ class Launch:
     grid: tuple
     num_warps: int
     num_stages: int
+    # pointer arguments the build may take as 16-byte aligned (Triton's JIT learns it per call;
+    # an ahead-of-time build is told, and runtime/triton_aot.py checks it at each launch): what
+    # lets Triton vectorise the loads of a weight stream
+    aligned: tuple[str, ...] = ()
 
     def as_meta(self) -> dict:
-        return {"entry": self.entry, "signature": dict(self.signature), "constexprs": dict(self.constexprs),
+        meta = {"entry": self.entry, "signature": dict(self.signature), "constexprs": dict(self.constexprs),
                 "grid": list(self.grid), "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.aligned:
+            meta["aligned"] = list(self.aligned)
+        return meta
 
 
-def _launch(entry, args: dict, constexprs: dict, grid, cfg) -> Launch:
+def _launch(entry, args: dict, constexprs: dict, grid, cfg, aligned=()) -> Launch:
     sig = dict(args)
     sig.update({k: "constexpr" for k in constexprs})
     return Launch(entry, sig, dict(constexprs), tuple(int(g) for g in grid), int(cfg.get("num_warps", 4)),
-                  int(cfg.get("num_stages", 1)))
+                  int(cfg.get("num_stages", 1)), tuple(aligned))
 
 
 # ---- per-op launches (signatures follow the kernels' argument order) ---------------------------
@@ -316,7 +323,9 @@ def _l_grouped_gemm_fp4(spec, cfg):
             "y_ptr": _ptr(spec.out_types[0])}
     ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
           "BK": cfg["BK"]}
-    return [_launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1), cfg)]
+    # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
+    return [_launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1), cfg,
+                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))]
 
 
 def _grouped_gemm_fp4_supports(t, spec):
