@@ -5,6 +5,8 @@ TileKernels has the same kernel, against TileKernels at the same shapes in the s
 (bench/tilekernels_peer.py says what each pairing covers). Not a test; run on the H200:
 
     python bench/kernels_triton.py --out bench/results/triton_h200.json [--only OP] [--no-check]
+    python bench/kernels_triton.py --only grouped_gemm_fp4 [--sweep] [--dry-run]   (bench/moe_decode.py:
+        the decode MoE GEMM against the TileLang template; JSON to $OUT/moe_decode.json when OUT is set)
 
 Floor = bytes moved / copy bandwidth, with each input read once and each output written once;
 gathers and cache writes count only the rows they touch. "floor/time" 1.0 = at the floor.
@@ -79,7 +81,13 @@ def main():
     ap.add_argument("--graphs", action="store_true",
                     help="time each launch replayed from a CUDA graph (as a plan's decode steps run), "
                          "which takes the host's launch cost out of microsecond kernels")
+    ap.add_argument("--sweep", action="store_true", help="grouped_gemm_fp4: time a grid of Triton configs per case")
+    ap.add_argument("--dry-run", action="store_true", help="grouped_gemm_fp4: build the cases on the CPU only")
+    ap.add_argument("--preset", default="v4.1-flash", help="grouped_gemm_fp4: the model preset giving the widths")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     args = ap.parse_args()
+    if args.only == "grouped_gemm_fp4":
+        return moe_main(args)
     import triton
 
     def eager(fn):
@@ -148,6 +156,34 @@ def main():
         print("peer:", p)
     print("copy ceiling %.2f TB/s" % (ceil["copy_bytes_per_s"] / 1e12))
     return 0 if all(r.get("check", "pass") == "pass" for r in rows) else 1
+
+
+def moe_main(args):
+    import moe_decode
+
+    if args.dry_run:
+        res = moe_decode.dry_run(args)
+    else:
+        import triton
+
+        def bench(fn):
+            if args.graphs:
+                return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+        ceil = measure_ceilings(lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        res = moe_decode.run(args, bench, ceil)
+        res.update(gpu=torch.cuda.get_device_name(), triton=triton.__version__, ceilings=ceil,
+                   timing="cuda graph replay" if args.graphs else "eager launches (do_bench)",
+                   date=datetime.date.today().isoformat())
+        print("copy ceiling %.2f TB/s" % (ceil["copy_bytes_per_s"] / 1e12))
+    if os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], "moe_decode%s.json" % ("_dry" if args.dry_run else ""))
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        print("wrote", path)
+    rows = res.get("rows", [])
+    return 0 if all(r[k].get("check") == "pass" for r in rows for k in ("triton", "tilelang")) else 1
 
 
 if __name__ == "__main__":

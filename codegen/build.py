@@ -309,7 +309,8 @@ def _build_triton(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
         fn = getattr(mod, k["entry"], None)
         if fn is None:
             raise BuildError(f"triton source has no kernel {k['entry']!r}")
-        ast = ASTSource(fn=fn, signature=dict(k["signature"]), constexprs=dict(k["constexprs"]))
+        aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in k.get("aligned", ())}
+        ast = ASTSource(fn=fn, signature=dict(k["signature"]), constexprs=dict(k["constexprs"]), attrs=aligned)
         try:
             ck = triton.compile(ast, target=GPUTarget("cuda", cc, 32),
                                 # fusion pinned: Triton 3.10 flips its default, and the cache key must decide the binary

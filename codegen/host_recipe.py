@@ -17,7 +17,8 @@ Recipe (JSON):
     strides  per input slot: the strides it was recorded with (the runtime checks them once)
     consts   slot -> {dtype, shape, values}
     steps    {"op": "aten.<name>.<overload>", "args", "kwargs", "out": [slots]}
-             {"launch": kernel index, "grid": [..], "args": [{"t": slot} | scalar], "ctypes": [..]}
+             {"launch": kernel index, "grid": [..], "args": [{"t": slot} | scalar], "ctypes": [..],
+              "aligned": [indices of pointer arguments the kernel was built to take 16-byte aligned]}
     outputs  per op output: [slot] or [data slot, scale slot]
 Arguments: {"t": slot} a tensor; {"dtype"|"layout"|"memory_format": name}; {"device": 0} the
 runtime's device; {"float": "inf"} a non-finite float; lists, numbers, strings and null as is.
@@ -115,7 +116,7 @@ class _Recorder(TorchDispatchMode):
         self.steps.append(step)
         return out
 
-    def launch(self, index: int, grid, args: list, ctypes: list[str]) -> None:
+    def launch(self, index: int, grid, args: list, ctypes: list[str], aligned: list[int] = ()) -> None:
         enc = []
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -124,7 +125,10 @@ class _Recorder(TorchDispatchMode):
                 enc.append(_num(a) if isinstance(a, float) else int(a))
             else:
                 raise RecipeError(f"kernel argument of type {type(a).__name__}")
-        self.steps.append({"launch": index, "grid": [int(g) for g in grid], "args": enc, "ctypes": list(ctypes)})
+        step = {"launch": index, "grid": [int(g) for g in grid], "args": enc, "ctypes": list(ctypes)}
+        if aligned:
+            step["aligned"] = list(aligned)
+        self.steps.append(step)
 
 
 def _num(v):
@@ -234,8 +238,10 @@ class _TritonKernel:
         values = dict(zip(self.fn.arg_names, args))
         values.update(kw)
         names = [a for a in self.fn.arg_names if ln["signature"][a] != "constexpr"]
+        # pointers the build took as 16-byte aligned (Launch.aligned): the runtime checks them
         self.owner.rec.launch(i, grid, [values[a] for a in names],
-                              ["*" if ln["signature"][a].startswith("*") else ln["signature"][a] for a in names])
+                              ["*" if ln["signature"][a].startswith("*") else ln["signature"][a] for a in names],
+                              [j for j, a in enumerate(names) if a in ln.get("aligned", ())])
 
 
 def record_triton(launcher: Callable, kernel: dict, inputs: list, quantised: list[bool]) -> tuple[dict, tuple]:

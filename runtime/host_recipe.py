@@ -85,7 +85,7 @@ class HostRecipe:
         for st in recipe["steps"]:
             if "launch" in st:
                 args = [_decode(a, device) for a in st["args"]]
-                self.steps.append((None, st["launch"], st["grid"], (args, st["ctypes"]), None))
+                self.steps.append((None, st["launch"], st["grid"], (args, st["ctypes"], st.get("aligned", ())), None))
             else:
                 args = _decode(st["args"], device)
                 kwargs = {k: _decode(v, device) for k, v in st["kwargs"].items()}
@@ -118,8 +118,13 @@ class HostRecipe:
             self._check_strides(slots)
         for fn, k, grid, args, outs in self.steps:
             if fn is None:
-                vals, ctypes = args
-                self.launch(k, grid, [self.c_arg(ct, v) for ct, v in zip(ctypes, _bind(vals, slots))])
+                vals, ctypes, aligned = args
+                vals = _bind(vals, slots)
+                for j in aligned:
+                    if vals[j].data_ptr() % 16:
+                        raise PlanError(f"{self.what}: kernel {k} was built for a 16-byte aligned argument {j}, "
+                                        f"got address {vals[j].data_ptr():#x}")
+                self.launch(k, grid, [self.c_arg(ct, v) for ct, v in zip(ctypes, vals)])
                 continue
             a, kw, kw_slots = args
             res = fn(*_bind(a, slots), **({k2: _bind(v, slots) for k2, v in kw.items()} if kw_slots else kw))

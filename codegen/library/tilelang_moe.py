@@ -185,9 +185,10 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
 
 
 def canonical_rows(target: Target, spec: KernelSpec) -> KernelSpec:
-    """Decode calls (at most 2 rows per expert: the decode config, whose grid and tiles do not
-    depend on the row count) share the 2E-row instance; the host pads the rows, which the
-    expert offsets never reach."""
+    """Calls under 2 rows per expert share the 2E-row instance; the host pads the rows, which the
+    expert offsets never reach. Kernel selection hands those calls to the Triton decode template
+    first (triton_grouped_gemm_fp4, registered before this one), each row count with its own
+    instance, so this only pads decode calls that template does not take."""
     from .tilelang_gemm import rows_type
 
     mtot, n, _, e = _dims(spec)

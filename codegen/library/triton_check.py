@@ -281,6 +281,13 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         ids[::3] = 999_999
         return [rn(n, C, H, scale=2), rn(n, (C + 1) * H), rn(C, H), rn(C, H), ids.to(device)], \
             {"eps": 1e-20, "image_token_id": 999_999}
+    if op.startswith("grouped_gemm_fp4"):
+        E, k, F = dims["E"], dims["k"], dims["F"]
+        n_out, k_in = (H, F) if op == "grouped_gemm_fp4_w2" else (2 * F, H)
+        if op == "grouped_gemm_fp4_spans":
+            return grouped_fp4_inputs(spans_counts(E), n_out, k_in, device, seed, lead=2, tail=3), {}
+        tokens = 1 if op == "grouped_gemm_fp4_one_token" else n
+        return grouped_fp4_inputs(routed_counts(tokens, E, k, g), n_out, k_in, device, seed), {}
     if op in ("swa_write", "compress_state_write", "compressed_write", "engram_hist_write"):
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device)
@@ -311,6 +318,38 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         return [QTensor(cache.data.to(device), cache.scale.to(device)), QTensor(rows.data.to(device), rows.scale.to(device)),
                 positions, token_seq, bt.to(device)], {"ratio": 2}
     raise KeyError(f"no check case for {op!r}")
+
+
+def routed_counts(tokens: int, E: int, k: int, g: torch.Generator) -> list[int]:
+    """Rows per expert when each token picks k distinct experts at random (decode routing)."""
+    sel = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(tokens)])
+    return torch.bincount(sel.flatten(), minlength=E).tolist()
+
+
+def spans_counts(E: int) -> list[int]:
+    """An expert spanning two 16-row tiles and part of a third, empty experts between, one single
+    row, and the last expert spanning a tile and one row."""
+    if E < 7:
+        raise ValueError(f"the spans case needs at least 7 experts, got {E}")
+    counts = [0] * E
+    counts[1], counts[5], counts[E - 1] = 35, 1, 17
+    return counts
+
+
+def grouped_fp4_inputs(counts, n_out: int, k_in: int, device="cpu", seed=0, lead=0, tail=0):
+    """[rows (fp8, ue8m0 per 32), experts (fp4 e2m1 [E, n_out, k_in/2], ue8m0 per row and 32),
+    offsets] for `counts` rows per expert; `lead` rows before the first expert's and `tail` after
+    the last one's are covered by none. Drawn on `device` (the real sizes hold GBs of weights)."""
+    from deepinfer.ir.quant import quant_fp8_32
+
+    E = len(counts)
+    mtot = lead + sum(counts) + tail
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = quant_fp8_32(torch.randn(mtot, k_in, generator=g, device=device) * 2)
+    w = torch.randint(0, 256, (E, n_out, k_in // 2), generator=g, device=device, dtype=torch.uint8)
+    sw = torch.randint(118, 125, (E, n_out, k_in // 32), generator=g, device=device, dtype=torch.uint8)
+    offs = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0) + lead
+    return [QTensor(x.data, x.scale), QTensor(w, sw), offs.to(torch.int32).to(device)]
 
 
 def _clone(v):
@@ -358,11 +397,12 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
-    "grouped_linear": "rounded", "linear": "f32",
+    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
-            "engram_gate_ids": "engram_gate"}
+            "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
+            "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

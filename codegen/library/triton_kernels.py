@@ -606,3 +606,95 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl
         acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="tf32")
     _store_as(y_ptr + rows.to(tl.int64)[:, None] * (G * NG) + g * NG + cols[None, :], acc,
               rm[:, None] & cm[None, :])
+
+
+# ---- grouped fp4 GEMM (MoE experts, decode) ----------------------------------------------------
+
+
+@triton.jit
+def _fp4_scaled(code, sbyte):
+    """e2m1 codes (int32 0..15, bit 3 the sign) times 2^(sbyte - 127), exact in fp32. The code's
+    three magnitude bits placed at fp16 bits 9..11 are the fp16 exponent and top mantissa bit of
+    value * 2^-14 (code 1, 0.5, lands on the subnormal 2^-15), so one conversion decodes it and
+    the 2^14 joins the scale. Scale bytes up to 240 (2^113; real ones sit near 2^-10)."""
+    h = ((code & 7) << 9) | ((code & 8) << 12)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return v * ((sbyte + 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_scaled(code, sbyte):
+    """e4m3fn bytes (int32, no NaN) times 2^(sbyte - 127), exact in fp32: the byte's exponent and
+    mantissa shifted into an fp16 are its value * 2^-8 (subnormals included). Scale bytes up to
+    246."""
+    h = ((code & 0x7F) << 7) | ((code & 0x80) << 8)
+    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return v * ((sbyte + 8) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: tl.constexpr, N: tl.constexpr,
+                            K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr, BM: tl.constexpr,
+                            BN: tl.constexpr, BK: tl.constexpr):
+    """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
+    expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
+    32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
+    Both are decoded in registers to their exact fp32 values with the scales applied (4 x 2
+    significant bits: every product is exact at tf32 precision), the even-K and the odd-K halves
+    of a K tile as two tf32 MMAs, fp32 accumulation, bf16 out.
+
+    Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
+    from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
+    how many can be busy), walking its rows in tiles of BM; program (N tile, A) zeroes the rows
+    outside [off[0], off[E]), which no expert covers (the offsets are non-decreasing)."""
+    pn = tl.program_id(0)
+    i = tl.program_id(1)
+    KB: tl.constexpr = K // 32
+    NB: tl.constexpr = BK // 32
+    cols = pn * BN + tl.arange(0, BN)
+    cm = cols < N
+    if i < A:
+        ee = tl.arange(0, EP)
+        lo = tl.load(off_ptr + ee, mask=ee < E, other=0)
+        hi = tl.load(off_ptr + ee + 1, mask=ee < E, other=0)
+        busy = hi > lo
+        pick = busy & (tl.cumsum(busy.to(tl.int32), axis=0) == i + 1)
+        e = tl.sum(tl.where(pick, ee, 0), axis=0).to(tl.int64)
+        start = tl.sum(tl.where(pick, lo, 0), axis=0)
+        end = tl.sum(tl.where(pick, hi, 0), axis=0)  # start == end == 0: fewer than i + 1 busy
+        kb = tl.arange(0, NB)[None, :, None]
+        jj = tl.arange(0, 16)[None, None, :]
+        wrow = (e * N + cols).to(tl.int64)[:, None, None]
+        for r0 in range(start, end, BM):
+            rows = r0 + tl.arange(0, BM)
+            rm = rows < end
+            xrow = rows.to(tl.int64)[:, None, None]
+            acc = tl.zeros([BM, BN], tl.float32)
+            for k0 in range(0, K, BK):
+                kbi = k0 // 32 + kb  # the tile's 32-deep scale blocks, 16 bytes / int16 pairs each
+                km = kbi < KB
+                wb = tl.load(w_ptr + wrow * (K // 2) + kbi * 16 + jj, mask=cm[:, None, None] & km, other=0)
+                sw = tl.load(sw_ptr + wrow * KB + kbi, mask=cm[:, None, None] & km, other=0).to(tl.int32)
+                wb = wb.to(tl.int32)
+                w_even = tl.reshape(_fp4_scaled(wb & 15, sw), [BN, BK // 2])
+                w_odd = tl.reshape(_fp4_scaled(wb >> 4, sw), [BN, BK // 2])
+                xm = rm[:, None, None] & km
+                xp = tl.load(x_ptr + xrow * (K // 2) + kbi * 16 + jj, mask=xm, other=0).to(tl.int32)
+                sx = tl.load(sx_ptr + xrow * KB + kbi, mask=xm, other=0).to(tl.int32)
+                x_even = tl.reshape(_e4m3_scaled(xp & 0xFF, sx), [BM, BK // 2])
+                x_odd = tl.reshape(_e4m3_scaled((xp >> 8) & 0xFF, sx), [BM, BK // 2])
+                acc = tl.dot(x_even, tl.trans(w_even), acc, input_precision="tf32")
+                acc = tl.dot(x_odd, tl.trans(w_odd), acc, input_precision="tf32")
+            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, rm[:, None] & cm[None, :])
+    else:
+        zero = tl.zeros([BM, BN], tl.float32)
+        first = tl.load(off_ptr)
+        last = tl.load(off_ptr + E)
+        for r0 in range(0, first, BM):
+            rows = r0 + tl.arange(0, BM)
+            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], zero,
+                      (rows < first)[:, None] & cm[None, :])
+        for r0 in range(last, MTOT, BM):
+            rows = r0 + tl.arange(0, BM)
+            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], zero,
+                      (rows < MTOT)[:, None] & cm[None, :])

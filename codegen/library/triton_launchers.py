@@ -13,7 +13,7 @@ import torch
 import triton
 
 from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram_hash_kernel, gather_rows_kernel,
-                             grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
+                             grouped_gemm_fp4_kernel, grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
                              inverse_perm_kernel, moe_combine_kernel, moe_router_kernel, quant_fp8_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 
@@ -350,6 +350,22 @@ def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
 def launch_linear(x, w, *, out_dtype, compute, cfg):
     """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
     return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
+
+
+def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
+    """Decode-sized grouped fp4 GEMM: grid (N tiles, min(E, rows) + 1), the last program of each N
+    tile zeroing the rows no expert covers (triton_kernels.grouped_gemm_fp4_kernel)."""
+    xd, xs = x
+    wd, ws = w
+    mtot, k = xd.shape
+    e, n = wd.shape[0], wd.shape[1]
+    y = torch.empty(mtot, n, dtype=torch.bfloat16, device=xd.device)
+    a = min(e, mtot)
+    _k(grouped_gemm_fp4_kernel)[(triton.cdiv(n, cfg["BN"]), a + 1)](
+        _u8(xd.contiguous()).view(torch.int16), _u8(xs), _u8(wd), _u8(ws), offsets, y, MTOT=mtot, N=n, K=k, E=e,
+        A=a, EP=_p2(e), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return y
 
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}

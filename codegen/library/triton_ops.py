@@ -74,17 +74,24 @@ class Launch:
     grid: tuple
     num_warps: int
     num_stages: int
+    # pointer arguments the build may take as 16-byte aligned (Triton's JIT learns it per call;
+    # an ahead-of-time build is told, and runtime/triton_aot.py checks it at each launch): what
+    # lets Triton vectorise the loads of a weight stream
+    aligned: tuple[str, ...] = ()
 
     def as_meta(self) -> dict:
-        return {"entry": self.entry, "signature": dict(self.signature), "constexprs": dict(self.constexprs),
+        meta = {"entry": self.entry, "signature": dict(self.signature), "constexprs": dict(self.constexprs),
                 "grid": list(self.grid), "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.aligned:
+            meta["aligned"] = list(self.aligned)
+        return meta
 
 
-def _launch(entry, args: dict, constexprs: dict, grid, cfg) -> Launch:
+def _launch(entry, args: dict, constexprs: dict, grid, cfg, aligned=()) -> Launch:
     sig = dict(args)
     sig.update({k: "constexpr" for k in constexprs})
     return Launch(entry, sig, dict(constexprs), tuple(int(g) for g in grid), int(cfg.get("num_warps", 4)),
-                  int(cfg.get("num_stages", 1)))
+                  int(cfg.get("num_stages", 1)), tuple(aligned))
 
 
 # ---- per-op launches (signatures follow the kernels' argument order) ---------------------------
@@ -307,6 +314,40 @@ def _l_grouped_linear(spec, cfg):
     return [_launch("grouped_linear_kernel", args, ce, (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"])), cfg)]
 
 
+def _l_grouped_gemm_fp4(spec, cfg):
+    x, w, offs = spec.in_types
+    mtot, k = _ints(x.shape)
+    e, n, _ = _ints(w.shape)
+    a = min(e, mtot)
+    args = {"x_ptr": "*i16", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "off_ptr": _ptr(offs),
+            "y_ptr": _ptr(spec.out_types[0])}
+    ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
+          "BK": cfg["BK"]}
+    # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
+    return [_launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1), cfg,
+                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))]
+
+
+def _grouped_gemm_fp4_supports(t, spec):
+    """Decode-sized calls (at most 2 rows per expert: moe_default_config's decode) of fp8 rows with
+    ue8m0 per 32 and fp4 e2m1 experts with ue8m0 per row and 32; prefill stays on TileLang."""
+    x, w = spec.in_types[:2]
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    mtot, k = x.shape
+    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
+            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)
+            and k % 32 == 0 and mtot <= 2 * w.shape[0])
+
+
+def _grouped_gemm_fp4_by_rows(n: int) -> dict:
+    # untuned: a handful of rows (batch 1-2: one expert per row) takes narrower N tiles, so the
+    # few busy experts' weight stream spreads over more programs
+    return {"BN": 32} if n <= 16 else {}
+
+
 def _linear_f32_supports(t, spec):
     """fp32-compute linear on bf16 operands (router, LM head, DSpark's router); the bf16-compute
     GEMMs go to TileLang. An fp32 input (the compressor's) stays on the torch reference: with full
@@ -433,6 +474,12 @@ OPS = [
         by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
         supports=_linear_f32_supports, by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
+    # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
+    # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
+    _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
+        dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), lambda a: {}, _grouped_gemm_fp4_supports,
+        _grouped_gemm_fp4_by_rows),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
