@@ -12,16 +12,12 @@ from deepinfer.codegen import instances as I
 from deepinfer.codegen.library import triton_ops
 from deepinfer.codegen.target import TARGETS
 from deepinfer.codegen.template import KernelSpec, templates
-from deepinfer.ir.registry import get_op
 from deepinfer.ir.types import tensor
+
+from test_codegen_backends import spec
 
 LIB = "deepinfer.codegen.library"
 SM90 = TARGETS["sm90"]
-
-
-def spec(op, ins, attrs):
-    a = get_op(op).check_attrs(attrs)
-    return KernelSpec(op, tuple(sorted(a.items())), tuple(ins), tuple(get_op(op).infer_types(ins, a)))
 
 
 NORM = spec("rms_norm", [tensor("bf16", 64, 5120), tensor("bf16", 5120)], {"eps": 1e-6})
