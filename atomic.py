@@ -110,9 +110,11 @@ def _swap_in(new: Path, path: Path) -> Path | None:
         aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
         try:
             os.rename(path, aside)
-        except FileNotFoundError:
+        except OSError as e:
             aside.rmdir()
-            continue
+            if isinstance(e, FileNotFoundError):
+                continue
+            raise
         try:
             os.rename(new, path)
             return aside
