@@ -1,11 +1,19 @@
-"""Durable, atomic file writes: the one place every writer of plans, checkpoints, caches and
-data files gets them from. A reader sees the old file or the new one, never a partial one."""
+"""Durable, atomic file and directory writes: the one place every writer of plans, checkpoints,
+caches and data files gets them from. A reader sees the old file or directory or the new one,
+never a partial one."""
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -46,3 +54,95 @@ def replace_file(path: str | os.PathLike, write: Callable | bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+@functools.lru_cache(maxsize=1)
+def _renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def exchange_paths(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap two existing directory entries in one step (Linux renameat2 RENAME_EXCHANGE). False
+    where the system cannot: no renameat2 in libc, or a kernel or filesystem without the flag
+    (EINVAL / ENOSYS), or `b` gone meanwhile."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOENT):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every directory under `root`, deepest first (the files are fsynced by their writer)."""
+    for d, _, _ in sorted(os.walk(root), key=lambda w: -w[0].count(os.sep)):
+        fsync_dir(d)
+
+
+def _swap_in(new: Path, path: Path) -> Path | None:
+    """Put directory `new` at `path`. Returns where the directory it displaced now is (to be
+    removed), or None."""
+    for _ in range(16):  # a retry only when a concurrent writer of `path` moved it meanwhile
+        if path.is_dir() and exchange_paths(new, path):
+            return new
+        try:
+            os.rename(new, path)  # `path` absent, or an empty directory (rename(2) replaces it)
+            return None
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        # no exchange here: the old directory is renamed aside, so `path` is briefly absent
+        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            aside.rmdir()
+            if isinstance(e, FileNotFoundError):
+                continue
+            raise
+        try:
+            os.rename(new, path)
+            return aside
+        except OSError:
+            try:
+                os.rename(aside, path)  # put the old one back unless another writer's took its place
+            except OSError:
+                shutil.rmtree(aside, ignore_errors=True)
+            continue
+    raise OSError(errno.EBUSY, "concurrent writers kept replacing the directory", os.fspath(path))
+
+
+def replace_dir(path: str | os.PathLike, write: Callable[[Path], T]) -> T:
+    """Build a directory with `write(tmp)` (writing its files with `write_new_file`) beside
+    `path`, fsync it, and swap it in for `path`; returns what `write` returned. A reader sees the
+    old directory or the new one, and where the system can exchange two paths (Linux) `path`
+    exists throughout a replace. A failure leaves `path` as it was and no temporary behind."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path}: exists and is not a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    displaced = None
+    try:
+        result = write(tmp)
+        _fsync_tree(tmp)
+        displaced = _swap_in(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(displaced or tmp, ignore_errors=True)
+    return result

@@ -10,8 +10,8 @@ Cache: one directory per key under `$DEEPINFER_CACHE_DIR` (default ~/.cache/deep
 `/kernels/<key>/`, holding `meta.json` and the artefacts (source, cubin, ptx, ...). The key is
 the sha256 of the source, the entry and launch description, the target's key and the toolchain
 versions, so a changed compiler or target never reuses a stale binary. Entries are written into a
-temporary directory, fsynced, and renamed into place (atomic; a concurrent writer of the same key
-loses the rename and keeps the winner's identical content). No pickle anywhere.
+temporary directory, fsynced, and swapped into place (atomic.replace_dir: a concurrent writer of
+the same key swaps in identical content, and a damaged entry is replaced). No pickle anywhere.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..atomic import replace_dir, replace_file, write_new_file
 from .target import Target, get_target
 from .template import KernelSource
 
@@ -61,13 +62,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("DEEPINFER_CACHE_DIR") or Path.home() / ".cache" / "deepinfer")
 
 
-def _fsync_write(path: Path, data: bytes):
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class CompileCache:
     def __init__(self, root: Path | None = None):
         self.root = Path(root or cache_root()) / "kernels"
@@ -88,27 +82,14 @@ class CompileCache:
 
     def put(self, key: str, meta: dict, files: dict[str, tuple[str, bytes]]) -> dict:
         """files: artefact name -> (file name, bytes). Returns meta with absolute file paths."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=self.root))
-        try:
+        def write(tmp: Path) -> None:
             names = {}
             for art, (fname, data) in files.items():
-                _fsync_write(tmp / fname, data)
+                write_new_file(tmp / fname, data)
                 names[art] = fname
-            meta = dict(meta, files=names)
-            _fsync_write(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True).encode())
-            try:
-                os.rename(tmp, self.path(key))
-            except OSError:
-                if not (self.path(key) / "meta.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        dirfd = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)
-        finally:
-            os.close(dirfd)
+            write_new_file(tmp / "meta.json", json.dumps(dict(meta, files=names), indent=1, sort_keys=True).encode())
+
+        replace_dir(self.path(key), write)
         return self.get(key)
 
 
@@ -282,9 +263,7 @@ def _load_text_module(text: str):
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.py"
     if not path.is_file():
-        tmp = d / f".{name}.{os.getpid()}.tmp"
-        _fsync_write(tmp, text.encode())
-        os.replace(tmp, path)
+        replace_file(path, text.encode())
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod

@@ -2,18 +2,19 @@
 (template, KernelSpec, config) a plan needs.
 
 Rendering a TileLang template means lowering it, which takes seconds; the render cache keeps the
-source by a key of everything that determines it (template, spec, config, target, versions), so a
-second compile of the same model only builds from the compile cache (codegen/build.py)."""
+source by a key of everything that determines it (template, spec, config, target, versions, and the
+code: the in-package import closure of the template's module), so a second compile of the same
+model only builds from the compile cache (codegen/build.py)."""
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import functools
 import hashlib
-import inspect
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from ..atomic import replace_file
 from .build import cache_root, toolchain_versions
@@ -27,14 +28,86 @@ def _versions() -> dict:
     return {"deepinfer": VERSION, **toolchain_versions("cuda"), **toolchain_versions("triton")}
 
 
+PACKAGE = __name__.split(".")[0]
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+class ModuleText(NamedTuple):
+    text: str
+    is_package: bool  # relative imports in a package's __init__ resolve against the package itself
+
+
+def read_module_source(name: str) -> ModuleText | None:
+    """The source of package module `name` from this tree, or None where `name` is no module of
+    the package (an attribute imported from one, or a module of another package)."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    path = _PACKAGE_DIR.joinpath(*parts[1:])
+    if (path / "__init__.py").is_file():
+        return ModuleText((path / "__init__.py").read_text(), True)
+    if path.with_suffix(".py").is_file():
+        return ModuleText(path.with_suffix(".py").read_text(), False)
+    return None
+
+
+def _imported_names(module: str, src: ModuleText) -> set[str]:
+    """Every dotted name `module` imports anywhere in its source (function bodies included:
+    a lazy import runs at render time just the same), relative imports made absolute. A
+    `from m import x` names both m and m.x, since x may be a submodule."""
+    package = module if src.is_package else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(src.text)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return out
+
+
+def import_closure(module: str, read: Callable[[str], ModuleText | None] = read_module_source) -> dict[str, str]:
+    """{name: source} of `module` and every package module it imports, transitively. Modules
+    reached only as the parent package of an imported one are not followed: a package's
+    `__init__` reaches a module through the names it imports, and those are explicit."""
+    out: dict[str, str] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        src = read(name)
+        if src is None:
+            if name == module:
+                raise LookupError(f"{module}: not a module of the {PACKAGE} package")
+            continue
+        out[name] = src.text
+        todo.extend(n for n in _imported_names(name, src) if n not in out)
+    return out
+
+
+def closure_hash(module: str, read: Callable[[str], ModuleText | None] = read_module_source) -> str:
+    return hashlib.sha256(json.dumps(sorted(import_closure(module, read).items())).encode()).hexdigest()
+
+
 @functools.lru_cache(maxsize=None)
+def _module_code(module: str) -> str:
+    """Closure hash per module, once per process (the sources do not change under a compile)."""
+    return closure_hash(module, read_module_source)
+
+
 def _template_code(template: str) -> str:
-    """Hash of the module that renders `template`: an edited template never reuses a stale render."""
-    mod = sys.modules[templates()[template].render.__module__]
-    text = inspect.getsource(mod)
-    if callable(getattr(mod, "kernels_source", None)):  # Triton templates render their kernels module's text
-        text += mod.kernels_source()
-    return hashlib.sha256(text.encode()).hexdigest()
+    """An edit anywhere in the code that renders `template` (its module, a shared helper, the
+    kernels module a Triton template ships) never reuses a stale render. Coarse today: the
+    registry import in `codegen.template` puts every registered template module (not the Triton
+    launchers) into every closure."""
+    return _module_code(templates()[template].render.__module__)
 
 
 def render_key(template: str, spec: KernelSpec, config: dict, target: Target) -> str:

@@ -57,13 +57,6 @@ def dtype(name: str) -> DType:
         raise ValueError(f"unknown dtype {name!r} (known: {', '.join(ALL)})") from None
 
 
-def from_torch(t: torch.dtype) -> DType:
-    for d in (bf16, f16, f32, i8, i32, i64, bool_, fp8e4m3):
-        if d.storage == t:
-            return d
-    raise ValueError(f"no IR dtype holds torch {t}")
-
-
 # ---- e8m0 (ue8m0): an unsigned biased exponent, value 2^(b-127); 255 is NaN ------------------
 
 def e8m0_decode(b: torch.Tensor) -> torch.Tensor:

@@ -90,15 +90,6 @@ def dequant_fp4_e4m3(q: QTensor, block: int = 16) -> torch.Tensor:
     return (v * q.scale.float().unsqueeze(-1)).flatten(-2)
 
 
-def fake_quant_fp4(x: torch.Tensor, block: int, scale: str) -> torch.Tensor:
-    """fq4: `scale` is "ue8m0" (block 32) or "e4m3" (block 16)."""
-    if scale == "ue8m0":
-        return dequant_fp4_ue8m0(quant_fp4_ue8m0(x, block), block).to(x.dtype)
-    if scale == "e4m3":
-        return dequant_fp4_e4m3(quant_fp4_e4m3(x, block), block).to(x.dtype)
-    raise ValueError(f"unknown fp4 scale kind {scale!r}")
-
-
 # ---- weights (§3.5) ---------------------------------------------------------------------------
 
 def dequant_fp8_weight(w: torch.Tensor, scale: torch.Tensor, block=(32, 32)) -> torch.Tensor:

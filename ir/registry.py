@@ -120,11 +120,6 @@ def get_op(name: str) -> OpDef:
         raise KeyError(f"unknown op {name!r}") from None
 
 
-def has_op(name: str) -> bool:
-    _ensure_loaded()
-    return name in _REGISTRY
-
-
 def all_ops() -> dict[str, OpDef]:
     _ensure_loaded()
     return dict(_REGISTRY)

@@ -18,14 +18,13 @@ import math
 import os
 import shutil
 import struct
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..atomic import fsync_dir, write_new_file
+from ..atomic import replace_dir, write_new_file
 from ..ir import quant
 from .config import ModelConfig, load_config
 
@@ -490,9 +489,9 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
                     max_bytes: int = DEFAULT_MAX_BYTES, force: bool = False) -> Path:
     """Write a deterministic random checkpoint of `model` (preset, directory or config) to `out_dir`.
 
-    The directory is built next to `out_dir` and renamed into place, so readers never see a partial
-    checkpoint. Refuses a non-empty `out_dir` unless `overwrite`, and a checkpoint larger than
-    `max_bytes` unless `force`.
+    The directory is built next to `out_dir` and swapped into place (atomic.replace_dir), so readers
+    never see a partial checkpoint. Refuses a non-empty `out_dir` unless `overwrite`, and a
+    checkpoint larger than `max_bytes` unless `force`.
     """
     cfg = model if isinstance(model, ModelConfig) else load_config(model)
     out = Path(out_dir)
@@ -523,9 +522,8 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
         config_bytes = (json.dumps(text, indent=1) + "\n").encode()
     shards = _plan_shards(specs, max_shard_bytes)
     names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
-    tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+
+    def write(tmp: Path) -> None:
         weight_map = {}
         for fname, shard in zip(names, shards):
             _write_shard(tmp / fname, cfg, shard, seed, chunk_rows=1 << 20)
@@ -534,21 +532,8 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
                  "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}
         write_new_file(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
         write_new_file(tmp / "config.json", config_bytes)
-        fsync_dir(tmp)
-        if out.is_dir():
-            if any(out.iterdir()):
-                old = parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(out, old)
-                os.rename(tmp, out)
-                shutil.rmtree(old)
-            else:
-                os.rename(tmp, out)  # rename(2) replaces an empty directory
-        else:
-            os.rename(tmp, out)
-        fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(out, write)
     return out
 
 

@@ -23,10 +23,6 @@ def allocate_state(types: dict, **sizes: int) -> dict:
     return out
 
 
-def state_bytes(types: dict, **sizes: int) -> int:
-    return sum(int(sh.evaluate((t.nbytes,), sizes)[0]) for t in types.values())
-
-
 def slot_buffers(types: dict) -> list[str]:
     """The state buffers indexed by slot (window rings, compressor rings, Engram history); the rest
     are paged. Dim 0 is the slot or page index."""

@@ -100,7 +100,7 @@ def _l_rms_norm(spec, cfg, quant=False):
     x, w = spec.in_types
     h = _ints(x.shape)[-1]
     out = spec.out_types[0]
-    args = {"x_ptr": _ptr(x), "w_ptr": _ptr(w), "y_ptr": _ptr(x) if not quant else _ptr(x),
+    args = {"x_ptr": _ptr(x), "w_ptr": _ptr(w), "y_ptr": _ptr(x),
             "q_ptr": _ptr(out) if quant else _ptr(x), "s_ptr": _ptr(out, "scale") if quant else _ptr(x), "eps": "fp32"}
     return [_launch("rms_norm_kernel", args, {"H": h, "BLOCK_H": min(cfg["BLOCK_H"], _p2(h)) if h >= 32 else 32,
                                               "QUANT": quant}, (_rows(x),), cfg)]
@@ -129,7 +129,7 @@ def _l_rope(spec, cfg):
     else:
         mode, blk = (2 if a["scale"] == "ue8m0" else 3), a["block"]
     out = spec.out_types[0]
-    args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "y_ptr": _ptr(x) if mode == 0 else _ptr(x),
+    args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "y_ptr": _ptr(x),
             "q_ptr": "*u8" if mode else _ptr(x), "s_ptr": _ptr(out, "scale") if mode else _ptr(x), "pos_offset": "i32"}
     ce = {"HEADS": heads, "D": d, "ROPE": a["rope_dim"], "INVERSE": bool(a.get("inverse", False)), "MODE": mode,
           "BLK": blk, "NB": _p2(_cdiv(d, blk))}

@@ -14,7 +14,6 @@ import torch
 from .. import dtypes as dt
 from .. import numerics as nm
 from .. import quant as q
-from .. import shapes as sh
 from ..registry import REQUIRED, ShapeError, op
 from ..types import QuantType, TensorType, quantized
 from .core import want_dims, want_float, want_tensor
@@ -199,7 +198,3 @@ def grouped_linear(x, w, *, groups, weight_dtype):
     wg = wd.view(groups, wd.shape[0] // groups, wd.shape[1])
     y = torch.stack([nm.mm32(xg[:, i], wg[i]) for i in range(groups)], 1)
     return y.reshape(*x.shape[:-1], wd.shape[0]).to(x.dtype)
-
-
-def quant_types_equal_shape(a: QuantType, shape) -> bool:
-    return all(sh.equal(x, y) for x, y in zip(a.shape, shape))

@@ -1,0 +1,122 @@
+"""Render and build cache keys follow the code that decides their output: an edit of a shared
+helper re-keys every template that imports it (transitively, relative and function-level imports
+included), an edit of a Triton launcher re-keys nothing, an edit of the Triton kernels re-keys
+every Triton instance. Edits are simulated through the source reader, never made in the tree."""
+import ast
+import dataclasses
+
+import pytest
+
+from deepinfer.codegen import build as B
+from deepinfer.codegen import instances as I
+from deepinfer.codegen.library import triton_ops
+from deepinfer.codegen.target import TARGETS
+from deepinfer.codegen.template import KernelSpec, templates
+from deepinfer.ir.types import tensor
+
+from test_codegen_backends import spec
+
+LIB = "deepinfer.codegen.library"
+SM90 = TARGETS["sm90"]
+
+
+NORM = spec("rms_norm", [tensor("bf16", 64, 5120), tensor("bf16", 5120)], {"eps": 1e-6})
+ANY = KernelSpec("any", (), (), ())  # a render key hashes the spec's text only
+TRITON = sorted(t for t in templates() if t.startswith("triton_"))
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    """edit(module, text): the render keys from now on see `text` as that module's source."""
+    edits: dict[str, str] = {}
+    real = I.read_module_source
+
+    def read(name):
+        src = real(name)
+        return src._replace(text=edits[name]) if src is not None and name in edits else src
+
+    monkeypatch.setattr(I, "read_module_source", read)
+    I._module_code.cache_clear()
+
+    def edit(module, text):
+        edits[module] = text
+        I._module_code.cache_clear()
+
+    yield edit
+    I._module_code.cache_clear()
+
+
+def keys(names, spec_=ANY):
+    return {t: I.render_key(t, spec_, {}, SM90) for t in names}
+
+
+def test_closure_follows_transitive_relative_and_function_level_imports():
+    fake = {
+        "deepinfer.fake": I.ModuleText("from . import sub\n", True),
+        "deepinfer.fake.sub": I.ModuleText("from . import leaf\n", True),  # relative to the package itself
+        "deepinfer.fake.sub.leaf": I.ModuleText("LEAF = 1\n", False),
+        "deepinfer.fake.helper": I.ModuleText("PASS_CONFIGS = {}\n", False),
+        "deepinfer.fake.mid": I.ModuleText("import os\nfrom .helper import PASS_CONFIGS\n", False),
+        "deepinfer.fake.a": I.ModuleText("from .mid import PASS_CONFIGS\n", False),
+        "deepinfer.fake.b": I.ModuleText("def render():\n    from deepinfer.fake import helper\n", False),
+        "deepinfer.fake.c": I.ModuleText("from ..fake.sub.leaf import LEAF\n", False),
+    }
+    assert set(I.import_closure("deepinfer.fake.a", fake.get)) == {
+        "deepinfer.fake.a", "deepinfer.fake.mid", "deepinfer.fake.helper"}
+    assert set(I.import_closure("deepinfer.fake.b", fake.get)) == {
+        "deepinfer.fake", "deepinfer.fake.sub", "deepinfer.fake.sub.leaf", "deepinfer.fake.b", "deepinfer.fake.helper"}
+    assert set(I.import_closure("deepinfer.fake.c", fake.get)) == {"deepinfer.fake.c", "deepinfer.fake.sub.leaf"}
+    before = {m: I.closure_hash(m, fake.get) for m in ("deepinfer.fake.a", "deepinfer.fake.b", "deepinfer.fake.c")}
+    edited = dict(fake, **{"deepinfer.fake.helper": I.ModuleText("PASS_CONFIGS = {'x': 1}\n", False)})
+    after = {m: I.closure_hash(m, edited.get) for m in before}
+    assert after["deepinfer.fake.a"] != before["deepinfer.fake.a"]
+    assert after["deepinfer.fake.b"] != before["deepinfer.fake.b"]
+    assert after["deepinfer.fake.c"] == before["deepinfer.fake.c"]  # c does not import the helper
+    with pytest.raises(LookupError, match="not a module of the deepinfer package"):
+        I.import_closure("deepinfer.fake.absent", fake.get)
+
+
+def test_shared_tilelang_helper_edit_rekeys_every_template_using_it(reader):
+    users = ["tilelang_gemm_fp8", "tilelang_sparse_attn", "tilelang_indexer_scores", "tilelang_grouped_gemm_fp4"]
+    assert f"{LIB}.tilelang_gemm" in I.import_closure(templates()["tilelang_sparse_attn"].render.__module__)
+    before = keys(users)
+    assert before == keys(users)  # stable while nothing changes
+    gemm = I.read_module_source(f"{LIB}.tilelang_gemm").text
+    assert "PASS_CONFIGS" in gemm
+    reader(f"{LIB}.tilelang_gemm", gemm.replace("PASS_CONFIGS", "PASS_CONFIGS_EDITED"))
+    after = keys(users)
+    assert all(after[t] != before[t] for t in users), [t for t in users if after[t] == before[t]]
+
+
+def test_launcher_edit_rekeys_no_triton_render_or_build(reader):
+    assert TRITON and not triton_ops.__dict__.get("triton_launchers")  # not imported at module level
+    assert f"{LIB}.triton_launchers" not in I.import_closure(triton_ops.__name__)
+    before = keys(TRITON)
+    launchers = I.read_module_source(f"{LIB}.triton_launchers").text
+    reader(f"{LIB}.triton_launchers", launchers + "\n# a comment in a launcher\ndef launch_new(x, *, cfg):\n    return x\n")
+    assert keys(TRITON) == before
+    # the build key reads only the rendered source, and what an instance ships is the kernels'
+    # text alone: no launcher is defined in it
+    src = templates()["triton_rms_norm"].render(SM90, NORM, {})
+    assert src.text == I.read_module_source(f"{LIB}.triton_kernels").text
+    shipped = {n.name for n in ast.parse(src.text).body if isinstance(n, ast.FunctionDef)}
+    launcher_defs = {n.name for n in ast.parse(launchers).body if isinstance(n, ast.FunctionDef)}
+    assert src.meta["launcher"] in launcher_defs and not shipped & launcher_defs
+    assert B.cache_key(src, SM90) == B.cache_key(templates()["triton_rms_norm"].render(SM90, NORM, {}), SM90)
+
+
+def test_triton_kernels_edit_rekeys_every_triton_render_and_build(reader, monkeypatch):
+    before = keys(TRITON)
+    kernels = I.read_module_source(f"{LIB}.triton_kernels").text
+    edited = kernels + "\n# a changed kernel\n"
+    reader(f"{LIB}.triton_kernels", edited)
+    after = keys(TRITON)
+    assert all(after[t] != before[t] for t in TRITON)
+    src = templates()["triton_rms_norm"].render(SM90, NORM, {})
+    monkeypatch.setattr(triton_ops, "kernels_source", lambda: edited)
+    src_edited = templates()["triton_rms_norm"].render(SM90, NORM, {})
+    assert src_edited.text == edited and src_edited.meta == src.meta
+    assert B.cache_key(src_edited, SM90) != B.cache_key(src, SM90)
+    # and the launch description and target enter it too
+    k2 = dataclasses.replace(src, meta=dict(src.meta, kernels=[dict(src.meta["kernels"][0], num_warps=8)]))
+    assert B.cache_key(k2, SM90) != B.cache_key(src, SM90) != B.cache_key(src, TARGETS["sm100"])
