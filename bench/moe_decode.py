@@ -17,7 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (1, 8, 64)
-SWEEP = dict(BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(4, 8), num_stages=(2, 3, 4))
+SWEEP = dict(BN=(32, 64, 128), BK=(128, 256), num_warps=(4, 8), num_stages=(2, 3, 4))
 
 
 def preset_widths(preset: str) -> dict:

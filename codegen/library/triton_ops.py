@@ -343,12 +343,6 @@ def _grouped_gemm_fp4_supports(t, spec):
             and k % 32 == 0 and mtot <= 4 * w.shape[0])
 
 
-def _grouped_gemm_fp4_by_rows(n: int) -> dict:
-    # untuned: a handful of rows (batch 1-2: one expert per row) takes narrower N tiles, so the
-    # few busy experts' weight stream spreads over more programs
-    return {"BN": 32} if n <= 16 else {}
-
-
 def _linear_f32_supports(t, spec):
     """fp32-compute linear on bf16 operands (router, LM head, DSpark's router); the bf16-compute
     GEMMs go to TileLang. An fp32 input (the compressor's) stays on the torch reference: with full
@@ -479,8 +473,9 @@ OPS = [
     # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), lambda a: {}, _grouped_gemm_fp4_supports,
-        _grouped_gemm_fp4_by_rows),
+        # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
+        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs
+        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4), lambda a: {}, _grouped_gemm_fp4_supports),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
