@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..ir.types import Type
-from .target import Target
+from .targets import Target
 
 
 @dataclass(frozen=True)

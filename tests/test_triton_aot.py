@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from deepinfer.codegen.library import triton_launchers as tk  # noqa: E402
-from deepinfer.codegen.target import get_target  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.codegen.template import select  # noqa: E402
 from deepinfer.ir import shapes as sh  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
