@@ -46,7 +46,7 @@ class KernelSource:
 class Template:
     name: str
     ops: tuple[str, ...]  # IR ops this template implements
-    targets: tuple[str, ...]  # targets it renders for
+    targets: tuple[str, ...]  # targets it renders for: codegen.targets.building(its language) names them
     knobs: Mapping[str, tuple]  # tuning space: knob -> candidate values
     render: Callable[[Target, KernelSpec, Mapping[str, Any]], KernelSource]
     default_config: Callable[[Target, KernelSpec], dict]
