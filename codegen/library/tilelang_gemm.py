@@ -204,7 +204,7 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
     """Prefill: 128-row tiles, 2 warpgroups. Decode (m <= 64): one 64-row tile, narrow N tiles and
     split K so that the weight stream is spread over most SMs. The K step of decode tiles and the
     N width of prefill tiles are the target's (`target.defaults["tilelang_gemm"]`: register budgets)."""
-    tiles = target.defaults["tilelang_gemm"]
+    own = target.defaults["tilelang_gemm"]
     if m <= 64:
         bn, bk = 64, 128
         tiles = ceil_div(n, bn)
@@ -214,11 +214,11 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
             if kt % s == 0 and tiles * s <= 2 * target.cores and tiles < target.cores:
                 split = s
                 break
-        if k % tiles["decode_block_K"] == 0:
+        if k % own["decode_block_K"] == 0:
             # a shallower K step where 128-deep ones spill; the split stays a divisor of the K steps
-            bk = tiles["decode_block_K"]
+            bk = own["decode_block_K"]
         return {"block_M": 64, "block_N": bn, "block_K": bk, "stages": 4, "threads": 128, "split_k": split}
-    return {"block_M": 128, "block_N": tiles["prefill_block_N"], "block_K": 128, "stages": 3, "threads": 256,
+    return {"block_M": 128, "block_N": own["prefill_block_N"], "block_K": 128, "stages": 3, "threads": 256,
             "split_k": 1}
 
 
