@@ -16,7 +16,7 @@ def _user_errors() -> tuple[type, ...]:
     from .models.config import ConfigError
     from .models.deepseek_v41 import BuildError
     from .runtime.plan_file import PlanError
-    from .codegen.target import UnknownTargetError
+    from .codegen.targets import UnknownTargetError
 
     return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, PlanError, UnknownTargetError,
             FileNotFoundError,
@@ -118,7 +118,7 @@ def cmd_compile(args) -> int:
 
 
 def add_compile(sub):
-    from .codegen.target import TARGETS
+    from .codegen.targets import TARGETS
 
     p = sub.add_parser("compile", help="compile a model for a target into a plan directory")
     p.add_argument("--model", required=True, help="preset name or a directory holding config.json")

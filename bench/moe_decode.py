@@ -96,7 +96,7 @@ def run(args, bench, ceil) -> dict:
     from deepinfer.codegen.library import tilelang_gemm as tlg
     from deepinfer.codegen.library import tilelang_moe as tlm
     from deepinfer.codegen.library import triton_check, triton_launchers
-    from deepinfer.codegen.target import get_target
+    from deepinfer.codegen.targets import get_target
 
     w = preset_widths(args.preset)
     all_cases = cases(w)
@@ -179,7 +179,7 @@ def dry_run(args) -> dict:
     program's config."""
     from deepinfer.codegen.library import tilelang_moe as tlm
     from deepinfer.codegen.library import triton_ops
-    from deepinfer.codegen.target import get_target
+    from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import KernelSpec
     from deepinfer.ir import dtypes as dt
     from deepinfer.ir.types import TensorType, quantized

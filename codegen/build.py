@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..atomic import replace_dir, replace_file, write_new_file
-from .target import Target, get_target
+from .targets import Target, get_target
 from .template import KernelSource
 
 
@@ -370,10 +370,10 @@ def build_one(src: KernelSource, target: Target | str, cache: CompileCache | Non
 
 def _build_in_worker(src_json: dict, target_name: str, cache_dir: str, backend_name: str) -> dict:
     """Process-pool entry: plain JSON data in and out."""
-    from .backends import get_backend
+    from .targets import get_manifest
 
     src = KernelSource(**{k: (tuple(v) if k in ("grid", "block") else v) for k, v in src_json.items()})
-    return build_one(src, target_name, CompileCache(Path(cache_dir).parent), get_backend(backend_name).check).to_json()
+    return build_one(src, target_name, CompileCache(Path(cache_dir).parent), get_manifest(backend_name).check).to_json()
 
 
 def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int = 1,

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 
 from ..atomic import replace_file
 from .build import cache_root, toolchain_versions
-from .target import Target, get_target
+from .targets import Target, get_target
 from .template import KernelSource, KernelSpec, templates
 
 

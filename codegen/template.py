@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..ir.types import Type
-from .target import Target
+from .targets import Target
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class KernelSource:
 class Template:
     name: str
     ops: tuple[str, ...]  # IR ops this template implements
-    targets: tuple[str, ...]  # targets it renders for
+    targets: tuple[str, ...]  # targets it renders for: codegen.targets.building(its language) names them
     knobs: Mapping[str, tuple]  # tuning space: knob -> candidate values
     render: Callable[[Target, KernelSpec, Mapping[str, Any]], KernelSource]
     default_config: Callable[[Target, KernelSpec], dict]

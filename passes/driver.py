@@ -7,9 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..codegen.plan import versions, write_plan
-from ..codegen.target import get_target
-from ..codegen.template import select
 from ..ir import shapes as sh
 from ..ir.graph import Graph
 from ..ir.text import print_graph
@@ -17,7 +14,7 @@ from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
 from .kernels import kernel_spec
 from .memory import plan_memory
-from .pipelines import PIPELINES, decode_pipeline_differs
+from .pipelines import decode_pipeline_differs, pipeline
 from .shapes import default_buckets
 
 
@@ -83,7 +80,7 @@ class _Progress:
 
 def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = None, tag: str = "",
                  timings: dict | None = None, on_stage=None, variant: str = "prefill") -> Graph:
-    for k, (name, fn) in enumerate(PIPELINES[target](ep=ep, variant=variant)):
+    for k, (name, fn) in enumerate(pipeline(target, ep=ep, variant=variant)):
         t = time.perf_counter()
         g = fn(g)
         if timings is not None:
@@ -124,6 +121,8 @@ def _step_graph_record(g: Graph, load: set[int]) -> dict:
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict) -> list:
     """The plan's call list; every non-view call gets, per bucket, its static shapes and the
     kernel instance that serves it (`instances`: key -> (id, template, spec, config), filled here)."""
+    from ..codegen.template import select
+
     calls = []
     producer: dict[str, int] = {}  # value -> index of the call that makes it
     for i, n in enumerate(g.nodes):
@@ -160,8 +159,8 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
 def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> dict:
     """Render (cached) and build every generated instance; their sources, binaries and resource
     reports go into the plan. Torch instances need neither."""
-    from ..codegen.backends import get_backend
     from ..codegen.instances import render_many
+    from ..codegen.targets import get_manifest
 
     gen = [v for v in instances.values() if v[1] not in TORCH_TEMPLATES]
     out = {inst: {"template": t, "spec": spec.key(), "config": cfg, "language": "torch"}
@@ -169,7 +168,7 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     if not gen:
         return out
     sources = render_many([(t, spec, cfg) for _, t, spec, cfg in gen], target, jobs, on_done)
-    results = get_backend(target.name).build(sources, jobs=jobs)
+    results = get_manifest(target.name).build(sources, jobs=jobs)
     ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
     for (inst, t, spec, cfg), src, res in zip(gen, sources, results):
         files[f"kernels/{inst}.{ext.get(src.language, 'txt')}"] = src.text.encode()
@@ -188,9 +187,12 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
 
 
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
+    from ..codegen.plan import versions, write_plan
+    from ..codegen.targets import get_target
+
     target = get_target(options.target)
     timings: dict[str, float] = {}
-    bar = _Progress(progress, total=2 + 2 * len(PIPELINES[options.target](ep=options.ep)) + 2)
+    bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep)) + 2)
     t = time.perf_counter()
     cfg = load_config(model)
     program = build_model(cfg)

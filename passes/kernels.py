@@ -1,17 +1,23 @@
 """Kernel selection: every node becomes a call of one named codegen template for the target."""
 from __future__ import annotations
 
-from ..codegen.target import Target
-from ..codegen.template import KernelSpec, select
+from typing import TYPE_CHECKING
+
 from ..ir.graph import Graph, Node, freeze
 from ..ir.registry import get_op
 from ..ir.verify import VerifyError
+
+if TYPE_CHECKING:  # passes import codegen only inside the functions that call it
+    from ..codegen.targets import Target
+    from ..codegen.template import KernelSpec
 
 VIEW_OPS = {"reshape"}  # layout-only: the output aliases the input's buffer, no kernel runs
 
 
 def kernel_spec(g: Graph, n: Node, types=None) -> KernelSpec:
     """The call with its op's attributes complete (defaults filled in), as templates read them."""
+    from ..codegen.template import KernelSpec
+
     t = types or g.types
     attrs = get_op(n.op).check_attrs(n.attr)
     return KernelSpec(n.op, tuple(sorted((k, freeze(v)) for k, v in attrs.items())),
@@ -24,6 +30,8 @@ PROBE_ENV = {"num_tokens": 1, "num_seqs": 1, "num_samples": 1, "max_pages": 1, "
 
 
 def select_kernels(g: Graph, target: Target) -> Graph:
+    from ..codegen.template import select
+
     nodes, missing = [], set()
     probe = {v: t.subs(PROBE_ENV) for v, t in g.types.items()}
     for n in g.nodes:

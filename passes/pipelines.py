@@ -1,11 +1,11 @@
-"""One pipeline per target: a flat list of graph passes, each with why it is there and what it
-must precede. Bucket specialisation and memory planning follow in the compile driver (they turn
-the final graph into per-bucket launch shapes and arenas)."""
+"""The pass pipeline of a target: its manifest (codegen/targets/) lists the passes by name, in
+order, with why each is where it is; this module binds each name to its pass and the target's
+data. Bucket specialisation and memory planning follow in the compile driver (they turn the final
+graph into per-bucket launch shapes and arenas)."""
 from __future__ import annotations
 
 from functools import partial
 
-from ..codegen.target import get_target
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
 from .fuse import fuse, fuse_decode
@@ -14,58 +14,57 @@ from .moe import lower_moe_dispatch
 from .quant import legalize_quant, row_weight_scales
 from .shapes import infer_shapes
 
+VARIANTS = ("prefill", "decode")
+# rules valid only with few rows per sequence: they join the graph of decode buckets alone
+DECODE_ONLY = {"fuse_decode"}
+# a rule whose output op has no template but the torch fallback on a device target would trade
+# kernels for a slower path: it joins a pipeline only once a generated template of that op exists
+# (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
+NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write", "row_weight_scales": "gemm_fp8"}
+
 
 def has_generated_template(target: str, op: str) -> bool:
-    """A fusion whose fused op has no template but the torch fallback on a device target would
-    trade kernels for a slower path; such rules join a pipeline only once a template exists."""
     from ..codegen.template import templates
 
     return any(op in t.ops and target in t.targets and t.name != "torch_device" for t in templates().values())
 
 
-def _pipeline(target: str, ep: int = 1, variant: str = "prefill"):
-    """`variant` "decode" is the graph of decode buckets (at most block + 1 rows per sequence)."""
-    t = get_target(target)
-    decode_rules = []
-    if variant == "decode" and has_generated_template(target, "rope_quant_fp8_cache_write"):
-        # window keys written to the ring before the attention reads it: valid only with few rows per
-        # sequence; after fuse, whose rope+quant rule makes the node it matches
-        decode_rules.append(("fuse_decode", fuse_decode))
-    mx_rules = []
-    if target == "ascend950" and has_generated_template(target, "gemm_fp8"):
-        # the cube's block-scaled MMA reads per-row weight scales; a load-time repeat of the 32x32
-        # block scales, after the MoE lowering (its GEMMs are grouped, fp4) and before the final
-        # type check
-        mx_rules.append(("row_weight_scales", row_weight_scales))
-    return [
-        # the builder's graph must be sound before any pass reads it; errors name the node
-        ("verify", verify),
-        # every later rule reads value types; make them the op rules' output, not the builder's
-        ("infer_shapes", infer_shapes),
-        # check the spec's activation quantisation and record the target's operand formats;
-        # before fusion, which would hide the quantisation nodes it checks
-        ("legalize_quant", partial(legalize_quant, target=target)),
-        # rule-list fusion (norm+quant, rope+quant, mHC entry, router, swiglu+quant, pooling+norm,
-        # indexer); before the lowerings so they see the fused indexer and quantised activations
-        ("fuse", fuse),
-        *decode_rules,
-        # share top-k buffers (REUSE layers) and check each attention against its indexer's cache
-        ("lower_sparse_attention", lower_sparse_attention),
-        # MoE into permute / grouped GEMMs / combine (+ all-to-all for ep > 1); after fusion so the
-        # router's outputs feed it, before kernel selection which needs the grouped GEMMs
-        ("lower_moe_dispatch", partial(lower_moe_dispatch, ep=ep)),
-        *mx_rules,
-        # rewrites introduced values; recompute and verify every type before choosing kernels
-        ("infer_shapes_final", infer_shapes),
-        ("verify_final", verify),
-        # every node becomes a call of one named template of this target; last, as it reads the
-        # final ops and their operand formats
-        ("select_kernels", partial(select_kernels, target=t)),
-    ]
+def _passes(manifest, ep: int) -> dict:
+    return {
+        "verify": verify,
+        "infer_shapes": infer_shapes,
+        "legalize_quant": partial(legalize_quant, formats=manifest.operand_formats),
+        "fuse": fuse,
+        "fuse_decode": fuse_decode,
+        "lower_sparse_attention": lower_sparse_attention,
+        "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep),
+        "row_weight_scales": row_weight_scales,
+        "infer_shapes_final": infer_shapes,
+        "verify_final": verify,
+        "select_kernels": partial(select_kernels, target=manifest.target),
+    }
 
 
-PIPELINES = {name: partial(_pipeline, name) for name in ("cpu", "sm90", "sm100", "ascend950")}
+def pipeline(target: str, ep: int = 1, variant: str = "prefill") -> list[tuple[str, object]]:
+    """The target's (name, pass) list; `variant` "decode" is the graph of decode buckets (at most
+    block + 1 rows per sequence)."""
+    from ..codegen.targets import get_manifest  # here: passes and codegen never import each other at module level
+
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown pipeline variant {variant!r} (known: {', '.join(VARIANTS)})")
+    manifest = get_manifest(target)
+    bound = _passes(manifest, ep)
+    out = []
+    for name in manifest.passes:
+        if name not in bound:
+            raise ValueError(f"{target}'s manifest lists an unknown pass {name!r}")
+        if name in DECODE_ONLY and variant != "decode":
+            continue
+        if name in NEEDS_TEMPLATE and not has_generated_template(target, NEEDS_TEMPLATE[name]):
+            continue
+        out.append((name, bound[name]))
+    return out
 
 
 def decode_pipeline_differs(target: str) -> bool:
-    return len(PIPELINES[target](variant="decode")) != len(PIPELINES[target](variant="prefill"))
+    return len(pipeline(target, variant="decode")) != len(pipeline(target, variant="prefill"))

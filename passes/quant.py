@@ -2,30 +2,23 @@
 
 The graph already carries the spec's activation quantisation (32-element blocks, ue8m0) as
 nodes; this pass checks it is where the spec puts it and records, per quantised-operand node, the
-operand format the target's kernels use (on `moe_experts` it is carried to the grouped GEMMs
-the MoE lowering makes). The formats never change values: fp4 e2m1 x ue8m0 is
-exact in fp8 e4m3 with the same scale, and fp8 x ue8m0 is exact in bf16."""
+operand format the target's kernels use (its manifest's `operand_formats`, codegen/targets/;
+on `moe_experts` it is carried to the grouped GEMMs the MoE lowering makes). The formats never
+change values: fp4 e2m1 x ue8m0 is exact in fp8 e4m3 with the same scale, and fp8 x ue8m0 is
+exact in bf16."""
 from __future__ import annotations
+
+from typing import Mapping
 
 from ..ir.graph import Graph, Node
 from ..ir.verify import VerifyError
 
-# (op, operand) -> how the target's kernels consume it
-OPERAND_FORMATS = {
-    "sm100": {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4", "moe_experts": "fp4", "grouped_linear": "bf16", "engram_gather": "fp8"},
-    "sm90": {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4->fp8 in prologue", "moe_experts": "fp4->fp8 in prologue", "grouped_linear": "bf16",
-             "engram_gather": "fp8"},
-    "ascend950": {"gemm_fp8": "mxfp8 (weight scales per row at load)", "grouped_gemm_fp4": "fp4->bf16 in prologue", "moe_experts": "fp4->bf16 in prologue",
-                  "grouped_linear": "bf16", "engram_gather": "fp8->bf16"},
-    "cpu": {"gemm_fp8": "dequantised", "grouped_gemm_fp4": "dequantised", "moe_experts": "dequantised", "grouped_linear": "dequantised",
-            "engram_gather": "dequantised"},
-}
 ACT_QUANT_PRODUCERS = {"quant_fp8", "rms_norm_quant_fp8", "rope_quant_fp8", "swiglu_quant_fp8",
                        "swiglu_weighted_quant_fp8", "moe_gather_rows", "engram_gather", "all_to_all"}
 
 
-def legalize_quant(g: Graph, target: str) -> Graph:
-    formats = OPERAND_FORMATS[target]
+def legalize_quant(g: Graph, formats: Mapping[str, str]) -> Graph:
+    """`formats`: op -> how the target's kernels consume its quantised operands."""
     prod = g.producers()
     nodes = []
     for n in g.nodes:

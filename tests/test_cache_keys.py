@@ -10,7 +10,7 @@ import pytest
 from deepinfer.codegen import build as B
 from deepinfer.codegen import instances as I
 from deepinfer.codegen.library import triton_ops
-from deepinfer.codegen.target import TARGETS
+from deepinfer.codegen.targets import TARGETS
 from deepinfer.codegen.template import KernelSpec, templates
 from deepinfer.ir.types import tensor
 

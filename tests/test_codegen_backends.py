@@ -1,4 +1,4 @@
-"""Backends, builds and the compile cache, on the CPU machine: Triton AOT for cc 90 and 100,
+"""Target manifests, builds and the compile cache, on the CPU machine: Triton AOT for cc 90 and 100,
 nvcc cubins with their ptxas report, Ascend rendering with capacity checks (bisheng is absent
 here, so Ascend sources stay `unbuilt`)."""
 import json
@@ -8,8 +8,8 @@ import time
 import pytest
 
 from deepinfer.codegen import build as B
-from deepinfer.codegen.backends import BACKENDS, get_backend
-from deepinfer.codegen.target import TARGETS
+from deepinfer.codegen.instances import render_many
+from deepinfer.codegen.targets import MANIFESTS, TARGETS, UnknownTargetError, get_manifest
 from deepinfer.codegen.template import KernelSource, KernelSpec, select, templates
 from deepinfer.ir.registry import get_op
 from deepinfer.ir.types import quantized, tensor
@@ -31,16 +31,37 @@ ROPE4 = spec("rope_quant_fp4", [tensor("bf16", 64, 32, 128), tensor("i32", 64)],
              {"rope_dim": 64, "theta": 160000.0, "yarn": [16, 65536, 32, 1], "block": 32, "scale": "ue8m0"})
 
 
-def test_one_backend_per_target_with_its_pipeline():
-    from deepinfer.passes.pipelines import PIPELINES
+def render(target, template, s):
+    """As the compile driver renders: the template's default config, through the render cache."""
+    return render_many([(template, s, templates()[template].default_config(target, s))], target)[0]
 
-    assert set(BACKENDS) == set(TARGETS)
-    for name, b in BACKENDS.items():
-        assert b.target is TARGETS[name] and b.pipeline in PIPELINES
-    assert get_backend("sm90").languages == ("cuda", "triton")
-    assert get_backend("ascend950").languages == ("ascendc",)
-    with pytest.raises(ValueError, match="unknown backend"):
-        get_backend("sm80")
+
+def test_one_manifest_per_target_with_its_pipeline():
+    from deepinfer.passes.pipelines import pipeline
+
+    assert set(MANIFESTS) == set(TARGETS)
+    for name, m in MANIFESTS.items():
+        assert m.target is TARGETS[name] and m.name == name
+        assert [n for n, _ in pipeline(name, variant="decode")][-1] == "select_kernels"
+        assert set(m.operand_formats) == set(MANIFESTS["sm90"].operand_formats)
+    assert get_manifest("sm90").languages == ("cuda", "triton")
+    assert get_manifest("ascend950").languages == ("ascendc",)
+    # a target-specific pass is listed by its target alone
+    assert [n for n, m in MANIFESTS.items() if "row_weight_scales" in m.passes] == ["ascend950"]
+    with pytest.raises(UnknownTargetError, match="unknown target 'sm80'"):
+        get_manifest("sm80")
+    with pytest.raises(ValueError, match="unknown pipeline variant"):
+        pipeline("sm90", variant="chunked")
+
+
+def test_template_targets_come_from_the_manifests():
+    """Templates name the language they render (and the defaults table they read), not targets."""
+    assert all(set(t.targets) <= set(MANIFESTS) for t in templates().values())
+    assert templates()["tilelang_gemm_fp8"].targets == ("sm90", "sm100")
+    assert templates()["triton_rms_norm"].targets == ("sm90", "sm100")
+    assert templates()["ascend_linear"].targets == ("ascend950",)
+    assert templates()["torch_ref"].targets == ("cpu",)
+    assert templates()["torch_device"].targets == ("sm90", "sm100", "ascend950")
 
 
 def test_selection_prefers_the_target_templates():
@@ -84,8 +105,8 @@ def test_cache_is_atomic_content_addressed_and_rejects_damage(cache):
 
 def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
     for name in ("sm90", "sm100"):
-        b = get_backend(name)
-        srcs = [b.render(templates()[f"triton_{s.op}"], s) for s in (NORM_Q, ROPE4)]
+        b = get_manifest(name)
+        srcs = [render(b.target, f"triton_{s.op}", s) for s in (NORM_Q, ROPE4)]
         res = b.build(srcs, cache=cache)
         for r in res:
             assert r.status == "built", r.reason
@@ -100,11 +121,11 @@ def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
 
 
 def test_parallel_triton_builds(cache):
-    b = get_backend("sm90")
+    b = get_manifest("sm90")
     ops = [spec("moe_router", [tensor("f32", 64, 384), tensor("f32", 384)], {"k": 6, "scale": 1.5}),
            spec("hc_expand", [tensor("bf16", 64, 5120), tensor("bf16", 64, 4, 5120), tensor("f32", 64, 4),
                               tensor("f32", 64, 4, 4)], {})]
-    res = b.build([b.render(templates()[f"triton_{s.op}"], s) for s in ops], jobs=2, cache=cache)
+    res = b.build([render(b.target, f"triton_{s.op}", s) for s in ops], jobs=2, cache=cache)
     assert [r.status for r in res] == ["built", "built"], [r.reason for r in res]
 
 
@@ -120,28 +141,28 @@ CUDA_SRC = """extern "C" __global__ void scale_rows(const float* x, float* y, in
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_nvcc_cubin_with_ptxas_report(cache):
-    b = get_backend("sm90")
-    r = b.build_one(KernelSource("cuda", "scale_rows", CUDA_SRC, grid=(4,), block=(256,)), cache=cache)
+    b = get_manifest("sm90")
+    (r,) = b.build([KernelSource("cuda", "scale_rows", CUDA_SRC, grid=(4,), block=(256,))], cache=cache)
     assert r.status == "built", r.reason
     assert r.resources["scale_rows"]["smem_bytes"] == 1024 and r.resources["scale_rows"]["registers"] > 0
     assert open(r.files["cubin"], "rb").read()[:4] == b"\x7fELF"
-    bad = b.build_one(KernelSource("cuda", "broken", "__global__ void broken( {"), cache=cache)
+    (bad,) = b.build([KernelSource("cuda", "broken", "__global__ void broken( {")], cache=cache)
     assert bad.status == "failed" and "nvcc failed on broken" in bad.reason and "\n" not in bad.reason
 
 
 def test_cuda_capacity_checks():
-    b = get_backend("sm90")
-    assert "shared memory" in b.validate(KernelSource("cuda", "k", "", block=(128,), smem_bytes=300 * 1024))
-    assert "threads per block" in b.validate(KernelSource("cuda", "k", "", block=(2048,)))
+    b = get_manifest("sm90")
+    assert "shared memory" in b.check(KernelSource("cuda", "k", "", block=(128,), smem_bytes=300 * 1024), None)
+    assert "threads per block" in b.check(KernelSource("cuda", "k", "", block=(2048,)), None)
     assert "registers" in b.check(KernelSource("cuda", "k", "", block=(1024,)), {"k": {"registers": 128}})
 
 
 def test_ascend_render_capacity_checks_and_unbuilt_without_bisheng(cache):
-    b = get_backend("ascend950")
+    b = get_manifest("ascend950")
     norm = spec("rms_norm", [tensor("bf16", 4096, 5120), tensor("bf16", 5120)], {"eps": 1e-20})
-    src = b.render(templates()["ascend_rms_norm"], norm)
+    src = render(b.target, "ascend_rms_norm", norm)
     assert src.language == "ascendc" and "__global__" in src.text and "rms_norm_kernel" in src.text
-    assert b.validate(src) is None and src.grid == (64,)
+    assert b.check(src, None) is None and src.grid == (64,)
     (r,) = b.build([src], cache=cache)
     if shutil.which("bisheng"):
         assert r.status == "built", r.reason
@@ -149,28 +170,28 @@ def test_ascend_render_capacity_checks_and_unbuilt_without_bisheng(cache):
         assert r.status == "unbuilt" and "bisheng" in r.reason
         assert open(r.files["source"]).read() == src.text
     too_big = KernelSource("ascendc", "k", "", grid=(8,), meta={"buffers": {"ub": [200 * 1024, 64 * 1024]}})
-    assert "exceed" in b.validate(too_big)
-    assert "aligned" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"ub": [100]}}))
-    assert "AI cores" in b.validate(KernelSource("ascendc", "k", "", grid=(65,), meta={"buffers": {"l1": [64]}}))
-    assert "l0c" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"l0c": [512 * 1024]}}))
+    assert "exceed" in b.check(too_big, None)
+    assert "aligned" in b.check(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"ub": [100]}}), None)
+    assert "AI cores" in b.check(KernelSource("ascendc", "k", "", grid=(65,), meta={"buffers": {"l1": [64]}}), None)
+    assert "l0c" in b.check(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": {"l0c": [512 * 1024]}}), None)
     # a row whose bytes are not 32-byte granular is not supported (the template declines it)
     odd = spec("rms_norm", [tensor("bf16", 4, 24), tensor("bf16", 24)], {"eps": 1e-20})
     assert not templates()["ascend_rms_norm"].supports(TARGETS["ascend950"], odd)
 
 
 def test_cuda_invalid_build_is_reported_not_cached(cache):
-    b = get_backend("sm90")
-    r = b.build_one(KernelSource("cuda", "k", "x", block=(128,), smem_bytes=10**6), cache=cache)
+    b = get_manifest("sm90")
+    (r,) = b.build([KernelSource("cuda", "k", "x", block=(128,), smem_bytes=10**6)], cache=cache)
     assert r.status == "invalid" and "shared memory" in r.reason
     assert not cache.root.exists() or not any(cache.root.iterdir())
 
 
 def test_swa_write_renders_two_launches():
-    b = get_backend("sm100")
+    b = get_manifest("sm100")
     s = spec("swa_write", [quantized("fp8e4m3", (64, 128, 512), "e8m0", (1, 1, 32)),
                            quantized("fp8e4m3", (64, 512), "e8m0", (1, 32)),
                            tensor("i32", 64), tensor("i32", 64), tensor("i32", 64)], {})
-    src = b.render(templates()["triton_swa_write"], s)
+    src = render(b.target, "triton_swa_write", s)
     assert [k["entry"] for k in src.meta["kernels"]] == ["seq_newest_kernel", "ring_write_kernel"]
     assert src.meta["kernels"][1]["constexprs"]["L"] == 128
 
@@ -181,20 +202,20 @@ def test_ascend_linear_renders_a_cube_gemm_within_capacity():
     only, never run."""
     from deepinfer.codegen.library.ascend_gemm import gemm_plan
 
-    b, t, tgt = get_backend("ascend950"), templates()["ascend_linear"], TARGETS["ascend950"]
+    b, t, tgt = get_manifest("ascend950"), templates()["ascend_linear"], TARGETS["ascend950"]
     router = spec("linear", [tensor("bf16", 1, 5120), tensor("bf16", 384, 5120)], {"compute": "f32", "out_dtype": "f32"})
     wide = spec("linear", [tensor("bf16", 4096, 5120), tensor("bf16", 4096, 5120)], {"compute": "bf16"})
     for s in (router, wide):
         assert select(tgt, s).name == "ascend_linear"
-        src = b.render(t, s)
+        src = render(tgt, t.name, s)
         assert src.language == "ascendc" and "linear_kernel" in src.text and "ascend_gemm_l1" in src.text
-        assert b.validate(src) is None
+        assert b.check(src, None) is None
     # one decode row still spreads over the AI cores (narrow N tiles), a prefill takes them all
-    assert b.render(t, router).grid == (24,) and b.render(t, wide).grid == (64,)
+    assert render(tgt, t.name, router).grid == (24,) and render(tgt, t.name, wide).grid == (64,)
     assert gemm_plan(1, 384, 5120, t.default_config(tgt, router), tgt.cores)["block_M"] == 16
     # the plan the check reads grows with the tile: a 256x256 fp32 accumulator fills L0C, more fails
-    assert "l0c" in b.validate(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": gemm_plan(
-        4096, 4096, 5120, {"block_M": 256, "block_N": 512, "block_K": 64, "stages": 2}, 64)["buffers"]}))
+    assert "l0c" in b.check(KernelSource("ascendc", "k", "", grid=(1,), meta={"buffers": gemm_plan(
+        4096, 4096, 5120, {"block_M": 256, "block_N": 512, "block_K": 64, "stages": 2}, 64)["buffers"]}), None)
     odd = spec("linear", [tensor("bf16", 4, 5120), tensor("bf16", 100, 5120)], {"compute": "f32"})
     fp8 = KernelSpec("linear", router.attrs, (tensor("bf16", 1, 5120), quantized("fp8e4m3", (384, 5120), "e8m0", (32, 32))),
                      router.out_types)
@@ -205,7 +226,7 @@ def test_ascend_fp8_gemm_is_an_mx_block_scaled_cube_gemm():
     """gemm_fp8 on ascend950 with per-row weight scales (the pipeline repeats the 32x32 block
     scales at load) renders TileLang-Ascend's block-scaled GEMM within capacity; weights still in
     32x32 blocks, or scale rows that are not whole 32-byte granules, are declined. Rendered only."""
-    b, t, tgt = get_backend("ascend950"), templates()["ascend_gemm_mxfp8"], TARGETS["ascend950"]
+    b, t, tgt = get_manifest("ascend950"), templates()["ascend_gemm_mxfp8"], TARGETS["ascend950"]
 
     def gemm(m, n, k, wblock=(1, 32)):
         return spec("gemm_fp8", [quantized("fp8e4m3", (m, k), "e8m0", (1, 32)), quantized("fp8e4m3", (n, k), "e8m0", wblock)],
@@ -213,8 +234,8 @@ def test_ascend_fp8_gemm_is_an_mx_block_scaled_cube_gemm():
 
     for s in (gemm(1, 1280, 5120), gemm(4096, 4096, 5120)):
         assert select(tgt, s).name == "ascend_gemm_mxfp8"
-        src = b.render(t, s)
-        assert "gemm_fp8_kernel" in src.text and b.validate(src) is None and src.grid == (64,)
+        src = render(tgt, t.name, s)
+        assert "gemm_fp8_kernel" in src.text and b.check(src, None) is None and src.grid == (64,)
         assert len(src.meta["buffers"]["l1"]) == 8  # A, B and both scale tiles, double-buffered
     assert not t.supports(tgt, gemm(64, 4096, 5120, (32, 32)))
     assert not t.supports(tgt, gemm(64, 32768, 1280))  # 40-byte scale rows

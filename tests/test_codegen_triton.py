@@ -46,7 +46,7 @@ def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
 def test_grouped_gemm_fp4_selection_by_row_count():
     """Decode calls (up to 4 rows per expert on average) take the Triton template, each row count
     its own instance; prefill row counts stay on TileLang."""
-    from deepinfer.codegen.target import get_target
+    from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import KernelSpec, select
     from deepinfer.ir.types import TensorType, quantized
     from deepinfer.ir import dtypes as dt

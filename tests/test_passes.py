@@ -13,7 +13,7 @@ from deepinfer.models.checkpoint import load_checkpoint, make_checkpoint
 from deepinfer.models.config import load_config
 from deepinfer.models.deepseek_v41 import build_model, load_params
 from deepinfer.passes.driver import CompileOptions, compile_model, load_time_nodes
-from deepinfer.passes.pipelines import PIPELINES
+from deepinfer.passes.pipelines import pipeline
 from deepinfer.runtime.batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
 from deepinfer.runtime.plan_executor import PlanExecutor
 from deepinfer.runtime.state import allocate_state
@@ -61,7 +61,7 @@ def test_every_pass_keeps_the_interpreter_output(tiny):
     seqs = [DraftSeq(0, 5, 47), DraftSeq(1, 6, 21)]
     d_want, _, _ = interpret(prog.draft, draft_inputs(seqs, 5, prog.cfg.dspark_noise_token_id), params, want_state)
     g, d = prog.step, prog.draft
-    for name, fn in PIPELINES["cpu"]():
+    for name, fn in pipeline("cpu"):
         g, d = fn(g), fn(d)
         got, state = _run_steps(g, _params_for(g, params), prog.state, steps)
         for w, x in zip(want, got):
@@ -83,7 +83,7 @@ def test_decode_pipeline_keeps_the_interpreter_output(tiny):
               [SeqChunk(0, 46, [3], [0]), SeqChunk(1, 34, [1, 2, 3, 4, 5, 6], [1])]]
     want, _ = _run_steps(prog.step, params, prog.state, [prefill] + decode)
     g = prog.step
-    for name, fn in PIPELINES["cpu"](variant="decode"):
+    for name, fn in pipeline("cpu", variant="decode"):
         g = fn(g)
         state = allocate_state(prog.state, num_slots=2, num_pages=4)
         _, state, _ = interpret(prog.step, step_inputs(prefill), params, state)
@@ -97,7 +97,7 @@ def test_decode_pipeline_keeps_the_interpreter_output(tiny):
 def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     cfg = load_config("v4.1-flash")
     g = build_model(cfg).step
-    for name, fn in PIPELINES["sm90"]()[:-1]:  # everything but kernel selection (templates in progress)
+    for name, fn in pipeline("sm90")[:-1]:  # everything but kernel selection (templates in progress)
         g = fn(g)
     ops = g.op_counts()
     n = cfg.num_hidden_layers
@@ -116,7 +116,7 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
 
 def test_expert_parallel_inserts_all_to_all():
     g = build_model("v4.1-flash-tiny").step
-    for name, fn in PIPELINES["cpu"](ep=4):
+    for name, fn in pipeline("cpu", ep=4):
         g = fn(g)
     assert g.op_counts()["all_to_all"] == 2 * 10
 

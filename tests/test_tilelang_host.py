@@ -6,7 +6,7 @@ import torch
 from deepinfer.codegen.library import tilelang_host as th
 from deepinfer.codegen.library.tilelang_gemm import canonical_rows
 from deepinfer.codegen.library.tilelang_moe import canonical_rows as grouped_canonical_rows
-from deepinfer.codegen.target import get_target
+from deepinfer.codegen.targets import get_target
 from deepinfer.codegen.template import KernelSpec
 from deepinfer.ir import quant
 from deepinfer.ir.quant import QTensor

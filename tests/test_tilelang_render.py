@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from deepinfer.codegen.target import get_target  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.codegen.template import KernelSpec, select, templates  # noqa: E402
 from deepinfer.ir.types import quantized, tensor  # noqa: E402
 

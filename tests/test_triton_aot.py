@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 from deepinfer.codegen.host_recipe import meta_value, record_triton  # noqa: E402
 from deepinfer.codegen.library import triton_launchers as tk  # noqa: E402
-from deepinfer.codegen.target import get_target  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.codegen.template import select  # noqa: E402
 from deepinfer.ir import shapes as sh  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402

@@ -18,6 +18,7 @@ Ascend 950, so nothing about it is verified.
 
 import functools
 
+from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
 
 _BYTES = {"bf16": 2, "f32": 4}
@@ -124,7 +125,7 @@ def _render(target, spec: KernelSpec, config) -> KernelSource:
 
 
 register(Template(
-    name="ascend_linear", ops=("linear",), targets=("ascend950",),
+    name="ascend_linear", ops=("linear",), targets=building("ascendc"),
     knobs={"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (1, 2)},
     render=_render, default_config=_default_config, supports=_supports))
 
@@ -193,6 +194,6 @@ def _mx_render(target, spec: KernelSpec, config) -> KernelSource:
 
 
 register(Template(
-    name="ascend_gemm_mxfp8", ops=("gemm_fp8",), targets=("ascend950",),
+    name="ascend_gemm_mxfp8", ops=("gemm_fp8",), targets=building("ascendc"),
     knobs={"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (128, 256), "stages": (1, 2)},
     render=_mx_render, default_config=_mx_default_config, supports=_mx_supports))

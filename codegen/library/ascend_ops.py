@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
 
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4}
@@ -96,6 +97,6 @@ def _ascend_rms_render(target, spec: KernelSpec, config) -> KernelSource:
 
 
 register(Template(
-    name="ascend_rms_norm", ops=("rms_norm",), targets=("ascend950",), knobs={"threads": (64, 128, 256)},
+    name="ascend_rms_norm", ops=("rms_norm",), targets=building("ascendc"), knobs={"threads": (64, 128, 256)},
     render=_ascend_rms_render, default_config=lambda target, spec: {"threads": 128},
     supports=_ascend_rms_supports))

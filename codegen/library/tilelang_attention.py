@@ -23,7 +23,7 @@ blocks over CTAs (decode has too few rows to fill the GPU); a second kernel merg
 import math
 from typing import Any, Mapping
 
-from ..target import Target
+from ..targets import Target, building
 from .tilelang_host import host_attention
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, lower
@@ -226,7 +226,8 @@ ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,)
 
 
 def attention_default_config(target: Target, spec: KernelSpec) -> dict:
-    """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not."""
+    """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not,
+    unless the target's unsplit program spills (`target.defaults["tilelang_attention"]`)."""
     d = attention_dims(spec)
     mode = MODES[spec.op]
     nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
@@ -235,10 +236,9 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
         if nb % s == 0 and d["n"] * s <= 2 * target.cores and d["n"] < target.cores:
             splits = s
             break
-    if splits == 1 and target.name == "sm100":
-        # the unsplit program spills on sm100 (ptxas: 255 registers, 52-104 bytes); split in 2 or 3
-        # it does not (229-255 registers, no spill)
-        splits = next((s for s in (2, 3, 4, 5) if nb % s == 0), 1)
+    min_splits = target.defaults["tilelang_attention"]["min_splits"]
+    if splits < min_splits:
+        splits = next((s for s in (2, 3, 4, 5) if s >= min_splits and nb % s == 0), 1)
     return {"block_I": 64, "splits": splits, "threads": 256}
 
 
@@ -265,7 +265,7 @@ for _op in MODES:
     register(Template(
         name=f"tilelang_{_op}",
         ops=(_op,),
-        targets=("sm90", "sm100"),
+        targets=building("cuda", defaults="tilelang_attention"),
         knobs=ATTN_KNOBS,
         render=render_attention,
         default_config=attention_default_config,

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from typing import Any, Mapping
 
-from ..target import Target
+from ..targets import Target, building
 from .tilelang_host import host_gemm_fp8, host_linear
 from ..template import KernelSource, KernelSpec, Template, register
 
@@ -211,8 +211,10 @@ GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 1
 
 
 def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
-    """Prefill: 128x128 tiles, 2 warpgroups. Decode (m <= 64): one 64-row tile, narrow N tiles and
-    split K so that the weight stream is spread over most SMs."""
+    """Prefill: 128-row tiles, 2 warpgroups. Decode (m <= 64): one 64-row tile, narrow N tiles and
+    split K so that the weight stream is spread over most SMs. The K step of decode tiles and the
+    N width of prefill tiles are the target's (`target.defaults["tilelang_gemm"]`: register budgets)."""
+    own = target.defaults["tilelang_gemm"]
     if m <= 64:
         bn, bk = 64, 128
         tiles = ceil_div(n, bn)
@@ -222,14 +224,12 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
             if kt % s == 0 and tiles * s <= 2 * target.cores and tiles < target.cores:
                 split = s
                 break
-        if target.name == "sm100" and k % 64 == 0:
-            # 128-deep K steps spill on sm100 (ptxas: 255 registers, 8 bytes, with 3 or 4 stages);
-            # 64-deep ones do not (224 registers); the split stays a divisor of the K steps
-            bk = 64
+        if k % own["decode_block_K"] == 0:
+            # a shallower K step where 128-deep ones spill; the split stays a divisor of the K steps
+            bk = own["decode_block_K"]
         return {"block_M": 64, "block_N": bn, "block_K": bk, "stages": 4, "threads": 128, "split_k": split}
-    if target.name == "sm100":  # 128x128 spills on sm100 (ptxas: 255 registers, 24 bytes); 128x64 does not
-        return {"block_M": 128, "block_N": 64, "block_K": 128, "stages": 3, "threads": 256, "split_k": 1}
-    return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256, "split_k": 1}
+    return {"block_M": 128, "block_N": own["prefill_block_N"], "block_K": 128, "stages": 3, "threads": 256,
+            "split_k": 1}
 
 
 def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
@@ -243,7 +243,7 @@ def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]
 register(Template(
     name="tilelang_gemm_fp8",
     ops=("gemm_fp8",),
-    targets=("sm90", "sm100"),
+    targets=building("cuda", defaults="tilelang_gemm"),
     knobs=GEMM_KNOBS,
     render=_render_gemm_fp8,
     default_config=lambda target, spec: gemm_default_config(target, *_mnk(spec)),
@@ -316,7 +316,7 @@ def _render_linear(target: Target, spec: KernelSpec, config: Mapping[str, Any]) 
 register(Template(
     name="tilelang_linear",
     ops=("linear",),
-    targets=("sm90", "sm100"),
+    targets=building("cuda", defaults="tilelang_gemm"),
     knobs=dict(GEMM_KNOBS, block_K=(32, 64)),
     render=_render_linear,
     default_config=_linear_default_config,

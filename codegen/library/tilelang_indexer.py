@@ -16,7 +16,7 @@ candidate-block selection are not TileLang kernels yet.
 """
 from typing import Any, Mapping
 
-from ..target import Target
+from ..targets import Target, building
 from .tilelang_host import host_indexer_scores
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_attention import fp4_value
@@ -104,7 +104,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
 register(Template(
     name="tilelang_indexer_scores",
     ops=("indexer_scores",),
-    targets=("sm90", "sm100"),
+    targets=building("cuda"),
     knobs={"block_C": (64,), "threads": (128,)},
     render=_render,
     default_config=lambda target, spec: {"block_C": 64, "threads": 128},

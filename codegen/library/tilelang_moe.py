@@ -21,7 +21,7 @@ instruction's M); single-buffered. Built with nvcc for sm_100a here, never run.
 """
 from typing import Any, Mapping
 
-from ..target import Target
+from ..targets import Target, building
 from .tilelang_host import host_grouped_gemm_fp4
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
@@ -158,25 +158,24 @@ MOE_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 12
 def moe_default_config(target: Target, mtot: int, n: int, k: int, e: int) -> dict:
     """Decode (under ~2 rows per expert on average): 64-row tiles and narrow N tiles, so the few
     active experts still spread their weight stream over many CTAs. Prefill: 128-row tiles over
-    two warpgroups."""
-    if target.name == "sm100" and n % 128 == 0:
+    two warpgroups. The widening program's tiles are the target's
+    (`target.defaults["tilelang_grouped_gemm_fp4"]`: register budgets)."""
+    if block_scaled(target, n):
         return {"block_N": 128}  # the block-scaled program: 128-row tiles by the instruction
-    if target.name == "sm100":
-        # the widening program (N not a multiple of 128): its sm100 lowering keeps the fp4->fp8
-        # tile and the accumulator in registers: the sm90 tiles spill there (ptxas: 255
-        # registers, 16-72 bytes), these do not
-        if mtot <= 2 * e:
-            return {"block_M": 64, "block_N": 32, "block_K": 64, "stages": 4, "threads": 128}
-        return {"block_M": 128, "block_N": 64, "block_K": 64, "stages": 3, "threads": 256}
-    if mtot <= 2 * e:
-        return {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128}
-    return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
+    tiles = target.defaults["tilelang_grouped_gemm_fp4"]
+    return dict(tiles["decode"] if mtot <= 2 * e else tiles["prefill"])
+
+
+def block_scaled(target: Target, n: int) -> bool:
+    """The native block-scaled MMA (e4m3 x e2m1, ue8m0 per 32 K) takes N in 128-row tiles; other
+    targets and widths widen the fp4 weights to fp8 in the prologue."""
+    return "tcgen05_mxf8f6f4" in target.features and n % 128 == 0
 
 
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     mtot, n, k, e = _dims(spec)
     c = dict(moe_default_config(target, mtot, n, k, e), **config)
-    if target.name == "sm100" and n % 128 == 0:
+    if block_scaled(target, n):
         func = grouped_gemm_fp4_sm100_program(mtot, n, k, e, block_N=c["block_N"])
     else:
         func = grouped_gemm_fp4_program(mtot, n, k, e, **c)
@@ -201,7 +200,7 @@ def canonical_rows(target: Target, spec: KernelSpec) -> KernelSpec:
 register(Template(
     name="tilelang_grouped_gemm_fp4",
     ops=("grouped_gemm_fp4",),
-    targets=("sm90", "sm100"),
+    targets=building("cuda", defaults="tilelang_grouped_gemm_fp4"),
     knobs=MOE_KNOBS,
     render=_render,
     default_config=lambda target, spec: moe_default_config(target, *_dims(spec)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...ir.registry import all_ops
+from ..targets import building
 from ..template import KernelSource, Template, register
 
 
@@ -16,4 +17,4 @@ def reference_template(name: str, targets: tuple[str, ...]) -> Template:
                     default_config=lambda target, spec: {})
 
 
-register(reference_template("torch_ref", ("cpu",)))
+register(reference_template("torch_ref", building("torch")))

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...ir.types import QuantType
+from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
 
-TARGETS = ("sm90", "sm100")
+TARGETS = building("triton")
 KERNELS_MODULE = "deepinfer.codegen.library.triton_kernels"
 
 _PTR = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32", "i32": "*i32", "i64": "*i64", "u8": "*u8",

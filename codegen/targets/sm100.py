@@ -1,0 +1,43 @@
+"""sm100 (B200): TileLang kernels through nvcc and Triton AOT kernels; fp4 MoE weights go to the
+native block-scaled MMA. Its default tiles are narrower than sm90's where ptxas reports spills."""
+from .capacity import cuda_check
+from .manifest import Manifest, Target
+
+TARGET = Target(
+    "sm100", "cuda", "sm_100a", cores=148, smem_bytes=227 * 1024, hbm_bytes_per_s=8.0e12,
+    peak_flops={"bf16": 2250e12, "fp8": 4500e12, "fp4": 9000e12, "f32": 80e12},
+    # tcgen05.mma kind::mxf8f6f4: e4m3 x e2m1 operands with ue8m0 scales per 32 K, 128-row tiles
+    features=("tcgen05_mxf8f6f4",),
+    defaults={
+        # decode: 128-deep K steps spill (ptxas: 255 registers, 8 bytes, 3 or 4 stages), 64-deep ones
+        # do not (224 registers); prefill: 128x128 tiles spill (255 registers, 24 bytes), 128x64 not
+        "tilelang_gemm": {"decode_block_K": 64, "prefill_block_N": 64},
+        # the widening program (N not a multiple of 128) keeps the fp4->fp8 tile and the
+        # accumulator in registers: the sm90 tiles spill here (255 registers, 16-72 bytes), these not
+        "tilelang_grouped_gemm_fp4": {
+            "decode": {"block_M": 64, "block_N": 32, "block_K": 64, "stages": 4, "threads": 128},
+            "prefill": {"block_M": 128, "block_N": 64, "block_K": 64, "stages": 3, "threads": 256},
+        },
+        # the unsplit program spills (255 registers, 52-104 bytes); split in 2 or 3 it does not
+        "tilelang_attention": {"min_splits": 2},
+    },
+)
+
+OPERAND_FORMATS = {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4", "moe_experts": "fp4", "grouped_linear": "bf16",
+                   "engram_gather": "fp8"}
+
+PASSES = (
+    "verify",  # the builder's graph must be sound before any pass reads it; errors name the node
+    "infer_shapes",  # every later rule reads value types: the op rules' output, not the builder's
+    "legalize_quant",  # checks activation quantisation, records OPERAND_FORMATS; before fuse hides the quant nodes
+    "fuse",  # rule-list fusion; before the lowerings so they see the fused indexer and quantised activations
+    "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
+    "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
+    "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
+    "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
+    "verify_final",
+    "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats
+)
+
+MANIFEST = Manifest(TARGET, languages=("cuda", "triton"), operand_formats=OPERAND_FORMATS, passes=PASSES,
+                    check=cuda_check(TARGET))

@@ -1,0 +1,36 @@
+"""sm90 (H100/H200): TileLang kernels through nvcc and Triton AOT kernels, fp4 MoE weights
+widened to fp8 in the GEMM prologue."""
+from .capacity import cuda_check
+from .manifest import Manifest, Target
+
+TARGET = Target(
+    "sm90", "cuda", "sm_90a", cores=132, smem_bytes=227 * 1024, hbm_bytes_per_s=4.8e12,
+    peak_flops={"bf16": 989e12, "fp8": 1979e12, "f32": 67e12},
+    defaults={
+        "tilelang_gemm": {"decode_block_K": 128, "prefill_block_N": 128},
+        "tilelang_grouped_gemm_fp4": {
+            "decode": {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128},
+            "prefill": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256},
+        },
+        "tilelang_attention": {"min_splits": 1},
+    },
+)
+
+OPERAND_FORMATS = {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4->fp8 in prologue", "moe_experts": "fp4->fp8 in prologue",
+                   "grouped_linear": "bf16", "engram_gather": "fp8"}
+
+PASSES = (
+    "verify",  # the builder's graph must be sound before any pass reads it; errors name the node
+    "infer_shapes",  # every later rule reads value types: the op rules' output, not the builder's
+    "legalize_quant",  # checks activation quantisation, records OPERAND_FORMATS; before fuse hides the quant nodes
+    "fuse",  # rule-list fusion; before the lowerings so they see the fused indexer and quantised activations
+    "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
+    "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
+    "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
+    "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
+    "verify_final",
+    "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats
+)
+
+MANIFEST = Manifest(TARGET, languages=("cuda", "triton"), operand_formats=OPERAND_FORMATS, passes=PASSES,
+                    check=cuda_check(TARGET))
