@@ -148,9 +148,11 @@ def random_leaves(sub: Graph, chunks, seed: int, special: dict | None = None):
 def _same(a, b) -> bool:
     if isinstance(a, QTensor):
         return isinstance(b, QTensor) and _same(a.data, b.data) and _same(a.scale, b.scale)
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1
-                                                                     else a, b.view(torch.uint8) if b.dtype.itemsize == 1
-                                                                     else b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.itemsize == 1:  # fp8 has no torch.equal; compare its bytes
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return torch.equal(a, b)
 
 
 # ---- cases --------------------------------------------------------------------------------------
