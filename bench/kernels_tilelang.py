@@ -268,7 +268,7 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         key_bytes_total = n * D * 33 / 32 + n * topk * (D // 2 + D // 16)
     else:
         key_bytes_total = n * key_bytes
-    progs = lambda: ([tla.attention_program(mode, **dims, **c)]
+    progs = lambda: ([tla.attention_program(mode, **dims, **c)]  # noqa: E731  rebuilt per call
                      + ([tla.combine_program(n, H, D, c["splits"])] if c["splits"] > 1 else []))
     use_gpu_ref = mode == "sparse" and n > 256
     return dict(name=f"{op} {label}", template=f"tilelang_{op}", shape=f"rows={n} seqs={nseq} H={H} D={D}",

@@ -71,6 +71,8 @@ def fuse_hc_pre(ctx: Context, i: int):
         users = ctx.users.get(mix.outputs[0], [])
         if len(users) != 1 or ctx.g.nodes[users[0]].op != "hc_sinkhorn" or mix.outputs[0] in ctx.outputs:
             continue
+        if mix.attr["eps"] != norm.attr["eps"]:  # hc_pre has one eps for its mix GEMM and its norm
+            continue
         s = users[0]
         sk = ctx.g.nodes[s]
         fused = Node.make("hc_pre", [stream, mix.inputs[1], sk.inputs[1], sk.inputs[2], pre_in, norm.inputs[1]],
@@ -93,8 +95,8 @@ def fuse_router(ctx: Context, i: int):
     p, sp = ctx.producer_op(sqrt.inputs[0], "softplus") if sqrt else (None, None)
     if None in (topk, add, sqrt, sp) or add.inputs[0] != s_val:
         return None
-    if sorted(ctx.users.get(s_val, [])) != sorted([a, i]) or not ctx.sole_user(add.outputs[0], t) \
-            or not ctx.sole_user(sp.outputs[0], q):
+    if sorted(ctx.users.get(s_val, [])) != sorted([a, i]) or s_val in ctx.outputs \
+            or not ctx.sole_user(add.outputs[0], t) or not ctx.sole_user(sp.outputs[0], q):
         return None
     fused = Node.make("moe_router", [sp.inputs[0], add.inputs[1]], [sel_val, rw.outputs[0]],
                       {"k": topk.attr["k"], "scale": rw.attr["scale"], "renorm": rw.attr.get("renorm", True)})
@@ -136,7 +138,7 @@ def fuse_indexer(ctx: Context, i: int):
     users = ctx.users.get(score_val, [])
     attrs = {"ratio": top.attr["ratio"], "k": top.attr["k"]}
     outputs = list(top.outputs)
-    if len(users) == 2 and mask is None:
+    if len(users) == 2 and mask is None and score_val not in ctx.outputs:
         b = next(u for u in users if u != i)
         blocks = ctx.g.nodes[b]
         if blocks.op != "candidate_blocks":

@@ -65,3 +65,70 @@ def test_grouped_gemm_fp4_selection_by_row_count():
             launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"][0]
             assert launch["constexprs"]["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
         assert select(t, spec(65)).name == "tilelang_grouped_gemm_fp4"
+
+
+# ---- rendered launch metadata against the kernel text (structure, not bytes) ----------------------
+
+DECODE_ENV = {"num_tokens": 8, "num_seqs": 2, "num_samples": 2, "max_pages": 8, "num_slots": 4, "num_pages": 16}
+
+
+def _render_from_tiny(op):
+    """The first `op` call of the tiny sm90 graph, rendered at an 8-row decode bucket."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.driver import run_pipeline
+    from deepinfer.passes.kernels import kernel_spec
+
+    t = get_target("sm90")
+    g = run_pipeline(build_model("v4.1-flash-tiny").step, "sm90")
+    n = next(n for n in g.nodes if n.op == op)
+    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    tpl = select(t, spec)
+    return tpl, tpl.render(t, spec, tpl.default_config(t, spec))
+
+
+def _jit_defs(text):
+    """name -> [(parameter, is constexpr)] of every @triton.jit function of a kernel text."""
+    import ast
+
+    out = {}
+    for f in ast.parse(text).body:
+        if isinstance(f, ast.FunctionDef) and any(ast.unparse(d).endswith("jit") for d in f.decorator_list):
+            out[f.name] = [(a.arg, a.annotation is not None and ast.unparse(a.annotation).endswith("constexpr"))
+                           for a in f.args.args]
+    return out
+
+
+@pytest.mark.parametrize("op,template,entries", [
+    ("rms_norm_quant_fp8", "triton_rms_norm_quant_fp8", ["rms_norm_kernel"]),
+    ("hc_pre", "triton_hc_pre", ["hc_mix_split_kernel", "hc_pre_kernel"]),  # decode rows: K split first
+])
+def test_launch_metadata_matches_the_kernel_text(op, template, entries):
+    tpl, src = _render_from_tiny(op)
+    assert tpl.name == template and src.language == "triton"
+    launches = src.meta["kernels"]
+    assert [k["entry"] for k in launches] == entries and src.entry == entries[-1]
+    defs = _jit_defs(src.text)
+    cfg = src.meta["config"]
+    for k in launches:
+        params = defs[k["entry"]]
+        # the launcher passes arguments by the signature's order: it must be the kernel's own
+        assert list(k["signature"]) == [p for p, _ in params]
+        assert {p for p, c in params if c} == {p for p, s in k["signature"].items() if s == "constexpr"} \
+            == set(k["constexprs"])
+        assert k["constexprs"]["H"] == 256  # the tiny model's hidden size, fixed per instance
+        assert k["num_warps"] == cfg["num_warps"] and src.block == (32 * cfg["num_warps"],)
+    main = launches[-1]
+    assert tuple(main["grid"]) == tuple(src.grid)
+    if op == "rms_norm_quant_fp8":
+        sig = main["signature"]
+        assert main["grid"] == [8] and main["constexprs"]["QUANT"] is True  # one program per row
+        want = {"x_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "eps": "fp32"}
+        assert {k: sig[k] for k in want} == want
+    else:
+        split = launches[0]
+        blocks = -(-8 // cfg["BM"])
+        assert cfg["SPLIT"] > 1 and split["grid"] == [blocks, cfg["SPLIT"]] and main["grid"] == [blocks]
+        assert split["signature"]["part_ptr"] == main["signature"]["part_ptr"] == "*fp32"  # partials handed over
+        assert src.meta["launch_attrs"] == {"eps": 1e-20, "copies": 4, "iters": 20, "hc_eps": 1e-06, "post_mult": 2.0}

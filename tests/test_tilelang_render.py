@@ -56,3 +56,62 @@ def test_sm90_builds_without_spills():
         rep = nvcc_report(src.text, t.arch)
         assert rep["ok"], rep["log"]
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+# ---- rendered structure (not bytes): entry, parameters, launch shape, shared memory, MMAs -------
+
+def _signature(src):
+    """[(name, C type)] of the entry's parameters, read from the rendered CUDA."""
+    import re
+
+    m = re.search(r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?' + src.entry + r"\(([^)]*)\)",
+                  src.text)
+    assert m, f"no __global__ {src.entry} in the source"
+    out = []
+    for p in m.group(1).split(","):
+        words = p.replace("__restrict__", "").split()
+        out.append((words[-1], " ".join(words[:-1])))
+    return out
+
+
+GEMM_PARAMS = [("A", "const fp8_e4_t*"), ("B", "const fp8_e4_t*"), ("SA", "const uchar*"), ("SB", "const uchar*")]
+
+
+@pytest.mark.slow  # a TileLang lowering takes 10-50 s of one core
+@pytest.mark.parametrize("m,out_ctype,grid", [
+    (64, "float*", (20, 1, 8)),  # decode: split K, fp32 partials added atomically
+    (4096, "bfloat16_t*", (10, 32, 1)),  # prefill: 128x128 tiles, bf16 out
+])
+def test_gemm_fp8_sm90_structure(m, out_ctype, grid):
+    t = get_target("sm90")
+    spec = gemm_spec(m, 1280, 5120)
+    tpl = select(t, spec)
+    cfg = tpl.default_config(t, spec)
+    src = tpl.render(t, spec, cfg)
+    params = _signature(src)
+    assert sorted(params) == sorted(GEMM_PARAMS + [("C", out_ctype)])
+    assert src.grid == grid == (-(-1280 // cfg["block_N"]), -(-m // cfg["block_M"]), cfg["split_k"])
+    assert src.block == (cfg["threads"], 1, 1) and 0 < src.smem_bytes <= t.smem_bytes
+    assert src.meta["atomic_f32_out"] == (cfg["split_k"] > 1) and src.meta["mnk"] == (m, 1280, 5120)
+    assert src.text.count("__shared__") == 1  # one dynamic arena; the pipeline's stages are carved from it
+    assert "wgmma" in src.text and " mma." not in src.text  # Hopper warpgroup MMAs, not the Ampere ones
+
+
+@pytest.mark.slow
+def test_sparse_attn_sm90_structure():
+    t = get_target("sm90")
+    spec = attn_spec(64)
+    tpl = select(t, spec)
+    cfg = tpl.default_config(t, spec)
+    src = tpl.render(t, spec, cfg)
+    assert tpl.name == "tilelang_sparse_attn" and src.entry == "attn_kernel"
+    params = dict(_signature(src))
+    assert params == {"Q": "const bfloat16_t*", "KV": "const fp8_e4_t*", "KVS": "const uchar*",
+                      "RING": "const fp8_e4_t*", "RINGS": "const uchar*", "CKV": "const uchar*",
+                      "CKVS": "const fp8_e4_t*", "TOP": "const int*", "POS": "const int64_t*", "TSEQ": "const int*",
+                      "SLOTS": "const int*", "BT": "const int*", "OP": "float*", "ML": "float*"}
+    # rows x splits of the key range; each split writes partial outputs and (max, sum) for the combine
+    assert src.grid == (64, cfg["splits"], 1) and src.block == (cfg["threads"], 1, 1)
+    assert 0 < src.smem_bytes <= t.smem_bytes and src.text.count("__shared__") == 1 and "wgmma" in src.text
+    assert src.meta["dims"]["topk"] == 512 and src.meta["dims"]["window"] == 128
+    assert "combine_kernel" in str(src.meta["combine"])

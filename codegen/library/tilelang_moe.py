@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from ..targets import Target, building
 from .tilelang_host import host_grouped_gemm_fp4
 from ..template import KernelSource, KernelSpec, Template, register
-from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
+from .tilelang_gemm import _tl, e8m0_f32, source
 
 
 def fp4_to_e4m3_byte(T, nib):

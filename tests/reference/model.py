@@ -135,7 +135,7 @@ class ReferenceModel:
     # -- loading --
     def _load_block(self, ck: Checkpoint, p: str, l: int, role) -> NS:
         c = self.cfg
-        hc = lambda t: NS(fn=ck.raw(p + f"hc_{t}_fn").double(), scale=ck.raw(p + f"hc_{t}_scale").float(),
+        hc = lambda t: NS(fn=ck.raw(p + f"hc_{t}_fn").double(), scale=ck.raw(p + f"hc_{t}_scale").float(),  # noqa: E731
                           base=ck.raw(p + f"hc_{t}_base").float())
         a = p + "attn."
         attn = NS(wq_a=ck.linear(a + "wq_a"), q_norm=ck.raw(a + "q_norm.weight"), wq_b=ck.linear(a + "wq_b"),
