@@ -121,20 +121,24 @@ def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
     return m is None, m or f"max rel {rel:.2e}"
 
 
-def local_check(plan: str, seed: int = 11) -> dict:
-    """Every call of the tiny plan on the GPU against its op's reference on the CPU, fed the GPU's
-    own inputs (a copy taken before the call): errors stay local to the call instead of compounding
-    through the layers. One prefill step (bucket prefill_t512) and one decode step (decode_b4)."""
+def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_device: str = "cpu",
+                lens=(37, 90, 150, 200)) -> dict:
+    """Every call of a plan on the GPU against its op's reference fed the GPU's own inputs (a copy
+    taken before the call): errors stay local to the call instead of compounding through the
+    layers. One prefill step and one decode step. The tiny plan's references run on the CPU; the
+    medium plan's on the GPU (`ref_device`), whose references are the torch_device calls' own."""
     from deepinfer.ir.registry import get_op
     from deepinfer.runtime.batch import bucket_inputs
     from deepinfer.runtime.plan_executor import choose_bucket
 
-    cfg = load_config("v4.1-flash-tiny")
-    gpu = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed), config_hash=cfg.config_hash,
-                           cuda_graphs=False)
+    cfg = load_config(preset)
+    ckpt = GeneratedCheckpoint(cfg, seed, device="cuda" if ref_device == "cuda" else "cpu")
+    gpu = CudaPlanExecutor(plan, checkpoint=ckpt, config_hash=cfg.config_hash, cuda_graphs=False)
     torch.manual_seed(seed)
-    chunks = [SeqChunk(i, 0, torch.randint(3, cfg.vocab_size, (n,)).tolist(), [2 * i, 2 * i + 1])
-              for i, n in enumerate((37, 90, 150, 200))]
+    per_seq = -(-max(lens) // 128) + 1
+    chunks = [SeqChunk(i, 0, torch.randint(3, cfg.vocab_size, (n,)).tolist(), list(range(per_seq * i, per_seq * (i + 1))))
+              for i, n in enumerate(lens)]
+    to_ref = _cpu if ref_device == "cpu" else _clone_dev
     per_template: dict = {}
     failures = []
     for step in range(2):
@@ -145,16 +149,18 @@ def local_check(plan: str, seed: int = 11) -> dict:
         vals = {k: v.cuda() for k, v in inputs.items()}
         vals.update((p, gpu.params[p]) for p in g.params)
         vals.update((s, gpu.state[s]) for s in g.state)
-        for call, (fn, ins, outs, _) in zip(g.calls, gpu.runner.program(graph, bucket)):
+        for call, (fn, ins, outs, dead) in zip(g.calls, gpu.runner.program(graph, bucket)):
             tmpl = call["launch"][bucket].get("template") or "view"
             xs = [vals[i] for i in ins]
-            xs_cpu = [_cpu(x) for x in xs]
+            xs_ref = [to_ref(x) for x in xs]
             with torch.device(gpu.device):
                 res = fn(*xs)
             res = res if isinstance(res, tuple) and not isinstance(res, QTensor) else (res,)
             op = get_op(call["op"])
-            ref = op.ref(*xs_cpu, **op.check_attrs(call["attrs"]))
-            ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, xs_cpu)
+            with torch.device(ref_device):
+                ref = op.ref(*xs_ref, **op.check_attrs(call["attrs"]))
+            ref = tuple(_cpu(r) for r in ref) if isinstance(ref, tuple) and not isinstance(ref, QTensor) else _cpu(ref)
+            ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, [_cpu(x) for x in xs_ref[:2]])
             row = per_template.setdefault(tmpl, {"calls": 0, "pass": 0, "worst": ""})
             row["calls"] += 1
             row["pass"] += ok
@@ -166,6 +172,10 @@ def local_check(plan: str, seed: int = 11) -> dict:
                 if float(what.split()[-1]) > prev:
                     row["worst"] = what
             vals.update(zip(outs, res))
+            del xs_ref, ref
+            for v in dead:
+                if v != g.outputs[0]:
+                    vals.pop(v, None)
         logits = vals[g.outputs[0]][: len(chunks)]
         chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [int(t)], c.pages)
                   for c, t in zip(chunks, logits.argmax(-1).tolist())]
@@ -173,7 +183,13 @@ def local_check(plan: str, seed: int = 11) -> dict:
         print("FAIL", f, flush=True)
     for t, r in sorted(per_template.items()):
         print(f"{t:40s} {r['pass']:4d}/{r['calls']:<4d} {r['worst']}", flush=True)
-    return {"per_template": per_template, "failures": failures[:200]}
+    return {"preset": preset, "ref_device": ref_device, "per_template": per_template, "failures": failures[:200]}
+
+
+def _clone_dev(v):
+    if isinstance(v, QTensor):
+        return QTensor(v.data.clone(), v.scale.clone())
+    return v.clone() if isinstance(v, torch.Tensor) else v
 
 
 def noise_floor(steps: int = 40, seed: int = 11, share: float = 0.01) -> dict:
@@ -309,6 +325,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="only: the medium plan's decode GPU time by kernel")
     p.add_argument("--noise-floor", action="store_true", help="only: the CPU reference against itself nudged by 1 ulp")
     p.add_argument("--divergence", action="store_true", help="only: every call of the tiny plan against its reference on the GPU's own inputs")
+    p.add_argument("--divergence-medium", action="store_true",
+                   help="only: every call of the medium plan against its reference (on the GPU) on the GPU's own inputs")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
     a = p.parse_args(argv)
     res = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "torch": torch.__version__,
@@ -318,6 +336,9 @@ def main(argv=None) -> int:
         parts = (("medium_profile", medium_profile, a.medium_plan),)
     elif a.noise_floor:
         parts = (("noise_floor", lambda _: noise_floor(), "cpu"),)
+    elif a.divergence_medium:
+        parts = (("local_medium", lambda pl: local_check(pl, 0, "v4.1-flash-medium", "cuda", (300, 500, 700, 1000)),
+                  a.medium_plan),)
     elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts
     for name, fn, plan in parts:

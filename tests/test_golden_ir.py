@@ -35,7 +35,8 @@ from deepinfer.models.deepseek_v41 import build_model
 from deepinfer.passes import fuse as fz
 from deepinfer.passes.attention import lower_sparse_attention
 from deepinfer.passes.moe import lower_moe_dispatch
-from deepinfer.passes.pipelines import PIPELINES
+from deepinfer.passes.pipelines import pipeline
+from deepinfer.codegen.targets import get_manifest
 from deepinfer.passes.quant import legalize_quant, row_weight_scales
 from deepinfer.passes.rewrite import Context, apply_rules
 from deepinfer.runtime.batch import SeqChunk, step_inputs
@@ -55,7 +56,7 @@ def _tiny():
 def _stage(before: str, variant: str = "prefill", target: str = "sm90") -> Graph:
     """The tiny model's step graph after every pass of the target's pipeline that precedes `before`."""
     g = _tiny().step
-    for name, fn in PIPELINES[target](variant=variant):
+    for name, fn in pipeline(target, variant=variant):
         if name == before:
             return g
         g = fn(g)
@@ -215,7 +216,7 @@ CASES = [
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("legalize_quant", "legalize_quant",
          lambda g: _with_act_producer("gemm_fp8")(g) + _with_act_producer("moe_experts")(g),
-         lambda g: legalize_quant(g, "sm90"), chunks=tuple(SHORT)),
+         lambda g: legalize_quant(g, get_manifest("sm90").operand_formats), chunks=tuple(SHORT)),
     Case("lower_sparse_attention", "lower_sparse_attention", _indexer_and_its_attention, lower_sparse_attention),
     Case("lower_moe_dispatch", "lower_moe_dispatch", _first("moe_experts"), lower_moe_dispatch,
          chunks=tuple(SHORT)),
@@ -331,7 +332,7 @@ def test_legalize_quant_refuses_an_unquantised_activation():
     g = _stage("legalize_quant")
     sub = cut(g, _first("gemm_fp8")(g), "gemm_alone")
     with pytest.raises(VerifyError, match="comes from a leaf, not a 32-element activation quantisation"):
-        legalize_quant(sub, "sm90")
+        legalize_quant(sub, get_manifest("sm90").operand_formats)
 
 
 def test_sparse_attention_refuses_a_topk_list_not_from_an_indexer():

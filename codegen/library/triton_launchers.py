@@ -105,9 +105,9 @@ def _on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host-made constant on `device`: copied once per GPU (a copy inside a CUDA graph capture
     is not allowed), and copied afresh onto meta, where a host recipe is being recorded and the
     copy of real values is what records the constant."""
-    if device.type in ("cpu", "meta"):
-        return t.to(device)
-    return _cached_copy(t, device)
+    if device.type == "cuda":
+        return _cached_copy(t, device)
+    return t.to(device)
 
 
 @functools.lru_cache(maxsize=None)
