@@ -152,7 +152,7 @@ def run(args, bench, ceil) -> dict:
             row["sweep_best"] = min(ok, key=lambda p: p["time_us"]) if ok else None
         rows.append(row)
         print(summary_line(row), flush=True)
-        del ins, want
+        ins = want = None  # free the case's GPU tensors before the next one
         torch.cuda.empty_cache()
     return {"preset": args.preset, "widths": w, "rows": rows}
 
