@@ -285,6 +285,9 @@ def host_recipes(g, calls: list[dict], envs: dict[str, dict], kernels: dict, rec
     from .library import triton_launchers
     from .template import templates
 
+    recorded = {i for i, k in kernels.items() if k.get("language") in ("cuda", "triton")}
+    if not any(ln.get("kernel") in recorded for c in calls for ln in c["launch"].values()):
+        return  # no call replays a recipe (cpu plans, ascend950 sources): nothing to run abstractly
     index = {json.dumps(r, sort_keys=True): rid for rid, r in recipes.items()}
     for bucket, env in envs.items():
         vals: dict = {}
