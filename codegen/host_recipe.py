@@ -266,6 +266,24 @@ def meta_value(t):
     return QTensor(one(t.data), one(t.scale)) if hasattr(t, "scale") else one(t)
 
 
+def _layout(v):
+    """What a host's behaviour can depend on in an input: shapes, strides and dtypes (meta tensors
+    have no values), or the value itself for a non-tensor."""
+    if isinstance(v, QTensor):
+        return (_layout(v.data), _layout(v.scale))
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), str(v.dtype))
+    return repr(v)
+
+
+def _like(v):
+    if isinstance(v, QTensor):
+        return QTensor(_like(v.data), _like(v.scale))
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    return v
+
+
 def _as_outputs(out, n: int) -> tuple:
     outs = out if isinstance(out, tuple) and not isinstance(out, QTensor) else (out,)
     if len(outs) != n:
@@ -289,6 +307,9 @@ def host_recipes(g, calls: list[dict], envs: dict[str, dict], kernels: dict, rec
     if not any(ln.get("kernel") in recorded for c in calls for ln in c["launch"].values()):
         return  # no call replays a recipe (cpu plans, ascend950 sources): nothing to run abstractly
     index = {json.dumps(r, sort_keys=True): rid for rid, r in recipes.items()}
+    # the layers repeat one another: a call with the op, attributes, instance and input layouts of
+    # one already run has the same recipe and outputs, so each is recorded once
+    memo: dict = {}
     for bucket, env in envs.items():
         vals: dict = {}
 
@@ -306,6 +327,16 @@ def host_recipes(g, calls: list[dict], envs: dict[str, dict], kernels: dict, rec
                 attrs = op.check_attrs(call["attrs"])
                 where = f"{call['op']} ({call['outputs'][0]}) in {bucket}"
                 quantised = [hasattr(g.types[o], "scale") for o in call["outputs"]]
+                key = (call["op"], json.dumps(call["attrs"], sort_keys=True, default=str), inst if k else None,
+                       tuple(_layout(x) for x in xs))
+                if key in memo:
+                    rid, outs = memo[key]
+                    if rid is not None:
+                        launch["recipe"] = rid
+                    # fresh tensors of the same layouts: a recording keys its slots by tensor
+                    # identity, and two calls' outputs are never one tensor
+                    vals.update(zip(call["outputs"], (_like(o) for o in outs)))
+                    continue
                 try:
                     if k is not None and k["language"] == "cuda":
                         rec, outs = record_tilelang(templates()[k["template"]].host, k, xs, attrs, quantised)
@@ -320,10 +351,12 @@ def host_recipes(g, calls: list[dict], envs: dict[str, dict], kernels: dict, rec
                             outs = tuple(meta_value(g.types[o].subs(env)) for o in call["outputs"])
                 except RecipeError as e:
                     raise RecipeError(f"{where}: {e}") from None
+                rid = None
                 if rec is not None:
-                    key = json.dumps(rec, sort_keys=True)
-                    if key not in index:
-                        index[key] = f"r{len(recipes):05d}"
-                        recipes[index[key]] = rec
-                    launch["recipe"] = index[key]
+                    text = json.dumps(rec, sort_keys=True)
+                    if text not in index:
+                        index[text] = f"r{len(recipes):05d}"
+                        recipes[index[text]] = rec
+                    rid = launch["recipe"] = index[text]
+                memo[key] = (rid, outs)
                 vals.update(zip(call["outputs"], outs))
