@@ -22,6 +22,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 from deepinfer.codegen.library import tilelang_attention as tla  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
 from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
@@ -370,11 +371,7 @@ def real_cases():
     return out
 
 
-class _Tgt:
-    cores = 132
-
-
-TARGET = _Tgt()
+TARGET = get_target("sm90")  # the templates' defaults and the SM count are the sm90 manifest's
 
 
 # ---- compile (in parallel: lowering + nvcc dominate, and TileLang caches the result on disk) ------
