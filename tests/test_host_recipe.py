@@ -22,12 +22,7 @@ from deepinfer.ir.quant import QTensor
 from deepinfer.runtime.host_recipe import HostRecipe
 
 
-def _meta(v):
-    if isinstance(v, QTensor):
-        return QTensor(_meta(v.data), _meta(v.scale))
-    if isinstance(v, torch.Tensor):
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-    return v
+_meta = hr._like  # a meta tensor of the same layout (of a real or a meta tensor)
 
 
 def _equal(a, b) -> bool:
