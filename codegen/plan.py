@@ -13,13 +13,23 @@ from pathlib import Path
 from ..atomic import replace_dir, write_new_file
 from ..runtime.plan_file import PLAN_FORMAT, PLAN_VERSION, PlanError, canonical, load_plan, sha256, versions
 
-__all__ = ["PlanError", "load_plan", "versions", "write_plan"]
+__all__ = ["PlanError", "check_plan_target", "load_plan", "versions", "write_plan"]
 
 
-def write_plan(plan: dict, files: dict[str, bytes], out_dir: str | os.PathLike) -> Path:
+def check_plan_target(out_dir: str | os.PathLike) -> Path:
+    """The directory a plan may be written to: absent, empty, or holding a plan (which the new one
+    replaces). Anything else holds the user's files, which a replace would delete."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise PlanError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "plan.json").is_file():
+        raise PlanError(f"{out}: holds files and no plan; give an empty or new directory (a plan directory is "
+                        "replaced whole)")
+    return out
+
+
+def write_plan(plan: dict, files: dict[str, bytes], out_dir: str | os.PathLike) -> Path:
+    out = check_plan_target(out_dir)
 
     def write(tmp: Path) -> None:
         hashes = {}

@@ -187,10 +187,11 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
 
 
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
-    from ..codegen.plan import versions, write_plan
+    from ..codegen.plan import check_plan_target, versions, write_plan
     from ..codegen.targets import get_target
 
     target = get_target(options.target)
+    check_plan_target(out_dir)  # before minutes of compiling, not after
     timings: dict[str, float] = {}
     bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep)) + 2)
     t = time.perf_counter()

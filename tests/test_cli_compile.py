@@ -35,3 +35,21 @@ def test_compile_errors_are_one_line(tmp_path, capsys):
     assert main(["compile", "--model", str(bad), "--target", "cpu", "-o", str(tmp_path / "p")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "p").exists()
+
+
+def test_compile_never_replaces_a_directory_of_user_files(tmp_path, capsys):
+    """-o naming a directory that holds files but no plan is refused (a plan directory is replaced
+    whole, which would delete them); an existing plan is replaced."""
+    user = tmp_path / "mine"
+    (user / "sub").mkdir(parents=True)
+    (user / "notes.txt").write_text("keep me")
+    (user / "sub" / "data.bin").write_bytes(b"x")
+    assert main(["compile", "--model", "v4.1-flash-tiny", "--target", "cpu", "-o", str(user)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds files and no plan" in err
+    assert (user / "notes.txt").read_text() == "keep me" and (user / "sub" / "data.bin").read_bytes() == b"x"
+    plan = tmp_path / "plan"
+    for _ in range(2):  # a second compile replaces the first plan
+        assert main(["compile", "--model", "v4.1-flash-tiny", "--target", "cpu", "-o", str(plan),
+                     "--max-model-len", "512"]) == 0
+    assert load_plan(plan)["options"]["max_model_len"] == 512
