@@ -171,6 +171,35 @@ def fuse(g: Graph) -> Graph:
     return apply_rules(g, FUSION_RULES)
 
 
+# ---- after the MoE-dispatch lowering --------------------------------------------------------------
+
+def fuse_moe_shared_add(ctx: Context, i: int):
+    """The MoE block's end: the routed combine's fp32 sum plus the shared expert's output, rounded
+    to bf16, in the combine kernel, so neither fp32 sum nor the casts go to memory."""
+    out = ctx.g.nodes[i]
+    if out.op != "cast" or out.attr["dtype"] != "bf16":
+        return None
+    a, add = ctx.producer_op(out.inputs[0], "add")
+    if add is None or not ctx.sole_user(out.inputs[0], i):
+        return None
+    for routed, widened in (add.inputs, add.inputs[::-1]):
+        c, comb = ctx.producer_op(routed, "moe_combine")
+        w, cast = ctx.producer_op(widened, "cast")
+        if comb is None or cast is None or cast.attr["dtype"] != "f32" or routed == widened:
+            continue
+        if ctx.g.types[cast.inputs[0]].dtype.name != "bf16":
+            continue
+        if not (ctx.sole_user(routed, a) and ctx.sole_user(widened, a)):
+            continue
+        return Rewrite([c, w, a, i], [Node.make("moe_combine_shared", [*comb.inputs, cast.inputs[0]], out.outputs,
+                                                comb.attr)])
+    return None
+
+
+def fuse_moe_shared(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_moe_shared_add])
+
+
 # ---- decode steps only ----------------------------------------------------------------------------
 
 def fuse_decode_cache_write(ctx: Context, i: int):

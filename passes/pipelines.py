@@ -8,7 +8,7 @@ from functools import partial
 
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
-from .fuse import fuse, fuse_decode
+from .fuse import fuse, fuse_decode, fuse_moe_shared
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch
 from .quant import legalize_quant, row_weight_scales
@@ -20,7 +20,8 @@ DECODE_ONLY = {"fuse_decode"}
 # a rule whose output op has no template but the torch fallback on a device target would trade
 # kernels for a slower path: it joins a pipeline only once a generated template of that op exists
 # (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
-NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write", "row_weight_scales": "gemm_fp8"}
+NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write", "row_weight_scales": "gemm_fp8",
+                  "fuse_moe_shared": "moe_combine_shared"}
 
 
 def has_generated_template(target: str, op: str) -> bool:
@@ -38,6 +39,7 @@ def _passes(manifest, ep: int) -> dict:
         "fuse_decode": fuse_decode,
         "lower_sparse_attention": lower_sparse_attention,
         "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep),
+        "fuse_moe_shared": fuse_moe_shared,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,
         "verify_final": verify,

@@ -221,6 +221,8 @@ CASES = [
     Case("lower_moe_dispatch", "lower_moe_dispatch", _first("moe_experts"), lower_moe_dispatch,
          chunks=tuple(SHORT)),
     Case("row_weight_scales", "infer_shapes_final", _first("gemm_fp8"), row_weight_scales),
+    Case("fuse_moe_shared_add", "fuse_moe_shared", lambda g: first_match(g, fz.fuse_moe_shared_add),
+         fz.fuse_moe_shared, chunks=tuple(SHORT)),
 ]
 BY_NAME = {c.name: c for c in CASES}
 
@@ -236,6 +238,27 @@ def candidate_ids(score_type, block_size):
     return make
 
 
+def routed_pairs(k: int):
+    """(pairs, offsets) makers giving moe_permute's outputs of one seeded expert selection, so a
+    cut that reads both from outside gets a consistent pair (the pairs are made first: they come
+    first among the combine's inputs, and give the row count)."""
+    from deepinfer.ir.ops.fused import moe_permute
+
+    n_exp, rows = _tiny().cfg.n_routed_experts, []
+
+    def permuted(part):
+        sel = torch.rand(rows[0], n_exp, generator=torch.Generator().manual_seed(rows[0])).argsort(dim=1)[:, :k]
+        return moe_permute(sel.to(torch.int32), n_experts=n_exp)[part]
+
+    def pairs(t, env, gen):
+        rows[:] = [sh.evaluate(t.shape, env)[0] // k]
+        return permuted(0).to(t.dtype.storage)
+
+    def offsets(t, env, gen):
+        return permuted(1).to(t.dtype.storage)
+    return pairs, offsets
+
+
 def _valid_index_inputs(sub: Graph) -> dict:
     """Leaf index values that random numbers would make invalid: the experts each row selects,
     the candidate pool a masked indexer scores in."""
@@ -243,6 +266,9 @@ def _valid_index_inputs(sub: Graph) -> dict:
     for n in sub.nodes:
         if n.op == "moe_experts" and n.inputs[1] in sub.inputs:
             out[n.inputs[1]] = expert_ids
+        if n.op == "moe_combine" and n.inputs[1] in sub.inputs:
+            out[n.inputs[1]], out[n.inputs[2]] = routed_pairs(n.attr["k"])
+            out[n.inputs[3]] = expert_ids  # the combine reads only its row count
         if n.op == "candidate_mask" and n.inputs[1] in sub.inputs:
             out[n.inputs[1]] = candidate_ids(sub.types[n.inputs[0]], n.attr["block_size"])
     return out
@@ -281,7 +307,7 @@ def test_rule_keeps_the_interpreter_output(case):
 
 # ---- where the rules must not fire --------------------------------------------------------------
 
-FUSIONS = [c for c in CASES if c.stage == "fuse"]
+FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared")]
 
 
 @pytest.mark.parametrize("case", FUSIONS, ids=lambda c: c.name)

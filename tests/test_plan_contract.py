@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from serving_machine import generate_script, parse_output
 
 from deepinfer.models.checkpoint import make_checkpoint
 from deepinfer.passes.driver import CompileOptions, compile_model
@@ -44,17 +45,6 @@ def test_runtime_modules_import_no_compiler_code():
     assert not bad, bad
 
 
-# a process in which the compiler's packages cannot be imported
-_BLOCK = """
-import importlib.abc, sys
-class NoCompiler(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[:2] in (['deepinfer', 'codegen'], ['deepinfer', 'passes']) or name in ('tilelang', 'triton'):
-            raise ImportError(f'{name} is not installed on this serving machine')
-sys.meta_path.insert(0, NoCompiler())
-"""
-
-
 @pytest.fixture(scope="module")
 def cpu_plan(tmp_path_factory):
     root = tmp_path_factory.mktemp("contract")
@@ -65,29 +55,18 @@ def cpu_plan(tmp_path_factory):
 
 def test_a_cpu_plan_generates_where_the_compiler_is_absent(cpu_plan):
     plan, ckpt = cpu_plan
-    code = _BLOCK + f"""
-from deepinfer import LLM, SamplingParams
-try:
-    import deepinfer.codegen
-    raise SystemExit('the block did not hold')
-except ImportError:
-    pass
-llm = LLM(plan={str(plan)!r}, weights={str(ckpt)!r}, max_num_seqs=2, max_model_len=128)
-outs = llm.generate(prompt_token_ids=[[5, 17, 300, 9000, 12], list(range(100, 130))],
-                    sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
-print('TOKENS', [o.token_ids for o in outs])
-print('MODULES', sorted(m for m in sys.modules if m.startswith(('deepinfer.codegen', 'deepinfer.passes'))))
-"""
+    prompts = [[5, 17, 300, 9000, 12], list(range(100, 130))]
+    code = generate_script(plan, ckpt, prompts, 5, max_num_seqs=2, max_model_len=128)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=""))
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.startswith(("TOKENS", "MODULES")))
+    lines = parse_output(r.stdout)
     assert lines["MODULES"] == "[]"
     from deepinfer import LLM, SamplingParams
 
     want = LLM("v4.1-flash-tiny", ckpt, max_num_seqs=2, max_model_len=128).generate(
-        prompt_token_ids=[[5, 17, 300, 9000, 12], list(range(100, 130))],
-        sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+        prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+        use_tqdm=False)
     assert lines["TOKENS"] == str([o.token_ids for o in want])
 
 

@@ -242,13 +242,14 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         pairs = torch.randperm(m, generator=g).to(torch.int32).to(device)
         return [rn(m, 2 * dims["F"], scale=4), torch.rand(n, k, generator=g).to(device), pairs], \
             {"limit": 10.0, "k": k, "block": 32}
-    if op == "moe_combine":
+    if op in ("moe_combine", "moe_combine_shared"):
         k, E = dims["k"], dims["E"]
         sel = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)]).to(torch.int32)
         from deepinfer.ir.ops.fused import moe_permute
 
         order, offs = moe_permute(sel, n_experts=E)
-        return [rn(n * k, H), order.to(device), offs.to(device), rn(n, H)], {"k": k}
+        shared = [rn(n, H).to(torch.bfloat16)] if op == "moe_combine_shared" else []
+        return [rn(n * k, H), order.to(device), offs.to(device), rn(n, H), *shared], {"k": k}
     if op == "embedding":
         return [torch.randint(0, dims["vocab"], (n,), generator=g).to(device), rn(dims["vocab"], H)], {}
     if op == "gather_rows":
@@ -394,7 +395,7 @@ OUTPUT_KINDS = {
     "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
     "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "hc_pre": "rounded", "hc_expand": "rounded",
     "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_weighted_quant_fp8": "quant",
-    "moe_combine": "f32", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
+    "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded",

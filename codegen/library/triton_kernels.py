@@ -429,10 +429,11 @@ def inverse_perm_kernel(order_ptr, inv_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def moe_combine_kernel(y_ptr, inv_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                       BH: tl.constexpr):
+def moe_combine_kernel(y_ptr, inv_ptr, sh_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                       BH: tl.constexpr, SHARED: tl.constexpr):
     """out[t] = sum of y rows of t's pairs in ascending expert-order position, from 0 (the
-    reference's order exactly: its segments run in ascending expert order)."""
+    reference's order exactly: its segments run in ascending expert order); with SHARED, plus the
+    shared expert's bf16 row in fp32, stored as bf16 (moe_combine_shared)."""
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
     hm = hh < H
@@ -444,7 +445,11 @@ def moe_combine_kernel(y_ptr, inv_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr
         cur = tl.min(tl.where(ids > prev, ids, 2147483647), axis=0)
         acc += tl.load(y_ptr + cur.to(tl.int64) * H + hh, mask=hm, other=0.0).to(tl.float32)
         prev = cur
-    tl.store(out_ptr + t * H + hh, acc, mask=hm)
+    if SHARED:
+        acc += tl.load(sh_ptr + t * H + hh, mask=hm, other=0.0).to(tl.float32)
+        _store_as(out_ptr + t * H + hh, acc, hm)
+    else:
+        tl.store(out_ptr + t * H + hh, acc, mask=hm)
 
 
 # ---- gathers and cache writes -------------------------------------------------------------------

@@ -190,14 +190,18 @@ def _l_swiglu_w(spec, cfg):
 
 
 def _l_combine(spec, cfg):
-    y, pairs, offsets, like = spec.in_types
+    y, pairs, offsets, like = spec.in_types[:4]
+    shared = spec.in_types[4] if len(spec.in_types) > 4 else None
     m, h = _ints(y.shape)
     n = _ints(like.shape)[0]
     k = spec.attr["k"]
     return [_launch("inverse_perm_kernel", {"order_ptr": _ptr(pairs), "inv_ptr": "*i32", "n": "i32"},
                     {"BLOCK": 1024}, (_cdiv(m, 1024),), {"num_warps": 4, "num_stages": 1}),
-            _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": "*i32", "out_ptr": "*fp32"},
-                    {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"]}, (n, _cdiv(h, cfg["BH"])), cfg)]
+            _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": "*i32",
+                                           "sh_ptr": _ptr(shared if shared is not None else y),
+                                           "out_ptr": "*bf16" if shared is not None else "*fp32"},
+                    {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None},
+                    (n, _cdiv(h, cfg["BH"])), cfg)]
 
 
 def _gather_launch(src_ptr, idx_ptr, count, width, div, cfg):
@@ -446,6 +450,9 @@ OPS = [
     _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
     _Op("moe_combine", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
+        dict(BH=512, num_warps=4, num_stages=1)),
+    # the shared expert's add and the bf16 rounding at the MoE block's end, in the combine
+    _Op("moe_combine_shared", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=512, num_warps=4, num_stages=1)),
     _Op("embedding", "launch_embedding", _l_embedding, dict(BLOCK=(512, 1024, 2048), **ROW),
         dict(BLOCK=1024, num_warps=4, num_stages=1)),

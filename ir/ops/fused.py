@@ -291,6 +291,24 @@ def moe_combine(y, pairs, offsets, like, *, k):
     return out
 
 
+def _combine_shared_rule(ins, a):
+    (out,) = _combine_rule(ins[:4], a)
+    sh = want_float(ins[4], "shared expert output")
+    if sh.dtype != dt.bf16:
+        raise ShapeError(f"the shared expert output must be bf16, got {sh}")
+    want_dims(sh.shape[0], out.shape[0], "shared expert rows")
+    want_dims(sh.shape[1], out.shape[1], "shared expert width")
+    return [TensorType(dt.bf16, out.shape)]
+
+
+@op("moe_combine_shared", infer=_combine_shared_rule, flops=lambda i, o, a: i[0].numel + o[0].numel,
+    attrs={"k": REQUIRED}, n_inputs=5)
+def moe_combine_shared(y, pairs, offsets, like, shared, *, k):
+    """The routed experts' fp32 combine plus the shared expert's bf16 output, in fp32, rounded to
+    bf16: cast(add(moe_combine(...), cast(shared, f32)), bf16), as the MoE block ends (§4.5)."""
+    return (moe_combine(y, pairs, offsets, like, k=k) + shared.float()).to(torch.bfloat16)
+
+
 # ---- expert parallelism -------------------------------------------------------------------------
 
 def _a2a_rule(ins, a):

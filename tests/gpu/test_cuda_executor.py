@@ -7,6 +7,7 @@ options: `deepinfer compile --model v4.1-flash-tiny --target sm90 --max-model-le
 Run: python -m pytest -m gpu tests/gpu/test_cuda_executor.py
 """
 import os
+import subprocess
 import sys
 
 import pytest
@@ -18,7 +19,9 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     pytest.skip("needs an sm90 GPU", allow_module_level=True)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import runtime_sm90 as rt  # noqa: E402
+from serving_machine import generate_script, parse_output  # noqa: E402
 
 from deepinfer import LLM, SamplingParams  # noqa: E402
 from deepinfer.models.checkpoint import make_checkpoint  # noqa: E402
@@ -50,3 +53,20 @@ def test_generate_through_the_engine(plan):
     assert [len(o.token_ids) for o in outs] == [8, 8]
     ex = llm.engine.executor
     assert ex.graph_status and all(v == "captured" for v in ex.graph_status.values()), ex.graph_status
+
+
+def test_the_plan_generates_where_the_compiler_is_absent(plan):
+    """A serving machine has the plan, torch and the CUDA driver: the sm90 plan generates in a
+    process where the compiler and the kernel languages cannot be imported, with the tokens of
+    this process's run."""
+    prompts = [[5, 6, 7, 8], list(range(100, 160))]
+    kw = dict(max_num_seqs=4, max_model_len=1024, max_num_batched_tokens=512)
+    r = subprocess.run([sys.executable, "-c", generate_script(plan[0], plan[1], prompts, 8, **kw)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = parse_output(r.stdout)
+    assert lines["MODULES"] == "[]"
+    want = LLM(plan=plan[0], weights=plan[1], **kw).generate(
+        prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        use_tqdm=False)
+    assert lines["TOKENS"] == str([o.token_ids for o in want])
