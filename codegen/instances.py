@@ -51,15 +51,15 @@ def read_module_source(name: str) -> ModuleText | None:
     return None
 
 
-def _imported_names(module: str, src: ModuleText) -> set[str]:
-    """Every dotted name `module` imports anywhere in its source (function bodies included:
-    a lazy import runs at render time just the same), relative imports made absolute. A
-    `from m import x` names both m and m.x, since x may be a submodule."""
+def _imports(module: str, src: ModuleText) -> list[tuple[str, list[str]]]:
+    """Every import in `module`'s source (function bodies included: a lazy import runs at render
+    time just the same) as (dotted module, names taken from it), relative imports made absolute;
+    a plain `import m` takes no names."""
     package = module if src.is_package else module.rpartition(".")[0]
-    out: set[str] = set()
+    out: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(src.text)):
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
+            out.extend((a.name, []) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -67,15 +67,16 @@ def _imported_names(module: str, src: ModuleText) -> set[str]:
                 base = f"{base}.{node.module}" if node.module else base
             else:
                 base = node.module
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+            out.append((base, [a.name for a in node.names]))
     return out
 
 
 def import_closure(module: str, read: Callable[[str], ModuleText | None] = read_module_source) -> dict[str, str]:
-    """{name: source} of `module` and every package module it imports, transitively. Modules
-    reached only as the parent package of an imported one are not followed: a package's
-    `__init__` reaches a module through the names it imports, and those are explicit."""
+    """{name: source} of `module` and every package module it imports, transitively. A package
+    reached only as the parent of an imported module is not followed (its `__init__` runs, but
+    what it imports reaches the module only through names it imports, and those are explicit):
+    `from pkg import sub` follows `pkg.sub` alone when `sub` is a module, and `pkg` too when a
+    name is an attribute of it (or `*`)."""
     out: dict[str, str] = {}
     todo = [module]
     while todo:
@@ -88,7 +89,11 @@ def import_closure(module: str, read: Callable[[str], ModuleText | None] = read_
                 raise LookupError(f"{module}: not a module of the {PACKAGE} package")
             continue
         out[name] = src.text
-        todo.extend(n for n in _imported_names(name, src) if n not in out)
+        for base, names in _imports(name, src):
+            subs = [f"{base}.{n}" for n in names if n != "*" and read(f"{base}.{n}") is not None]
+            todo.extend(subs)
+            if len(subs) < len(names) or not names:
+                todo.append(base)
     return out
 
 
@@ -104,9 +109,8 @@ def _module_code(module: str) -> str:
 
 def _template_code(template: str) -> str:
     """An edit anywhere in the code that renders `template` (its module, a shared helper, the
-    kernels module a Triton template ships) never reuses a stale render. Coarse today: the
-    registry import in `codegen.template` puts every registered template module (not the Triton
-    launchers) into every closure."""
+    kernels module a Triton template ships) never reuses a stale render; an edit to another
+    template's module does not touch it."""
     return _module_code(templates()[template].render.__module__)
 
 

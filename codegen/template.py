@@ -7,6 +7,7 @@ looks templates up.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -93,4 +94,7 @@ def select(target: Target, spec: KernelSpec) -> Template:
 
 
 def _load():
-    from . import library  # noqa: F401  (importing it registers every template)
+    # importing the library registers every template. By name, not an import statement: a
+    # template's render key hashes the import closure of its module (codegen/instances.py), and
+    # registration does not make one template's code part of another's render
+    importlib.import_module(f"{__package__}.library")

@@ -60,11 +60,15 @@ def test_closure_follows_transitive_relative_and_function_level_imports():
         "deepinfer.fake.a": I.ModuleText("from .mid import PASS_CONFIGS\n", False),
         "deepinfer.fake.b": I.ModuleText("def render():\n    from deepinfer.fake import helper\n", False),
         "deepinfer.fake.c": I.ModuleText("from ..fake.sub.leaf import LEAF\n", False),
+        "deepinfer.fake.d": I.ModuleText("from deepinfer.fake import helper, VALUE\n", False),
     }
     assert set(I.import_closure("deepinfer.fake.a", fake.get)) == {
         "deepinfer.fake.a", "deepinfer.fake.mid", "deepinfer.fake.helper"}
-    assert set(I.import_closure("deepinfer.fake.b", fake.get)) == {
-        "deepinfer.fake", "deepinfer.fake.sub", "deepinfer.fake.sub.leaf", "deepinfer.fake.b", "deepinfer.fake.helper"}
+    # a submodule taken from a package: the package's __init__ is not part of it
+    assert set(I.import_closure("deepinfer.fake.b", fake.get)) == {"deepinfer.fake.b", "deepinfer.fake.helper"}
+    # an attribute taken from a package: its __init__ (and what that imports) is
+    assert set(I.import_closure("deepinfer.fake.d", fake.get)) == {
+        "deepinfer.fake", "deepinfer.fake.sub", "deepinfer.fake.sub.leaf", "deepinfer.fake.d", "deepinfer.fake.helper"}
     assert set(I.import_closure("deepinfer.fake.c", fake.get)) == {"deepinfer.fake.c", "deepinfer.fake.sub.leaf"}
     before = {m: I.closure_hash(m, fake.get) for m in ("deepinfer.fake.a", "deepinfer.fake.b", "deepinfer.fake.c")}
     edited = dict(fake, **{"deepinfer.fake.helper": I.ModuleText("PASS_CONFIGS = {'x': 1}\n", False)})
@@ -120,3 +124,17 @@ def test_triton_kernels_edit_rekeys_every_triton_render_and_build(reader, monkey
     # and the launch description and target enter it too
     k2 = dataclasses.replace(src, meta=dict(src.meta, kernels=[dict(src.meta["kernels"][0], num_warps=8)]))
     assert B.cache_key(k2, SM90) != B.cache_key(src, SM90) != B.cache_key(src, TARGETS["sm100"])
+
+
+def test_an_edit_of_one_template_module_rekeys_no_other_templates_render(reader):
+    """Registration imports every template module, but that is not part of any template's code:
+    an edit of the Triton kernels leaves every TileLang render key as it was, and an edit of
+    the TileLang attention module leaves the GEMM's."""
+    tilelang = sorted(t for t in templates() if t.startswith("tilelang_"))
+    before = keys(tilelang)
+    reader(f"{LIB}.triton_kernels", I.read_module_source(f"{LIB}.triton_kernels").text + "\n# edited\n")
+    assert keys(tilelang) == before
+    reader(f"{LIB}.tilelang_attention", I.read_module_source(f"{LIB}.tilelang_attention").text + "\n# edited\n")
+    after = keys(tilelang)
+    assert after["tilelang_gemm_fp8"] == before["tilelang_gemm_fp8"]
+    assert after["tilelang_sparse_attn"] != before["tilelang_sparse_attn"]
