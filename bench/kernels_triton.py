@@ -130,6 +130,24 @@ def main():
                     row["case"] = label
                     splits.append(row)
                     print({k: v for k, v in row.items() if k not in ("op",)}, flush=True)
+    # the block linear's K split (wo_a, fp32-compute linears) at the decode sizes
+    if any(op in ops for op in ("grouped_linear", "linear")):
+        for op in ("grouped_linear", "linear"):
+            if op not in ops:
+                continue
+            for label, n in SIZES.items():
+                if n > 64:
+                    continue
+                for split in triton_ops.TEMPLATES_BY_OP[op].knobs["SPLIT"]:
+                    for bn in (32, 64, 128):
+                        cfg = dict(triton_ops.default_config(op, n), SPLIT=split, BN=bn)
+                        try:
+                            row = run_case(op, n, cfg, bench, ceil, check=not args.no_check)
+                        except Exception as e:  # noqa: BLE001
+                            row = {"op": op, "n": n, "config": cfg, "error": f"{type(e).__name__}: {e}"[-300:]}
+                        row["case"] = label
+                        splits.append(row)
+                        print({k: v for k, v in row.items() if k not in ("op",)}, flush=True)
     peers = []
     if not args.no_peer:
         peers = tilekernels_peer.compare(bench, ceil, ops)
@@ -149,9 +167,12 @@ def main():
             "%.1f" % r["floor_us"] if "floor_us" in r else "-",
             "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"))
     if splits:
-        print("\nhc_pre split-K:", " ".join("%s/S%d/BM%d=%s" % (r["case"], r["config"]["SPLIT"], r["config"]["BM"],
-                                                          "%.1f" % r["time_us"] if "time_us" in r else "ERR")
-                                         for r in splits))
+        print("\nsplit-K (op/case/split/BM/BN = us, floor/time):")
+        for r in splits:
+            c = r["config"]
+            print("  %s/%s/S%d/BM%d/BN%d = %s %s" % (r.get("op", "hc_pre"), r["case"], c["SPLIT"], c["BM"], c.get("BN", 0),
+                                                  "%.1f" % r["time_us"] if "time_us" in r else "ERR",
+                                                  "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"))
     for p in peers:
         print("peer:", p)
     print("copy ceiling %.2f TB/s" % (ceil["copy_bytes_per_s"] / 1e12))

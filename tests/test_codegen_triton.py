@@ -34,6 +34,16 @@ def test_hc_pre_with_split_k_matches_reference_interpreted():
     assert got["hc_pre"] is None, got["hc_pre"]
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_block_linear_with_split_k_matches_reference_interpreted(split):
+    """The block linear's K split (wo_a, and the fp32-compute linear): partial sums per K range,
+    added in split order by split_sum_kernel; 3 splits of 32-deep tiles leave the last range short."""
+    dims = dict(triton_check.TINY)
+    got = triton_check.run_interpreted(["grouped_linear", "linear"], dims, dims["n"],
+                                       dict(triton_check.SMALL_BLOCKS, SPLIT=split))
+    assert got == {"grouped_linear": None, "linear": None}, got
+
+
 def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is
     half masked; the other cases' tiles divide K."""

@@ -575,9 +575,9 @@ def engram_gate_kernel(r_ptr, kv_ptr, qw_ptr, kw_ptr, ids_ptr, out_ptr, eps, ima
 
 
 @triton.jit
-def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl.constexpr, NG: tl.constexpr,
-                          SK: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BK: tl.constexpr):
+def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constexpr, KG: tl.constexpr,
+                          NG: tl.constexpr, SK: tl.constexpr, QUANT: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
     """Block-diagonal projection: y[:, g*NG + j] = x[:, g*KG:(g+1)*KG] . W[g*NG + j] for group g.
     W is fp8 e4m3 with one ue8m0 scale per 32x32 block (QUANT), widened in registers (exact: 4
     significant bits times a power of two, a bf16 value as the spec's load-time dequantisation
@@ -585,10 +585,16 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl
     exactly (10 mantissa bits >= 7), so the products are exact as in a bf16 MMA; the CPU
     interpreter has no bf16 dot. fp32 accumulation, output rounded to y's dtype. `linear` at fp32
     compute on bf16 operands is the one-group case.
-    Program (row tile, (group, column tile))."""
+    Program (row tile, (group, column tile), K split s). With SPLIT > 1 each program covers one
+    K range and writes its fp32 partial to part[s] (split_sum_kernel adds them in split order):
+    a decode call has one row tile, and one program per column tile walking all of K leaves most
+    of the GPU's memory pipes idle."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
+    ps = tl.program_id(2)
     TILES: tl.constexpr = (NG + BN - 1) // BN
+    KS: tl.constexpr = (KG + SPLIT * BK - 1) // (SPLIT * BK) * BK
+    NB: tl.constexpr = BK // 32
     g = pn // TILES
     rows = pm * BM + tl.arange(0, BM)
     cols = (pn % TILES) * BN + tl.arange(0, BN)
@@ -597,20 +603,41 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, n, G: tl.constexpr, KG: tl
     wrow = (g * NG + cols).to(tl.int64)
     xrow = rows.to(tl.int64) * (G * KG) + g * KG
     acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, KG, BK):
+    k_lo = ps * KS
+    k_hi = tl.minimum(k_lo + KS, KG)
+    for k0 in range(k_lo, k_hi, BK):
         ks = k0 + tl.arange(0, BK)
-        km = ks < KG
+        km = ks < k_hi
         xt = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None] & km[None, :], other=0.0)
         wm = cm[:, None] & km[None, :]
         if QUANT:
             code = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :], mask=wm, other=0).to(tl.int32)
-            sb = tl.load(s_ptr + (wrow // 32)[:, None] * SK + (ks // 32)[None, :], mask=wm, other=127).to(tl.int32)
-            wt = _e4m3_value(code) * (sb << 23).to(tl.float32, bitcast=True)  # x 2^(sb-127)
+            # one scale per 32 K of a row: loaded per block and broadcast, not gathered per element
+            kb = k0 // 32 + tl.arange(0, NB)
+            sb = tl.load(s_ptr + (wrow // 32)[:, None] * SK + kb[None, :], mask=cm[:, None] & (kb < SK)[None, :],
+                         other=127).to(tl.int32)
+            scale = (sb << 23).to(tl.float32, bitcast=True)  # 2^(sb-127)
+            wt = tl.reshape(tl.reshape(_e4m3_value(code), [BN, NB, 32]) * scale[:, :, None], [BN, BK])
         else:
             wt = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :], mask=wm, other=0.0).to(tl.float32)
         acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="tf32")
-    _store_as(y_ptr + rows.to(tl.int64)[:, None] * (G * NG) + g * NG + cols[None, :], acc,
-              rm[:, None] & cm[None, :])
+    out = rows.to(tl.int64)[:, None] * (G * NG) + g * NG + cols[None, :]
+    if SPLIT == 1:
+        _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
+    else:
+        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=rm[:, None] & cm[None, :])
+
+
+@triton.jit
+def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """y = part[0] + part[1] + ... in split order (fp32), rounded to y's dtype: a split-K GEMM's
+    sum, the same order whatever the launch."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < total
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + s * total + i, mask=m, other=0.0)
+    _store_as(y_ptr + i, acc, m)
 
 
 # ---- grouped fp4 GEMM (MoE experts, decode) ----------------------------------------------------

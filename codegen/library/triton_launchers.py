@@ -14,7 +14,7 @@ import triton
 
 from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram_hash_kernel, gather_rows_kernel,
                              grouped_gemm_fp4_kernel, grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
-                             inverse_perm_kernel, moe_combine_kernel, moe_router_kernel, quant_fp8_kernel,
+                             inverse_perm_kernel, moe_combine_kernel, split_sum_kernel, moe_router_kernel, quant_fp8_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
@@ -336,11 +336,16 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     ng, kg = data.shape[0] // groups, data.shape[1]
     x2 = x.reshape(-1, x.shape[-1])
     n = x2.shape[0]
+    split = cfg.get("SPLIT", 1)
     y = torch.empty(n, data.shape[0], dtype=out_dtype, device=x.device)
-    _k(grouped_linear_kernel)[(triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]))](
-        x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, n, G=groups, KG=kg, NG=ng,
-        SK=triton.cdiv(kg, 32), QUANT=quant, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=x.device) if split > 1 else y
+    _k(grouped_linear_kernel)[(triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)](
+        x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n, G=groups, KG=kg, NG=ng,
+        SK=triton.cdiv(kg, 32), QUANT=quant, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if split > 1:
+        _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
+                                                             num_warps=4)
     return y.view(*x.shape[:-1], data.shape[0])
 
 

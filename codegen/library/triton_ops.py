@@ -312,11 +312,19 @@ def _l_grouped_linear(spec, cfg):
     rows_w, kg = _ints(data.shape)
     g = spec.attr.get("groups", 1)  # linear: one group
     n = _rows(x)
+    split = cfg.get("SPLIT", 1)
+    out = spec.out_types[0]
     args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
-            "y_ptr": _ptr(spec.out_types[0]), "n": "i32"}
+            "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out), "n": "i32"}
     ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32), "QUANT": quant, "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"]}
-    return [_launch("grouped_linear_kernel", args, ce, (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"])), cfg)]
+          "BK": cfg["BK"], "SPLIT": split}
+    main = _launch("grouped_linear_kernel", args, ce, (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split),
+                   cfg)
+    if split == 1:
+        return [main]
+    total = n * rows_w
+    return [main, _launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
+                          {"SPLIT": split, "BLOCK": 1024}, (_cdiv(total, 1024),), {"num_warps": 4, "num_stages": 1})]
 
 
 def _l_grouped_gemm_fp4(spec, cfg):
@@ -370,7 +378,8 @@ def _grouped_linear_supports(t, spec):
 # ---- templates ---------------------------------------------------------------------------------
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
-BLOCK_LINEAR = dict(BM=(16, 32, 64, 128), BN=(32, 64, 128), BK=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+BLOCK_LINEAR = dict(BM=(16, 32, 64, 128), BN=(32, 64, 128), BK=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4),
+                    SPLIT=(1, 2, 4, 8))  # K split: decode calls have one row tile
 _BLOCK_LINEAR_ROWS = {"BM": 64, "BN": 64, "BK": 32}
 
 
