@@ -481,11 +481,14 @@ OPS = [
     # decode row counts take 16-row tiles, more rows 64x64 tiles 32 deep: with fp32 operands in
     # registers, 64x128x128 tiles spill 1.5 KB and 64x64x64 up to 112 B on sm90 / sm100 (ptxas),
     # these take 134-167 registers
+    # decode row counts split K in 8 (H200, bench/results/triton_h200_block_linear_split.json: the
+    # fastest of the SPLIT x BN sweep at batch 1 and 64 for both ops, 128-wide N tiles for wo_a,
+    # 32-wide for the fp32-compute linear)
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, BLOCK_LINEAR,
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), supports=_grouped_linear_supports,
-        by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
+        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
-        supports=_linear_f32_supports, by_rows=lambda n: {} if n <= 64 else _BLOCK_LINEAR_ROWS),
+        supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
     # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
