@@ -4,6 +4,7 @@ so the interpreter's output is unchanged bit for bit."""
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node
+from ..ir.types import TensorType
 from .rewrite import Context, Rewrite, apply_rules
 
 
@@ -83,6 +84,59 @@ def fuse_hc_pre(ctx: Context, i: int):
     return None
 
 
+def _claimed_by_hc_pre(ctx: Context, mix_index: int) -> bool:
+    """Whether fuse_hc_pre takes this mix GEMM into the hc_pre of a collapse of its stream."""
+    stream = ctx.g.nodes[mix_index].inputs[0]
+    for c in ctx.users.get(stream, []):
+        if ctx.g.nodes[c].op != "hc_collapse":
+            continue
+        for n in ctx.users.get(ctx.g.nodes[c].outputs[0], []):
+            m = fuse_hc_pre(ctx, n)
+            if m is not None and mix_index in m.remove:
+                return True
+    return False
+
+
+def fuse_hc_mix(ctx: Context, i: int):
+    """mHC mixes of a sub-layer entry that has no collapse to fuse (layer 0's attention: its
+    input is the embedding, copy 0 of the repeated stream): mix GEMM + Sinkhorn in one pass.
+    Entries that fuse_hc_pre covers are left to it, whichever node the sweep reaches first."""
+    sk = ctx.g.nodes[i]
+    if sk.op != "hc_sinkhorn":
+        return None
+    k, mix = ctx.producer_op(sk.inputs[0], "hc_mix_gemm")
+    if mix is None or not ctx.sole_user(sk.inputs[0], i) or _claimed_by_hc_pre(ctx, k):
+        return None
+    fused = Node.make("hc_mix", [mix.inputs[0], mix.inputs[1], sk.inputs[1], sk.inputs[2]], sk.outputs,
+                      {"eps": mix.attr["eps"], "copies": sk.attr["copies"], "iters": sk.attr["iters"],
+                       "hc_eps": sk.attr["eps"], "post_mult": sk.attr.get("post_mult", 2.0)})
+    return Rewrite([k, i], [fused])
+
+
+def fold_cast_into_linear(ctx: Context, i: int):
+    """A widening cast to f32 read only by fp32-compute linears (the compressor's wkv and wgate):
+    the linear widens its input itself, to the same values (every bf16 / f16 value is an f32
+    value), so the linears read the narrow input, declared f32 out, and the f32 copy is never
+    made. Exact in the reference; a kernel then multiplies bf16-valued operands."""
+    cast = ctx.g.nodes[i]
+    if cast.op != "cast" or cast.attr["dtype"] != "f32":
+        return None
+    x, v = cast.inputs[0], cast.outputs[0]
+    t = ctx.g.types.get(x)
+    if not isinstance(t, TensorType) or t.dtype.name not in ("bf16", "f16") or v in ctx.outputs:
+        return None
+    users = sorted(set(ctx.users.get(v, [])))
+    new = []
+    for u in users:
+        n = ctx.g.nodes[u]
+        if n.op != "linear" or n.inputs[0] != v or n.inputs[1] == v or n.attr.get("compute", "f32") != "f32":
+            return None
+        new.append(Node.make("linear", [x, n.inputs[1]], n.outputs, n.attr | {"out_dtype": n.attr.get("out_dtype") or "f32"}))
+    if not new:
+        return None
+    return Rewrite([i, *users], new)
+
+
 def fuse_router(ctx: Context, i: int):
     """Router: sqrt-softplus + bias + top-k + renormalise + scale."""
     rw = ctx.g.nodes[i]
@@ -158,12 +212,14 @@ def fuse_indexer(ctx: Context, i: int):
 
 FUSION_RULES = [
     fuse_hc_pre,
+    fuse_hc_mix,
     fuse_norm_quant,
     fuse_rope_quant,
     fuse_swiglu_quant,
     fuse_router,
     fuse_compress_pool_norm,
     fuse_indexer,
+    fold_cast_into_linear,
 ]
 
 

@@ -142,3 +142,34 @@ def test_launch_metadata_matches_the_kernel_text(op, template, entries):
         assert cfg["SPLIT"] > 1 and split["grid"] == [blocks, cfg["SPLIT"]] and main["grid"] == [blocks]
         assert split["signature"]["part_ptr"] == main["signature"]["part_ptr"] == "*fp32"  # partials handed over
         assert src.meta["launch_attrs"] == {"eps": 1e-20, "copies": 4, "iters": 20, "hc_eps": 1e-06, "post_mult": 2.0}
+
+
+def test_every_rendered_launch_follows_its_kernels_parameters():
+    """The ahead-of-time build compiles each launch by its signature: every Triton call of the tiny
+    sm90 decode graphs (step and draft) must name its kernel's parameters in order, constexprs
+    exactly."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.driver import run_pipeline
+    from deepinfer.passes.kernels import kernel_spec
+
+    t = get_target("sm90")
+    defs = _jit_defs(triton_ops.kernels_source())
+    prog = build_model("v4.1-flash-tiny")
+    seen = set()
+    for g in (run_pipeline(prog.step, "sm90", variant="decode"), run_pipeline(prog.draft, "sm90")):
+        for n in g.nodes:
+            if n.attr.get("@kernel") in (None, "view"):
+                continue
+            spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+            tpl = select(t, spec)
+            if not tpl.name.startswith("triton_"):
+                continue
+            for k in tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]:
+                params = defs[k["entry"]]
+                assert list(k["signature"]) == [p for p, _ in params], (tpl.name, k["entry"])
+                assert {p for p, c in params if c} == set(k["constexprs"]), (tpl.name, k["entry"])
+            seen.add(tpl.name)
+    assert {"triton_compress_pool_norm", "triton_hc_mix", "triton_engram_ngram_ids", "triton_lookup",
+            "triton_concat", "triton_hc_mean", "triton_hc_collapse", "triton_hc_repeat"} <= seen

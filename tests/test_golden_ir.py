@@ -204,6 +204,7 @@ def _indexer_and_its_attention(g):
 
 CASES = [
     _rule_case(fz.fuse_hc_pre),
+    _rule_case(fz.fuse_hc_mix),  # layer 0's attention entry: no collapse for hc_pre
     _rule_case(fz.fuse_norm_quant),
     _rule_case(fz.fuse_rope_quant),
     _rule_case(fz.fuse_swiglu_quant),
@@ -212,6 +213,7 @@ CASES = [
     _rule_case(fz.fuse_indexer),
     _rule_case(fz.fuse_indexer, "candidate_blocks"),  # the candidate source also emits the pool
     _rule_case(fz.fuse_indexer, "candidate_mask"),  # a layer scoring only the source's candidates
+    _rule_case(fz.fold_cast_into_linear),  # the compressor's f32 copy of its input, read by wkv and wgate
     Case("fuse_decode_cache_write", "fuse_decode", lambda g: first_match(g, fz.fuse_decode_cache_write),
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("legalize_quant", "legalize_quant",
@@ -341,6 +343,28 @@ def test_hc_pre_needs_one_eps_for_the_mix_and_the_norm():
     before = BY_NAME["fuse_hc_pre"].before()
     g = _edit(before, "rms_norm", eps=1e-6)
     assert print_graph(apply_rules(g, [fz.fuse_hc_pre])) == print_graph(g)
+
+
+def test_hc_mix_leaves_the_entries_hc_pre_fuses():
+    """A sub-layer entry with a collapse of its stream is hc_pre's, wherever the sweep meets it first."""
+    before = BY_NAME["fuse_hc_pre"].before()
+    assert print_graph(apply_rules(before, [fz.fuse_hc_mix])) == print_graph(before)
+    assert [n.op for n in fz.fuse(before).nodes] == ["hc_pre"]
+
+
+def test_cast_stays_where_another_op_reads_the_f32_copy():
+    """The f32 copy also read by an op that is no fp32-compute linear must be made: nothing folds."""
+    from deepinfer.ir.graph import Node
+
+    before = BY_NAME["fold_cast_into_linear"].before()
+    cast = next(n for n in before.nodes if n.op == "cast")
+    g = before.copy()
+    g.nodes.append(Node.make("scale", [cast.outputs[0]], ["extra"], {"factor": 2.0}))
+    g.types["extra"] = g.types[cast.outputs[0]]
+    g.outputs = [*g.outputs, "extra"]
+    assert print_graph(apply_rules(g, [fz.fold_cast_into_linear])) == print_graph(g)
+    bf16 = _edit(before, "linear", compute="bf16")
+    assert print_graph(apply_rules(bf16, [fz.fold_cast_into_linear])) == print_graph(bf16)
 
 
 def test_decode_cache_write_needs_the_fused_rope_quant():

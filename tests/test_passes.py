@@ -102,10 +102,14 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     ops = g.op_counts()
     n = cfg.num_hidden_layers
     assert ops["hc_pre"] == 2 * n - 1  # every sub-layer entry but layer 0's attention (its input is the embedding)
+    assert ops["hc_mix"] == 1 and "hc_mix_gemm" not in ops and "hc_sinkhorn" not in ops  # layer 0's attention
     assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
     assert ops["swiglu_quant_fp8"] == n and "swiglu" not in ops
     assert ops["indexer_topk"] == len(cfg.index_source_layer_ids) and "indexer_scores" not in ops
     assert ops["compress_pool_norm"] == 3  # the ratio-2 owners
+    # their wkv / wgate read the bf16 input: no f32 copy of it (the casts left are the shared experts')
+    assert ops["cast"] == 2 * n and sum(x.op == "linear" and g.types[x.inputs[0]].dtype.name == "f32"
+                                        for x in g.nodes) == 0
     assert ops["rope_quant_fp8"] == n + 3  # window keys of every layer and the DSpark context keys
     assert ops["grouped_gemm_fp4"] == 2 * n and "moe_experts" not in ops
     assert ops["concat"] == n + 1  # w13 per layer (load time) + the DSpark taps

@@ -69,7 +69,7 @@ def _bf16_ulp(v):
 
 ROW_FLOOR = 2.0**-16
 # op -> {output index: bf16 roundings of intermediates the spec pins on the way to that output}
-INNER_ROUNDINGS = {"hc_pre": {0: 1}}
+INNER_ROUNDINGS = {"hc_pre": {0: 1}, "compress_pool_norm": {0: 1}}
 
 
 def compare_rounded(got, ref, what="output", inner=0):
@@ -318,6 +318,44 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         bt = torch.randperm(pages, generator=g)[: seqs * need].view(seqs, need).to(torch.int32)
         return [QTensor(cache.data.to(device), cache.scale.to(device)), QTensor(rows.data.to(device), rows.scale.to(device)),
                 positions, token_seq, bt.to(device)], {"ratio": 2}
+    if op == "compress_pool_norm":
+        # sequence 0 starts at an odd position: its first group reads the earlier step's row from
+        # the state ring; the others complete groups within the step or leave rows open
+        seqs = min(3, n)
+        positions, token_seq, seq_slots = _meta(n, seqs, device, start=(1, 9, 200))
+        positions = positions.long()  # the graph's i64 positions
+        slots = max(dims["slots"], seqs)
+        st = torch.randn(slots, dims["ring"], 2, D, generator=g).to(device)
+        return [rn(n, D, dtype=torch.float32), rn(n, D, scale=2, dtype=torch.float32), st, positions, token_seq,
+                seq_slots, rn(D)], {"ratio": 2, "eps": 1e-20}
+    if op == "hc_mix":
+        mix = 2 * C + C * C
+        return [rn(n, C, H), rn(mix, C * H, scale=0.02, dtype=torch.float32), rn(3, scale=0.5, dtype=torch.float32),
+                rn(mix, scale=0.5, dtype=torch.float32)], \
+            {"eps": 1e-20, "copies": C, "iters": dims["hc_iters"], "hc_eps": 1e-6, "post_mult": 2.0}
+    if op == "hc_collapse":
+        return [rn(n, C, H, scale=2), torch.rand(n, C, generator=g).to(device)], {}
+    if op == "hc_mean":
+        return [rn(n, C, H, scale=2)], {}
+    if op == "hc_repeat":
+        return [rn(n, H)], {"copies": C}
+    if op == "concat":  # the DSpark taps' layout, with one narrower operand
+        return [rn(n, H), rn(n, 32), rn(n, H)], {"axis": -1}
+    if op == "lookup":
+        vocab = dims["vocab"]
+        ids = torch.randint(0, vocab, (n,), generator=g)
+        ids[0], ids[-1] = vocab + 3, 7  # outside the table; the dead id
+        return [torch.randint(0, 99092, (vocab,), generator=g, dtype=torch.int32).to(device), ids.to(device)], \
+            {"dead_ids": (7,)}
+    if op == "engram_ngram_ids":
+        seqs = min(3, n)
+        positions, token_seq, seq_slots = _meta(n, seqs, device)
+        slots = max(dims["slots"], seqs)
+        cids = torch.randint(0, 1000, (n,), generator=g)
+        cids[n // 2] = -1  # an image token: n-grams through it are blocked
+        hist = torch.randint(0, 1000, (slots, dims["ring"]), generator=g)
+        hist[:, 7] = -1  # a ring entry of an image token, three back from the last row
+        return [cids.to(device), hist.to(device), positions.long(), token_seq, seq_slots], {"max_ngram": 4, "pad": 2}
     raise KeyError(f"no check case for {op!r}")
 
 
@@ -399,6 +437,8 @@ OUTPUT_KINDS = {
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded",
+    "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
+    "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",

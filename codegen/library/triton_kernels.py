@@ -730,3 +730,181 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
             rows = r0 + tl.arange(0, BM)
             _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], zero,
                       (rows < MTOT)[:, None] & cm[None, :])
+
+
+# ---- per-sequence spans, compressor pooling + norm, the mHC pieces outside hc_pre ---------------
+
+
+@triton.jit
+def seq_first_kernel(pos_ptr, seq_ptr, first_ptr, n, BLOCK: tl.constexpr):
+    """first[s] = the smallest position of sequence s in the step (scratch starts at INT32_MAX):
+    the references' seq_span, which tells a group or n-gram source in the step from one in a ring."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    s = tl.load(seq_ptr + i, mask=m, other=0)
+    p = tl.load(pos_ptr + i, mask=m, other=0).to(tl.int32)
+    tl.atomic_min(first_ptr + s, p, mask=m)
+
+
+@triton.jit
+def compress_pool_norm_kernel(l_ptr, s_ptr, st_ptr, pos_ptr, seq_ptr, slots_ptr, first_ptr, nw_ptr, y_ptr, n, eps,
+                              RATIO: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr, D: tl.constexpr,
+                              BD: tl.constexpr):
+    """One row per program: the RATIO rows of its group (from this step's rows where the group's
+    position is in the step, else from the fp32 state ring, slot pos mod RING), softmax of the
+    scores over the group per column, the weighted latent sum on rows that complete an entry
+    (zeros elsewhere), rounded to bf16, then the RMSNorm of that row."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    first = tl.load(first_ptr + seq).to(tl.int64)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    i = tl.arange(0, RP)
+    d = tl.arange(0, BD)
+    gpos = pos - RATIO + 1 + i
+    row = tl.minimum(tl.maximum(t - RATIO + 1 + i, 0), tl.maximum(n - 1, 0))
+    in_step = (gpos >= first) & (i < RATIO)
+    in_ring = (gpos < first) & (i < RATIO)
+    entry = (slot * RING + tl.maximum(gpos, 0) % RING) * 2
+    dm = (d < D)[None, :]
+    step_m = in_step[:, None] & dm
+    ring_m = in_ring[:, None] & dm
+    lv = tl.where(step_m, tl.load(l_ptr + row[:, None] * D + d[None, :], mask=step_m, other=0.0),
+                  tl.load(st_ptr + entry[:, None] * D + d[None, :], mask=ring_m, other=0.0))
+    sv = tl.where(step_m, tl.load(s_ptr + row[:, None] * D + d[None, :], mask=step_m, other=0.0),
+                  tl.load(st_ptr + (entry + 1)[:, None] * D + d[None, :], mask=ring_m, other=0.0))
+    sv = tl.where((i < RATIO)[:, None], sv, float("-inf"))
+    e = tl.exp(sv - tl.max(sv, axis=0)[None, :])
+    p = e / tl.sum(e, axis=0)[None, :]
+    z = tl.sum(p * lv, axis=0)
+    z = tl.where((pos + 1) % RATIO == 0, z, 0.0)
+    zb = tl.where(d < D, _bf16_rne(z), 0.0)
+    rstd = tl.math.rsqrt(tl.sum(zb * zb, axis=0) / D + eps)
+    w = tl.load(nw_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+    _store_as(y_ptr + t * D + d, w * (zb * rstd), d < D)
+
+
+@triton.jit
+def hc_mix_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    """hc_pre_kernel's mixes alone (the mix GEMM, here or summed in split order from
+    hc_mix_split_kernel's partials, the RMS statistic, Sinkhorn), for an entry with no collapse."""
+    K: tl.constexpr = C * H
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    jj = tl.arange(0, 16)
+    if SPLIT == 1:
+        acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, 0, K, K, C, BM, BK)
+    else:
+        acc_pp = tl.zeros([BM, 16], tl.float32)
+        acc_m = tl.zeros([BM, 16], tl.float32)
+        ss = tl.zeros([BM], tl.float32)
+        for sp in tl.static_range(SPLIT):
+            base = part_ptr + (sp * n + rows64[:, None]) * 48
+            acc_pp += tl.load(base + jj[None, :], mask=rmask[:, None], other=0.0)
+            acc_m += tl.load(base + 16 + jj[None, :], mask=rmask[:, None], other=0.0)
+            ss += tl.load(part_ptr + (sp * n + rows64) * 48 + 32, mask=rmask, other=0.0)
+    rms = tl.math.rsqrt(ss / K + eps)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    bpp = tl.load(base_ptr + jj, mask=jj < 2 * C, other=0.0)
+    zpp = acc_pp * rms[:, None] * tl.where(jj < C, s0, s1)[None, :] + bpp[None, :]
+    pre = _sigmoid(zpp) + hc_eps
+    post = post_mult * _sigmoid(zpp)
+    tl.store(pre_ptr + rows64[:, None] * C + jj[None, :], pre, mask=rmask[:, None] & (jj[None, :] < C))
+    tl.store(post_ptr + rows64[:, None] * C + (jj[None, :] - C), post,
+             mask=rmask[:, None] & (jj[None, :] >= C) & (jj[None, :] < 2 * C))
+    bm_ = tl.load(base_ptr + 2 * C + jj)
+    z = acc_m * rms[:, None] * s2 + bm_[None, :]
+    m3 = tl.reshape(z, [BM, C, C])
+    e = tl.exp(m3 - tl.max(m3, axis=2)[:, :, None])
+    m3 = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
+    m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
+    for _ in range(ITERS - 1):
+        m3 = m3 / (tl.sum(m3, axis=2)[:, :, None] + hc_eps)
+        m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
+    tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [BM, 16]), mask=rmask[:, None])
+
+
+@triton.jit
+def hc_reduce_kernel(r_ptr, mix_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr, BH: tl.constexpr,
+                     MEAN: tl.constexpr):
+    """out = sum_c mix[c] * R[c] (hc_collapse), or the mean of the copies (MEAN: hc_mean), in fp32
+    in copy order, rounded to the stream's dtype; program (row, chunk of H)."""
+    row = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    acc = tl.zeros([BH], tl.float32)
+    for c in tl.static_range(C):
+        rc = tl.load(r_ptr + row * C * H + c * H + hh, mask=hm, other=0.0).to(tl.float32)
+        if MEAN:
+            acc += rc
+        else:
+            acc += tl.load(mix_ptr + row * C + c) * rc
+    if MEAN:
+        acc = tl.math.div_rn(acc, tl.full(acc.shape, C, tl.float32))
+    _store_as(out_ptr + row * H + hh, acc, hm)
+
+
+@triton.jit
+def repeat_rows_kernel(x_ptr, out_ptr, W: tl.constexpr, COPIES: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, c] = x[t] for c < COPIES (the repeated mHC stream); program (row, chunk)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < W
+    v = tl.load(x_ptr + t * W + cols, mask=m)
+    for c in tl.static_range(COPIES):
+        tl.store(out_ptr + (t * COPIES + c) * W + cols, v, mask=m)
+
+
+@triton.jit
+def copy_cols_kernel(src_ptr, dst_ptr, W_IN: tl.constexpr, W_OUT: tl.constexpr, OFF: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """dst[o, OFF:OFF+W_IN] = src[o] (one operand of a concat, o the outer index); program (o, chunk)."""
+    o = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < W_IN
+    tl.store(dst_ptr + o * W_OUT + OFF + cols, tl.load(src_ptr + o * W_IN + cols, mask=m), mask=m)
+
+
+# ---- Engram ids ---------------------------------------------------------------------------------
+
+
+@triton.jit
+def lookup_kernel(table_ptr, ids_ptr, dead_ptr, out_ptr, n, V: tl.constexpr, ND: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t] = table[ids[t]], or DEAD (-1) for ids outside the table or among the ND dead ids."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    ids = tl.load(ids_ptr + i, mask=m, other=0).to(tl.int64)
+    inside = (ids >= 0) & (ids < V)
+    for j in tl.static_range(ND):
+        inside = inside & (ids != tl.load(dead_ptr + j))
+    v = tl.load(table_ptr + tl.minimum(tl.maximum(ids, 0), V - 1), mask=m & inside, other=0).to(tl.int64)
+    tl.store(out_ptr + i, tl.where(inside, v, -1), mask=m)
+
+
+@triton.jit
+def engram_ngram_ids_kernel(cids_ptr, hist_ptr, pos_ptr, seq_ptr, slots_ptr, first_ptr, out_ptr, n, pad,
+                            R: tl.constexpr, RP: tl.constexpr, RING: tl.constexpr):
+    """Row t: the compressed ids at positions pos - r (r < R), from this step's rows where the
+    position is in the step, else from the history ring (slot pos mod RING); a look-back before
+    the sequence start or through a DEAD id blocks it and every longer one (pad id)."""
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    first = tl.load(first_ptr + seq).to(tl.int64)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    r = tl.arange(0, RP)
+    rm = r < R
+    src_pos = pos - r
+    in_step = src_pos >= first
+    row = tl.minimum(tl.maximum(t - r, 0), tl.maximum(n - 1, 0))
+    from_step = tl.load(cids_ptr + row, mask=rm & in_step, other=0).to(tl.int64)
+    from_ring = tl.load(hist_ptr + slot * RING + tl.maximum(src_pos, 0) % RING, mask=rm & ~in_step, other=0)
+    src = tl.where(in_step, from_step, from_ring.to(tl.int64))
+    unusable = ((src_pos < 0) | (src == -1)) & rm
+    blocked = tl.cumsum(unusable.to(tl.int32), axis=0) > 0
+    tl.store(out_ptr + t * R + r, tl.where(blocked, pad.to(tl.int64), src), mask=rm)

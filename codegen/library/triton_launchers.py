@@ -16,6 +16,8 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              grouped_gemm_fp4_kernel, grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
                              inverse_perm_kernel, moe_combine_kernel, split_sum_kernel, moe_router_kernel, quant_fp8_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
+from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
+                             hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
 
@@ -375,3 +377,102 @@ def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
 
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _first(positions, token_seq):
+    n = positions.shape[0]
+    first = torch.full((n,), 2**31 - 1, dtype=torch.int32, device=positions.device)
+    _k(seq_first_kernel)[(triton.cdiv(n, 1024),)](positions, token_seq, first, n, BLOCK=1024)
+    return first
+
+
+def launch_compress_pool_norm(l, s, state, positions, token_seq, seq_slots, norm_w, *, ratio, eps, cfg):
+    n, d = l.shape
+    y = torch.empty(n, d, dtype=torch.bfloat16, device=l.device)
+    if n:
+        _k(compress_pool_norm_kernel)[(n,)](l, s, state, positions, token_seq, seq_slots, _first(positions, token_seq),
+                                            norm_w, y, n, eps, RATIO=ratio, RP=_p2(ratio), RING=state.shape[1], D=d,
+                                            BD=_p2(d), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y
+
+
+def launch_hc_mix(r, fn, scale, base, *, eps, copies, iters, hc_eps, post_mult, cfg):
+    n, c, h = r.shape
+    pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
+    post = torch.empty_like(pre)
+    m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
+    bm, split = cfg["BM"], cfg.get("SPLIT", 1)
+    part = m  # not read when SPLIT == 1
+    if split > 1:
+        part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
+        _k(hc_mix_split_kernel)[(triton.cdiv(n, bm), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=bm,
+                                                             BK=cfg["BK"], num_warps=cfg["num_warps"],
+                                                             num_stages=cfg["num_stages"])
+    _k(hc_mix_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre, post, m, part, n, eps, hc_eps, post_mult, C=c,
+                                             H=h, ITERS=iters, BM=bm, BK=cfg["BK"], SPLIT=split,
+                                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return pre, post, m
+
+
+def _hc_reduce(r, mix, cfg):
+    n, c, h = r.shape
+    out = torch.empty(n, h, dtype=r.dtype, device=r.device)
+    _k(hc_reduce_kernel)[(n, triton.cdiv(h, cfg["BH"]))](r, r if mix is None else mix, out, C=c, H=h, BH=cfg["BH"],
+                                                         MEAN=mix is None, num_warps=cfg["num_warps"],
+                                                         num_stages=cfg["num_stages"])
+    return out
+
+
+def launch_hc_collapse(r, mix, *, cfg):
+    return _hc_reduce(r, mix, cfg)
+
+
+def launch_hc_mean(r, *, cfg):
+    return _hc_reduce(r, None, cfg)
+
+
+def launch_hc_repeat(x, *, copies, cfg):
+    n, h = x.shape
+    out = torch.empty(n, copies, h, dtype=x.dtype, device=x.device)
+    _k(repeat_rows_kernel)[(n, triton.cdiv(h, cfg["BLOCK"]))](x, out, W=h, COPIES=copies, BLOCK=cfg["BLOCK"],
+                                                              num_warps=cfg["num_warps"])
+    return out
+
+
+def launch_concat(*xs, axis, cfg):
+    ax = axis % xs[0].dim()
+    shape = list(xs[0].shape)
+    shape[ax] = sum(x.shape[ax] for x in xs)
+    out = torch.empty(shape, dtype=xs[0].dtype, device=xs[0].device)
+    outer = 1
+    for d in shape[:ax]:
+        outer *= d
+    w_out = out.numel() // max(outer, 1)
+    off = 0
+    for x in xs:
+        w = x.numel() // max(outer, 1)
+        if outer and w:
+            _k(copy_cols_kernel)[(outer, triton.cdiv(w, cfg["BLOCK"]))](x, out, W_IN=w, W_OUT=w_out, OFF=off,
+                                                                        BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+        off += w
+    return out
+
+
+def launch_lookup(table, ids, *, dead_ids, cfg):
+    n = ids.numel()
+    out = torch.empty(ids.shape, dtype=torch.int64, device=ids.device)
+    dead = _int64_const(tuple(int(d) for d in dead_ids), ids.device) if dead_ids else ids
+    if n:
+        _k(lookup_kernel)[(triton.cdiv(n, cfg["BLOCK"]),)](table, ids, dead, out, n, V=table.shape[0], ND=len(dead_ids),
+                                                           BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+    return out
+
+
+def launch_engram_ngram_ids(cids, hist, positions, token_seq, seq_slots, *, max_ngram, pad, cfg):
+    n = cids.shape[0]
+    out = torch.empty(n, max_ngram, dtype=torch.int64, device=cids.device)
+    if n:
+        _k(engram_ngram_ids_kernel)[(n,)](cids, hist, positions, token_seq, seq_slots, _first(positions, token_seq),
+                                          out, n, pad, R=max_ngram, RP=_p2(max_ngram), RING=hist.shape[1],
+                                          num_warps=cfg["num_warps"])
+    return out

@@ -7,9 +7,9 @@ ahead of time and a runtime launches it through the named launcher.
 
 Left as torch / other templates (and therefore not registered here): `dspark_heads` (a
 vocabulary-sized GEMV chain with an argmax per step: a GEMM template's job, not Triton's row
-kernels), `moe_permute` and `engram_ngram_ids` (sequential per-sequence index logic), the
-`hc_mix_gemm` / `hc_sinkhorn` / `hc_collapse` pieces (the fused `hc_pre` covers them), and
-`compress_pool_norm`. The sampler is not an IR op and is not here.
+kernels), `moe_permute` (sequential per-sequence index logic), and the `hc_mix_gemm` /
+`hc_sinkhorn` pieces (the fused `hc_pre` and `hc_mix` cover them). The sampler is not an IR op
+and is not here.
 """
 from __future__ import annotations
 
@@ -357,9 +357,10 @@ def _grouped_gemm_fp4_supports(t, spec):
 
 
 def _linear_f32_supports(t, spec):
-    """fp32-compute linear on bf16 operands (router, LM head, DSpark's router); the bf16-compute
-    GEMMs go to TileLang. An fp32 input (the compressor's) stays on the torch reference: with full
-    fp32 products (tl.dot ieee) the kernel took 361 us at decode and 13.4 ms at 4K rows on the H200
+    """fp32-compute linear on bf16 operands (router, LM head, DSpark's router, the compressor's
+    wkv / wgate once fold_cast_into_linear has them read their bf16 input); the bf16-compute GEMMs
+    go to TileLang. An fp32 input stays on the torch reference: with full fp32 products (tl.dot
+    ieee) the kernel took 361 us at decode and 13.4 ms at 4K rows on the H200
     (bench/results/triton_h200_graphs_new_templates.json), against a 1.2 / 23 us byte floor."""
     x, w = spec.in_types
     return (spec.attr["compute"] == "f32" and not isinstance(w, QuantType) and w.dtype.name == "bf16"
@@ -373,6 +374,106 @@ def _grouped_linear_supports(t, spec):
     if isinstance(w, QuantType):  # fp8 with 32x32 ue8m0 blocks, the checkpoint's wo_a
         return w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
     return w.dtype.name == "bf16"
+
+
+def _first_launch(pos, seq, n):
+    return _launch("seq_first_kernel", {"pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "first_ptr": "*i32", "n": "i32"},
+                   {"BLOCK": 1024}, (_cdiv(n, 1024),), {"num_warps": 4, "num_stages": 1})
+
+
+def _l_compress_pool_norm(spec, cfg):
+    l, s, state, pos, seq, slots, nw = spec.in_types
+    n, d = _ints(l.shape)
+    ratio = spec.attr["ratio"]
+    args = {"l_ptr": _ptr(l), "s_ptr": _ptr(s), "st_ptr": _ptr(state), "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq),
+            "slots_ptr": _ptr(slots), "first_ptr": "*i32", "nw_ptr": _ptr(nw), "y_ptr": "*bf16", "n": "i32",
+            "eps": "fp32"}
+    ce = {"RATIO": ratio, "RP": _p2(ratio), "RING": _ints(state.shape)[1], "D": d, "BD": _p2(d)}
+    return [_first_launch(pos, seq, n), _launch("compress_pool_norm_kernel", args, ce, (n,), cfg)]
+
+
+def _l_hc_mix(spec, cfg):
+    r, fn, scale, base = spec.in_types
+    n, c, h = _ints(r.shape)
+    split = cfg.get("SPLIT", 1)
+    args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
+            "pre_ptr": "*fp32", "post_ptr": "*fp32", "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32",
+            "hc_eps": "fp32", "post_mult": "fp32"}
+    ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "SPLIT": split}
+    main = _launch("hc_mix_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
+    if split == 1:
+        return [main]
+    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
+                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
+    return [part, main]
+
+
+def _l_hc_reduce(spec, cfg):
+    r = spec.in_types[0]
+    n, c, h = _ints(r.shape)
+    mean = spec.op == "hc_mean"
+    args = {"r_ptr": _ptr(r), "mix_ptr": _ptr(r) if mean else _ptr(spec.in_types[1]), "out_ptr": _ptr(r)}
+    return [_launch("hc_reduce_kernel", args, {"C": c, "H": h, "BH": cfg["BH"], "MEAN": mean},
+                    (n, _cdiv(h, cfg["BH"])), cfg)]
+
+
+def _l_hc_repeat(spec, cfg):
+    (x,) = spec.in_types
+    n, h = _ints(x.shape)
+    return [_launch("repeat_rows_kernel", {"x_ptr": _ptr(x), "out_ptr": _ptr(x)},
+                    {"W": h, "COPIES": spec.attr["copies"], "BLOCK": cfg["BLOCK"]}, (n, _cdiv(h, cfg["BLOCK"])), cfg)]
+
+
+def _l_concat(spec, cfg):
+    xs = spec.in_types
+    ax = spec.attr["axis"] % xs[0].rank
+    outer = 1
+    for d in _ints(xs[0].shape)[:ax]:
+        outer *= d
+    widths = []
+    for x in xs:
+        w = 1
+        for d in _ints(x.shape)[ax:]:
+            w *= d
+        widths.append(w)
+    out, off = [], 0
+    for x, w in zip(xs, widths):
+        if outer and w:
+            out.append(_launch("copy_cols_kernel", {"src_ptr": _ptr(x), "dst_ptr": _ptr(x)},
+                               {"W_IN": w, "W_OUT": sum(widths), "OFF": off, "BLOCK": cfg["BLOCK"]},
+                               (outer, _cdiv(w, cfg["BLOCK"])), cfg))
+        off += w
+    return out
+
+
+def _concat_supports(t, spec):
+    """Plain tensors of static shapes (a quantised concat, w13's, runs once at load)."""
+    if any(isinstance(x, QuantType) or not x.shape or not all(isinstance(d, int) for d in x.shape)
+           for x in spec.in_types):
+        return False
+    return any(min(x.shape) > 0 for x in spec.in_types)  # something to copy: the render has a launch
+
+
+def _l_lookup(spec, cfg):
+    table, ids = spec.in_types
+    count = 1
+    for d in _ints(ids.shape):
+        count *= d
+    dead = spec.attr["dead_ids"]
+    args = {"table_ptr": _ptr(table), "ids_ptr": _ptr(ids), "dead_ptr": "*i64" if dead else _ptr(ids),
+            "out_ptr": "*i64", "n": "i32"}
+    return [_launch("lookup_kernel", args, {"V": _ints(table.shape)[0], "ND": len(dead), "BLOCK": cfg["BLOCK"]},
+                    (_cdiv(count, cfg["BLOCK"]),), cfg)]
+
+
+def _l_engram_ngram_ids(spec, cfg):
+    cids, hist, pos, seq, slots = spec.in_types
+    n = _ints(cids.shape)[0]
+    r = spec.attr["max_ngram"]
+    args = {"cids_ptr": _ptr(cids), "hist_ptr": _ptr(hist), "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq),
+            "slots_ptr": _ptr(slots), "first_ptr": "*i32", "out_ptr": "*i64", "n": "i32", "pad": "i32"}
+    return [_first_launch(pos, seq, n),
+            _launch("engram_ngram_ids_kernel", args, {"R": r, "RP": _p2(r), "RING": _ints(hist.shape)[1]}, (n,), cfg)]
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -504,6 +605,29 @@ OPS = [
         dict(num_warps=1, num_stages=1)),
     _Op("compressed_write", "launch_compressed_write", _l_compressed_write, dict(BLOCK=(128, 256), **ROW),
         dict(BLOCK=256, num_warps=2, num_stages=1)),
+    # one row of the latent per program (D = 512 in V4.1), the group's RATIO rows in registers
+    _Op("compress_pool_norm", "launch_compress_pool_norm", _l_compress_pool_norm, ROW,
+        dict(num_warps=4, num_stages=1), lambda a: {"ratio": a["ratio"], "eps": a["eps"]}),
+    # hc_pre's mixes without its collapse (layer 0's attention); the same K split at decode rows
+    _Op("hc_mix", "launch_hc_mix", _l_hc_mix,
+        dict(BM=(16, 32, 64), BK=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3), SPLIT=(1, 8, 32, 64)),
+        dict(BM=16, BK=64, num_warps=4, num_stages=2, SPLIT=1),
+        lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
+        _hc_pre_by_rows),
+    _Op("hc_collapse", "launch_hc_collapse", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),
+        dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 3),
+    _Op("hc_mean", "launch_hc_mean", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),
+        dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 3),
+    _Op("hc_repeat", "launch_hc_repeat", _l_hc_repeat, dict(BLOCK=(512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 2),
+    # one copy launch per operand, into its column range of the output rows
+    _Op("concat", "launch_concat", _l_concat, dict(BLOCK=(512, 1024, 2048), **ROW),
+        dict(BLOCK=1024, num_warps=4, num_stages=1), supports=_concat_supports),
+    _Op("lookup", "launch_lookup", _l_lookup, dict(BLOCK=(256, 512, 1024), **ROW),
+        dict(BLOCK=256, num_warps=2, num_stages=1), lambda a: {"dead_ids": tuple(a["dead_ids"])},
+        lambda t, s: s.in_types[0].rank == 1),
+    _Op("engram_ngram_ids", "launch_engram_ngram_ids", _l_engram_ngram_ids, {"num_warps": (1, 2), "num_stages": (1,)},
+        dict(num_warps=1, num_stages=1)),
 ]
 
 

@@ -61,6 +61,24 @@ def hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_eps, po
     return x, pre, post, m
 
 
+def _hc_mix_rule(ins, a):
+    r, fn, scale, base = ins
+    (raw,) = _infer("hc_mix_gemm", [r, fn], {"eps": a["eps"]})
+    return _infer("hc_sinkhorn", [raw, scale, base],
+                  {"copies": a["copies"], "iters": a["iters"], "eps": a["hc_eps"], "post_mult": a["post_mult"]})
+
+
+@op("hc_mix", infer=_hc_mix_rule, flops=lambda i, o, a: 2 * i[0].numel * (i[1].shape[0] + 1),
+    attrs={"eps": REQUIRED, "copies": REQUIRED, "iters": REQUIRED, "hc_eps": REQUIRED, "post_mult": 2.0},
+    n_inputs=4)
+def hc_mix(r, fn, scale, base, *, eps, copies, iters, hc_eps, post_mult):
+    """A sub-layer's mixes from the stream (mix GEMM + Sinkhorn): hc_pre without the collapse and
+    norm, for the entry whose input is no collapse of the stream (layer 0's attention reads the
+    embedding itself)."""
+    raw = mhc.hc_mix_gemm(r, fn, eps=eps)
+    return mhc.hc_sinkhorn(raw, scale, base, copies=copies, iters=iters, eps=hc_eps, post_mult=post_mult)
+
+
 # ---- RoPE + quant -------------------------------------------------------------------------------
 
 def _rope_quant_rule(ins, a):
