@@ -4,23 +4,49 @@ one)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 import time
 
+# The errors that are about the user's input, not a bug: (module, class names). They are looked up
+# in sys.modules when an error is caught instead of imported then: a module that never loaded raised
+# nothing, and importing torch inside an except clause, after a Ctrl-C cut its first import short,
+# fails with an error of its own.
+_USER_ERRORS = {
+    "ir": ("ParseError", "VerifyError"),
+    "models.checkpoint": ("CheckpointError",),
+    "models.config": ("ConfigError",),
+    "models.deepseek_v41": ("BuildError",),
+    "runtime.plan_file": ("PlanError",),
+    "runtime.engine": ("RequestError", "EngineConfigError"),
+    "runtime.sampling_params": ("SamplingParamsError",),
+    "codegen.targets": ("UnknownTargetError",),
+}
+# OSErrors about the user's paths and disks (a read-only or full disk, permissions, missing paths).
+_USER_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EEXIST, errno.EISDIR, errno.ENOTDIR,
+                errno.ENOTEMPTY, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.ELOOP}
+# The status a program killed by SIGPIPE has (as `yes | head` reports it): output cut short by the reader.
+EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130
 
-def _user_errors() -> tuple[type, ...]:
-    from .ir import ParseError, VerifyError
-    from .models.checkpoint import CheckpointError
-    from .models.config import ConfigError
-    from .models.deepseek_v41 import BuildError
-    from .runtime.plan_file import PlanError
-    from .codegen.targets import UnknownTargetError
 
-    return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, PlanError, UnknownTargetError,
-            FileNotFoundError,
-            FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+def _is_user_error(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in _USER_ERRNOS or isinstance(e, (FileNotFoundError, FileExistsError, PermissionError,
+                                                          IsADirectoryError, NotADirectoryError))
+    for module, names in _USER_ERRORS.items():
+        loaded = sys.modules.get(f"{__package__}.{module}")
+        if loaded is not None and isinstance(e, tuple(getattr(loaded, n) for n in names)):
+            return True
+    return False
+
+
+def _error_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror}: {e.filename}"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 # ---- inspect ------------------------------------------------------------------------------------
@@ -190,22 +216,15 @@ def _load_llm(args):
 
 
 def cmd_generate(args) -> int:
-    from .runtime.engine import EngineConfigError, RequestError
-    from .runtime.sampling_params import SamplingParams, SamplingParamsError
+    from .runtime.sampling_params import SamplingParams
 
-    try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens, seed=args.seed)
-        prompts = _read_prompts(args)
-        llm = _load_llm(args)
-        t = time.perf_counter()
-        outs = llm.chat(prompts, params) if args.chat else llm.generate(prompts, params)
-        seconds = time.perf_counter() - t
-    except (RequestError, SamplingParamsError, EngineConfigError) as e:
-        if os.environ.get("DEEPINFER_DEBUG"):
-            raise
-        print(f"deepinfer: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    prompts = _read_prompts(args)
+    llm = _load_llm(args)
+    t = time.perf_counter()
+    outs = llm.chat(prompts, params) if args.chat else llm.generate(prompts, params)
+    seconds = time.perf_counter() - t
     for i, out in enumerate(outs):
         prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
         print(f"[{i}] prompt: {json.dumps(prompt, ensure_ascii=False)}")
@@ -253,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def _run(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -261,17 +280,36 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.func(args)
-    except _user_errors() as e:
-        if os.environ.get("DEEPINFER_DEBUG"):
+    except Exception as e:
+        if not _is_user_error(e) or os.environ.get("DEEPINFER_DEBUG"):
             raise
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if isinstance(e, OSError) and e.filename:
-            msg = f"{e.strerror}: {e.filename}"
-        print(f"deepinfer: error: {msg}", file=sys.stderr)
+        print(f"deepinfer: error: {_error_line(e)}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null, so the interpreter's last
+    flush does not fail again (which prints an 'Exception ignored' and exits 120). The recipe of
+    Python's signal docs."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a file (a test's capture): nothing will flush it to the pipe
+
+
+def main(argv=None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at interpreter exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("deepinfer: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

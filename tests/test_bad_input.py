@@ -1,0 +1,105 @@
+"""Bad input through the CLI and the API, one table per kind of input (issue #17): each case ends
+in one line `deepinfer: error: ...` with exit status 2 (or the API's one-line error), never a
+traceback; the interpreter's own exits (a closed stdout, Ctrl-C) are quiet."""
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import deepinfer
+from deepinfer.cli import EXIT_BROKEN_PIPE, main
+
+# not resolved: the package may be a symlink to a checkout whose folder is not named deepinfer
+PKG_PARENT = str(Path(deepinfer.__file__).parent.parent)
+TINY = "v4.1-flash-tiny"
+
+
+def fresh_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return env | {"PYTHONPATH": PKG_PARENT} | extra
+
+
+def run_cli(*args, env=None, **kw) -> subprocess.CompletedProcess:
+    """`deepinfer ARGS` in a fresh interpreter (what the interpreter does at exit is part of the test)."""
+    return subprocess.run([sys.executable, "-m", "deepinfer.cli", *args], env=env or fresh_env(), timeout=120, **kw)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("deepinfer: error: "), err
+    return err.strip()
+
+
+# ---- the interpreter's exits -------------------------------------------------------------------
+
+def test_a_closed_stdout_exits_quietly():
+    """`deepinfer ... | true`: the reader is gone before the first write. Not exit 120 with an
+    'Exception ignored' from the interpreter's last flush."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = run_cli("--help", stdout=write, stderr=subprocess.PIPE)
+    finally:
+        os.close(write)
+    assert (p.returncode, p.stderr) == (EXIT_BROKEN_PIPE, b"")
+
+
+def test_a_reader_that_leaves_midway_is_no_traceback(monkeypatch, capsys):
+    """`deepinfer inspect | head -1` with PYTHONUNBUFFERED=1: a print fails with EPIPE."""
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["inspect", "--model", TINY]) == EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
+
+
+# Ctrl-C while torch is being imported, made deterministic: every import of torch is interrupted
+# (the real one leaves torch half-imported, so importing it again fails as well).
+INTERRUPT_TORCH = """
+import sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+from deepinfer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_the_torch_import():
+    p = subprocess.run([sys.executable, "-c", INTERRUPT_TORCH, "inspect", "--model", TINY], env=fresh_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stderr) == (130, "deepinfer: interrupted\n")
+
+
+@pytest.mark.parametrize("code,strerror", [(errno.EROFS, "Read-only file system"), (errno.EACCES, "Permission denied"),
+                                           (errno.ENOSPC, "No space left on device")])
+def test_unwritable_output_is_one_line(tmp_path, monkeypatch, capsys, code, strerror):
+    """A read-only, forbidden or full output, dump or cache directory: whichever write meets it."""
+    from deepinfer.passes import driver
+
+    def refuse(model, options, out_dir, progress=False):
+        raise OSError(code, os.strerror(code), str(out_dir))
+
+    monkeypatch.setattr(driver, "compile_model", refuse)
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan")]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {strerror}: {tmp_path / 'plan'}"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_dump_directory(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan"),
+                 "--dump-ir", str(ro / "ir")]) == 2
+    assert "Permission denied" in one_error_line(capsys)
