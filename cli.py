@@ -43,10 +43,14 @@ def _is_user_error(e: BaseException) -> bool:
     return False
 
 
-def _error_line(e: BaseException) -> str:
+def _error_line(e: BaseException, args: argparse.Namespace) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.strerror}: {e.filename}"
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
+    line = str(e).splitlines()[0] if str(e) else type(e).__name__
+    param = getattr(e, "param", None)  # validate.param_error: the API's argument name, which has a flag here
+    if param and param in vars(args) and line.startswith(param):
+        line = "--" + param.replace("_", "-") + line[len(param):]
+    return line
 
 
 # ---- inspect ------------------------------------------------------------------------------------
@@ -283,7 +287,7 @@ def _run(argv) -> int:
     except Exception as e:
         if not _is_user_error(e) or os.environ.get("DEEPINFER_DEBUG"):
             raise
-        print(f"deepinfer: error: {_error_line(e)}", file=sys.stderr)
+        print(f"deepinfer: error: {_error_line(e, args)}", file=sys.stderr)
         return 2
 
 

@@ -23,6 +23,7 @@ from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_li
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
+from .validate import param_error
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
 
@@ -75,12 +76,11 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
-        if max_model_len > opts["max_model_len"]:
-            raise EngineConfigError(f"max_model_len {max_model_len} exceeds the plan's {opts['max_model_len']}")
-        if max_num_seqs > opts["max_num_seqs"]:
-            raise EngineConfigError(f"max_num_seqs {max_num_seqs} exceeds the plan's {opts['max_num_seqs']}")
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
+        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
+            if value > opts[name]:
+                raise param_error(EngineConfigError, name, f"{value} exceeds the plan's {opts[name]}")
         if target == "cpu":
             if num_pages is None:
                 num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)

@@ -103,3 +103,25 @@ def test_read_only_dump_directory(tmp_path, capsys):
     assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan"),
                  "--dump-ir", str(ro / "ir")]) == 2
     assert "Permission denied" in one_error_line(capsys)
+
+
+# ---- generate's flags: checked before anything loads, named as the flag ---------------------------
+
+GENERATE_FLAGS = [
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0"),
+    (["--seed", "-1"], "--seed must be a non-negative integer below 2**64, got -1"),
+    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["--top-k", "0"], "--top-k must be -1 (off) or >= 1, got 0"),
+    (["--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
+    (["--max-model-len", "-1"], "--max-model-len must be an integer >= 1, got -1"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("flags,error", GENERATE_FLAGS, ids=[" ".join(f) for f, _ in GENERATE_FLAGS])
+def test_generate_flags(tmp_path, capsys, flags, error):
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x", *flags]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {error}"
