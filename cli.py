@@ -23,6 +23,7 @@ _USER_ERRORS = {
     "runtime.engine": ("RequestError", "EngineConfigError"),
     "runtime.sampling_params": ("SamplingParamsError",),
     "codegen.targets": ("UnknownTargetError",),
+    "passes.driver": ("CompileOptionsError",),
 }
 # OSErrors about the user's paths and disks (a read-only or full disk, permissions, missing paths).
 _USER_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EEXIST, errno.EISDIR, errno.ENOTDIR,

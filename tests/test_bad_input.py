@@ -125,3 +125,33 @@ GENERATE_FLAGS = [
 def test_generate_flags(tmp_path, capsys, flags, error):
     assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x", *flags]) == 2
     assert one_error_line(capsys) == f"deepinfer: error: {error}"
+
+
+# ---- compile's flags: refused before compiling, so no plan nothing can use is written -------------
+
+COMPILE_FLAGS = [
+    (["--max-num-seqs", "-3"], "--max-num-seqs must be an integer >= 1, got -3"),  # was: ValueError: negative dim
+    (["--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
+    (["--max-model-len", "0"], "--max-model-len must be an integer >= 1, got 0"),
+    (["--max-model-len", "2000000"], "--max-model-len 2000000 exceeds the model's max_position_embeddings 1048576"),
+    (["--jobs", "0"], "--jobs must be an integer >= 1, got 0"),
+    (["--ep", "0"], "--ep must be an integer >= 1, got 0"),
+    (["--ep", "3"], "--ep 3 does not divide the model's 16 routed experts (n_routed_experts)"),
+    (["--ep", "16"], "--ep 16 does not divide the model's 8 routed experts (dspark_n_routed_experts)"),
+]
+
+
+@pytest.mark.parametrize("flags,error", COMPILE_FLAGS, ids=[" ".join(f) for f, _ in COMPILE_FLAGS])
+def test_compile_flags(tmp_path, capsys, flags, error):
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan"), *flags]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {error}"
+    assert not (tmp_path / "plan").exists()
+
+
+def test_compile_options_check_api_callers_too():
+    from deepinfer.passes.driver import CompileOptions, CompileOptionsError
+
+    for kwargs in ({"max_num_seqs": -3}, {"num_pages": 0}, {"decode_batches": (0, 2)}, {"prefill_tokens": ()}):
+        with pytest.raises(CompileOptionsError) as e:
+            CompileOptions("cpu", **kwargs)
+        assert str(e.value).startswith(next(iter(kwargs)))
