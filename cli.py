@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 # The errors that are about the user's input, not a bug: (module, class names). They are looked up
 # in sys.modules when an error is caught instead of imported then: a module that never loaded raised
@@ -277,6 +278,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warnings(show):
+    """showwarning printing DeepInfer's own warnings as one line, like its errors; others as `show` does."""
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith(f"{__package__}."):
+            print(f"deepinfer: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return show_warning
+
+
 def _run(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -284,7 +295,9 @@ def _run(argv) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return args.func(args)
     except Exception as e:
         if not _is_user_error(e) or os.environ.get("DEEPINFER_DEBUG"):
             raise

@@ -155,3 +155,26 @@ def test_compile_options_check_api_callers_too():
         with pytest.raises(CompileOptionsError) as e:
             CompileOptions("cpu", **kwargs)
         assert str(e.value).startswith(next(iter(kwargs)))
+
+
+# ---- config.json ---------------------------------------------------------------------------------
+
+def tiny_config_dir(tmp_path, **changes) -> Path:
+    import json
+
+    from deepinfer.models.config import PRESETS_DIR
+
+    data = json.loads((PRESETS_DIR / TINY / "config.json").read_text()) | changes
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    return tmp_path
+
+
+def test_config_of_another_model(tmp_path, capsys):
+    assert main(["inspect", "--model", str(tiny_config_dir(tmp_path, model_type="llama"))]) == 2
+    assert one_error_line(capsys) == (f'deepinfer: error: {tmp_path / "config.json"}: model_type: "llama" is not a '
+                                      f'DeepSeek-V4.1 model (expected deepseek_v41 or deepseek_v41_text)')
+
+
+def test_config_with_unknown_keys_warns_in_one_line(tmp_path, capsys):
+    assert main(["inspect", "--model", str(tiny_config_dir(tmp_path, hiden_size=256, foo=1))]) == 0
+    assert capsys.readouterr().err == f"deepinfer: warning: {tmp_path / 'config.json'}: unknown keys ignored: hiden_size, foo\n"
