@@ -183,27 +183,37 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _read_prompts(args) -> list:
     """--prompt TEXT, or --prompts FILE.jsonl: each line a JSON string, {"prompt": TEXT} or, for
     --chat, {"messages": [...]}; blank lines are skipped."""
+    from .models.tokenizer import check_messages
     from .runtime.engine import RequestError
 
     if args.prompt is not None:
         return [[{"role": "user", "content": args.prompt}] if args.chat else args.prompt]
     items = []
-    with open(args.prompts, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(args.prompts, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            where = f"{args.prompts} line {number}"
+            try:  # a BOM (an editor's UTF-8 signature) on the first line is not part of the prompt
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RequestError(f"{args.prompts} line {number}: not JSON ({e.msg})") from None
+                raise RequestError(f"{where}: not JSON ({e.msg})") from None
             if isinstance(item, dict) and "messages" in item and args.chat:
+                try:
+                    check_messages(item["messages"])
+                except ValueError as e:
+                    raise RequestError(f"{where}: {e}") from None
                 items.append(item["messages"])
             elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
                 items.append([{"role": "user", "content": item["prompt"]}] if args.chat else item["prompt"])
             elif isinstance(item, str):
                 items.append([{"role": "user", "content": item}] if args.chat else item)
             else:
-                raise RequestError(f"{args.prompts} line {number}: expected a JSON string, {{\"prompt\": ...}}"
+                raise RequestError(f"{where}: expected a JSON string, {{\"prompt\": ...}}"
                                    + (" or {\"messages\": [...]}" if args.chat else ""))
     if not items:
         raise RequestError(f"{args.prompts}: no prompts")

@@ -122,25 +122,41 @@ class LLM:
                  prompt_token_ids: list[int] | list[list[int]] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run the prompts (text, which gets BOS, or token ids) to completion; outputs in input order.
-        With both given, `prompt_token_ids` are the prompts and `prompts` their display text."""
+        With both given, `prompt_token_ids` are the prompts and `prompts` their display text.
+        Text prompts are raw: spellings of control tokens in them (`<｜User｜>`) are those tokens;
+        `chat` renders the chat format and keeps them plain text."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        if prompt_token_ids is not None and prompt_token_ids and isinstance(prompt_token_ids[0], int):
-            prompt_token_ids = [prompt_token_ids]
+        if prompts is not None:
+            _check_list("prompts", prompts)
+            for i, p in enumerate(prompts):
+                if not isinstance(p, str):
+                    raise RequestError(f"prompt {i} must be a string, got {type(p).__name__}")
+        if prompt_token_ids is not None:
+            _check_list("prompt_token_ids", prompt_token_ids)
+            if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+                prompt_token_ids = [prompt_token_ids]
         if prompt_token_ids is None:
             if prompts is None:
                 raise RequestError("generate needs prompts or prompt_token_ids")
             prompt_token_ids = [self.tokenizer.encode(p, add_bos=True) if p else [] for p in prompts]
-        elif prompts is not None and len(prompts) != len(prompt_token_ids):
-            raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
+        else:
+            for i, ids in enumerate(prompt_token_ids):
+                _check_list(f"prompt_token_ids[{i}]", ids)
+            if prompts is not None and len(prompts) != len(prompt_token_ids):
+                raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
         texts = list(prompts) if prompts is not None else [None] * len(prompt_token_ids)
         return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm)
 
     def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
              thinking: bool = False, reasoning_effort: str | None = None) -> list[RequestOutput]:
-        """Generate the assistant turn of one conversation (a list of messages) or of several."""
-        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        """Generate the assistant turn of one conversation (a list of messages) or of several.
+        Message text is encoded as plain text: a control token spelt in it stays those characters."""
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise RequestError(f"chat: expected a list of messages or a list of conversations, "
+                               f"got {type(messages).__name__}")
+        conversations = [messages] if not messages or isinstance(messages[0], Mapping) else list(messages)
         texts, ids = [], []
         for conv in conversations:
             try:
@@ -179,3 +195,8 @@ class LLM:
                 if rid not in done:
                     self.engine.abort_request(rid)
         return [done[rid] for rid in request_ids]
+
+
+def _check_list(name: str, value) -> None:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise RequestError(f"{name} must be a list, got {type(value).__name__}")

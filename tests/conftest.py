@@ -31,3 +31,16 @@ def every_graph_round_trips():
         if parse_graph(text) != g:
             bad.append(g.name)
     assert not bad, f"graphs whose text form does not round-trip: {bad[:10]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_plan(tmp_path_factory):
+    """(plan directory, checkpoint) of the tiny model: a cpu plan for 512 tokens and 4 sequences,
+    compiled once per session for every test file that runs a plan."""
+    from deepinfer.models.checkpoint import make_checkpoint
+    from deepinfer.passes.driver import CompileOptions, compile_model
+
+    root = tmp_path_factory.mktemp("tiny_plan")
+    ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=1)
+    plan = compile_model("v4.1-flash-tiny", CompileOptions("cpu", max_model_len=512, max_num_seqs=4), root / "plan")
+    return plan.plan_dir, ckpt

@@ -178,3 +178,74 @@ def test_config_of_another_model(tmp_path, capsys):
 def test_config_with_unknown_keys_warns_in_one_line(tmp_path, capsys):
     assert main(["inspect", "--model", str(tiny_config_dir(tmp_path, hiden_size=256, foo=1))]) == 0
     assert capsys.readouterr().err == f"deepinfer: warning: {tmp_path / 'config.json'}: unknown keys ignored: hiden_size, foo\n"
+
+
+# ---- prompts and conversations -------------------------------------------------------------------
+
+PROMPT_FILES = [
+    (b'"ok"\n\xff\xfe bad\n', False, " line 2: not UTF-8 (byte 0xff at column 1)"),  # was: UnicodeDecodeError
+    (b'{"messages": "str"}\n', True,  # was: AttributeError
+     ' line 1: messages must be a list of {"role": ..., "content": ...} objects, got str'),
+    (b'{"messages": []}\n', True, " line 1: messages is empty (a conversation needs at least one message)"),
+    (b'{"messages": [{"role": "user", "content": {"a": 1}}]}\n', True,  # was: the binding's "cannot be cast"
+     " line 1: message 0: content must be a string, got dict"),
+    (b'{"messages": [{"role": "user", "content": "x"}, 7]}\n', True,
+     " line 1: message 1 must be an object with role and content, got int"),
+    (b'{"messages": [{"role": "robot", "content": "x"}]}\n', True, " line 1: message 0: role 'robot' is not one of"),
+    (b'{"prompt": {"a": 1}}\n', False, ' line 1: expected a JSON string, {"prompt": ...}'),
+    (b"\n\n", False, ": no prompts"),
+]
+
+
+@pytest.mark.parametrize("content,chat,error", PROMPT_FILES, ids=[e.strip() for _, _, e in PROMPT_FILES])
+def test_prompt_files(tmp_path, capsys, content, chat, error):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(content)
+    args = ["generate", "--model", TINY, "--weights", str(tmp_path), "--prompts", str(prompts)]
+    assert main(args + (["--chat"] if chat else [])) == 2
+    assert one_error_line(capsys).startswith(f"deepinfer: error: {prompts}{error}")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_prompt(tmp_path):
+    from types import SimpleNamespace
+
+    from deepinfer.cli import _read_prompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes('\ufeff"hi"\n"there"\n'.encode())
+    assert _read_prompts(SimpleNamespace(prompt=None, prompts=str(prompts), chat=False)) == ["hi", "there"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_plan):
+    from deepinfer import LLM
+
+    plan, ckpt = tiny_plan
+    return LLM(plan=plan, weights=ckpt, max_num_seqs=2, max_model_len=256)
+
+
+USER = {"role": "user", "content": "x"}
+API_PROMPTS = [
+    (lambda llm: llm.generate({"prompt": "hi"}), "prompts must be a list, got dict"),  # was: the key ran as a prompt
+    (lambda llm: llm.generate([{"prompt": "hi"}]), "prompt 0 must be a string, got dict"),  # was: "cannot be cast"
+    (lambda llm: llm.generate(5), "prompts must be a list, got int"),
+    (lambda llm: llm.generate(prompt_token_ids=5), "prompt_token_ids must be a list, got int"),
+    (lambda llm: llm.generate(prompt_token_ids=[[1], "ab"]), "prompt_token_ids[1] must be a list, got str"),
+    (lambda llm: llm.chat("hello"), "chat: expected a list of messages or a list of conversations, got str"),
+    (lambda llm: llm.chat([]), "chat: messages is empty"),  # was: accepted (no request)
+    (lambda llm: llm.chat([[]]), "chat: messages is empty"),  # was: accepted (a prompt of the opener alone)
+    (lambda llm: llm.chat([{"role": "user", "content": {"a": 1}}]), "chat: message 0: content must be a string, got dict"),
+    (lambda llm: llm.chat([USER, "oops"]), "chat: message 1 must be an object with role and content, got str"),
+    (lambda llm: llm.chat([USER, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}]),
+     "chat: message 1: tool_calls[0] needs function.name and function.arguments strings"),
+]
+
+
+@pytest.mark.parametrize("call,error", API_PROMPTS, ids=[e for _, e in API_PROMPTS])
+def test_api_prompts(llm, call, error):
+    from deepinfer.runtime.engine import RequestError
+
+    with pytest.raises(RequestError) as e:
+        call(llm)
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+    assert not llm.engine.has_unfinished_requests()
