@@ -225,8 +225,10 @@ def _load_llm(args):
     from .llm import LLM
     from .runtime.engine import EngineConfigError
 
-    if (args.plan is None) == (args.model is None):
-        raise EngineConfigError("give a compiled PLAN_DIR or --model (not both)")
+    if args.plan is None and args.model is None:
+        raise EngineConfigError("no model: give a compiled PLAN_DIR or --model")
+    if args.plan is not None and args.model is not None:
+        raise EngineConfigError("give a compiled PLAN_DIR or --model, not both")
     return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
 
@@ -270,9 +272,12 @@ def add_generate(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None, help="sampling seed of every request (reproducible output)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running at once")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
-    p.add_argument("--max-model-len", type=int, default=4096, help="longest sequence (prompt + output)")
+    p.add_argument("--max-num-seqs", type=int, help="sequences running at once (default: the plan's; 16 on the "
+                   "interpreter)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step (default: 512, at most a GPU "
+                   "plan's largest step bucket)")
+    p.add_argument("--max-model-len", type=int, help="longest sequence, prompt + output (default: the plan's; 4096 on "
+                   "the interpreter)")
     p.set_defaults(func=cmd_generate)
 
 

@@ -28,21 +28,30 @@ from .validate import param_error
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
 
 INTERPRETER_TARGETS = ("cpu",)
+# Limits of the graph interpreter's engine; a plan's own limits are the defaults of LLM(plan=...).
+DEFAULT_MAX_NUM_SEQS = 16
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
 class LLM:
     def __init__(self, model: str | os.PathLike | None = None, weights: str | os.PathLike | None = None, *,
                  plan: str | os.PathLike | None = None, target: str = "cpu",
-                 max_num_seqs: int = 16, max_num_batched_tokens: int = 512, max_model_len: int = 4096,
-                 num_pages: int | None = None, seed: int | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
-        `num_pages`: pages (128 tokens each) of the compressed-cache pool; by default enough for
-        `max_num_seqs` sequences of `max_model_len` tokens. `seed` seeds the seeds of requests
+        `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
+        values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
+        largest step bucket of a GPU plan). `num_pages`: pages (128 tokens each) of the
+        compressed-cache pool; by default enough for `max_num_seqs` sequences of `max_model_len`
+        tokens (at most the pool the plan was compiled for). `seed` seeds the seeds of requests
         that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
         `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`."""
-        if (plan is None) == (model is None):
-            raise EngineConfigError("give exactly one of model= (a preset or config directory) and plan= (a compiled plan)")
+        if plan is None and model is None:
+            raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
+        if plan is not None and model is not None:
+            raise EngineConfigError("give model= or plan=, not both")
         if plan is not None:
             self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                             tokenizer)
@@ -52,6 +61,10 @@ class LLM:
                                     f"{', '.join(INTERPRETER_TARGETS)} only; other targets need a compiled plan")
         if weights is None:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
+        max_num_seqs = DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        max_model_len = DEFAULT_MAX_MODEL_LEN if max_model_len is None else max_model_len
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if num_pages is None:
@@ -76,6 +89,15 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
+        # the plan's limits are the defaults: a plan compiled for less than the interpreter's
+        # defaults runs without repeating its flags
+        max_model_len = opts["max_model_len"] if max_model_len is None else max_model_len
+        max_num_seqs = opts["max_num_seqs"] if max_num_seqs is None else max_num_seqs
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if target != "cpu":  # a GPU plan's steps must fit its largest step bucket
+                largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
+                max_num_batched_tokens = min(max_num_batched_tokens, largest)
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
@@ -83,7 +105,10 @@ class LLM:
                 raise param_error(EngineConfigError, name, f"{value} exceeds the plan's {opts[name]}")
         if target == "cpu":
             if num_pages is None:
-                num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
+                # no more than the pool the plan was compiled for: max_num_seqs full contexts of the
+                # plan's limits can be far more memory than that (one sequence must still fit)
+                pages = -(-max_model_len // PAGE_TOKENS)
+                num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
             executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
         else:

@@ -249,3 +249,36 @@ def test_api_prompts(llm, call, error):
         call(llm)
     assert str(e.value).startswith(error) and "\n" not in str(e.value)
     assert not llm.engine.has_unfinished_requests()
+
+
+# ---- what to run: the plan or the model, its weights, its limits -----------------------------------
+
+def test_generate_runs_a_plan_at_its_own_limits(tiny_plan, capsys):
+    """The plan (512 tokens, 4 sequences) is below the interpreter's defaults (4096, 16): without
+    flags, generate takes the plan's limits instead of failing until they are repeated."""
+    plan, ckpt = tiny_plan
+    assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hi", "--max-tokens", "1",
+                 "--temperature", "0"]) == 0
+    assert "1 generated tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--max-num-seqs", "5"], "--max-num-seqs 5 exceeds the plan's 4"),
+    (["--max-model-len", "513"], "--max-model-len 513 exceeds the plan's 512"),
+    (["--weights", "/no/such/ckpt"], "checkpoint /no/such/ckpt: not a directory"),  # was: "unknown model"
+    (["--model", TINY], "give a compiled PLAN_DIR or --model, not both"),
+])
+def test_generate_a_plan_with(tiny_plan, capsys, args, error):
+    plan, ckpt = tiny_plan
+    assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hi", *args]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {error}"
+
+
+def test_generate_without_plan_or_model(tmp_path, capsys):
+    assert main(["generate", "--weights", str(tmp_path), "--prompt", "hi"]) == 2
+    assert one_error_line(capsys) == "deepinfer: error: no model: give a compiled PLAN_DIR or --model"  # was: "(not both)"
+
+
+def test_weights_without_a_config(tiny_plan, tmp_path, capsys):
+    assert main(["generate", str(tiny_plan[0]), "--weights", str(tmp_path), "--prompt", "hi"]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: checkpoint {tmp_path}: config.json is missing"
