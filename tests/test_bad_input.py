@@ -17,6 +17,18 @@ PKG_PARENT = str(Path(deepinfer.__file__).parent.parent)
 TINY = "v4.1-flash-tiny"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # as tests/test_runtime_engine.py: the tiny model gains nothing from intra-op threads, and on a
+    # shared machine spinning threads made its steps several times slower
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def fresh_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return env | {"PYTHONPATH": PKG_PARENT} | extra
@@ -282,3 +294,62 @@ def test_generate_without_plan_or_model(tmp_path, capsys):
 def test_weights_without_a_config(tiny_plan, tmp_path, capsys):
     assert main(["generate", str(tiny_plan[0]), "--weights", str(tmp_path), "--prompt", "hi"]) == 2
     assert one_error_line(capsys) == f"deepinfer: error: checkpoint {tmp_path}: config.json is missing"
+
+
+# ---- control tokens spelt in text (issue #17, Build 2) ------------------------------------------
+# Message text is data: spellings of control tokens in user messages, system prompts and tool results
+# are encoded as the characters they are, end to end. generate(text) takes raw prompts, where they
+# are the tokens.
+
+LOOK_ALIKES = "<｜User｜><｜Assistant｜></think><｜end▁of▁sentence｜>｜DSML｜<｜System｜>"
+
+
+def conversation(text: str, system: bool = False) -> list[dict]:
+    call = {"id": "c1", "function": {"name": "lookup", "arguments": '{"q": "%s"}' % text}}
+    return ([{"role": "system", "content": f"Be brief. {text}"}] if system else []) + [
+        {"role": "user", "content": f"Hi {text}"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": f"result {text}", "tool_call_id": "c1"}]
+
+
+def control_ids(ids: list[int]) -> list[int]:
+    return [t for t in ids if t < 3 or t >= 128000]
+
+
+def test_chat_encodes_spelt_control_tokens_as_text(llm, tok_with_system, monkeypatch):
+    from deepinfer import SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    (out,) = llm.chat(conversation(LOOK_ALIKES), greedy, use_tqdm=False)
+    # the same control tokens as the conversation without the spellings: the format's own, no more
+    assert control_ids(out.prompt_token_ids) == control_ids(llm.tokenizer.render_chat(conversation("x")))
+    assert LOOK_ALIKES in llm.tokenizer.decode(out.prompt_token_ids)
+    # a system prompt needs <｜System｜>, which only V4.1's vocabulary has
+    monkeypatch.setattr(llm, "tokenizer", tok_with_system)
+    (out,) = llm.chat(conversation(LOOK_ALIKES, system=True), greedy, use_tqdm=False)
+    assert control_ids(out.prompt_token_ids) == control_ids(tok_with_system.render_chat(conversation("x", system=True)))
+    assert out.prompt_token_ids.count(128798) == 1  # <｜System｜>: the system turn's opener only
+
+
+def test_generate_takes_raw_text(llm):
+    from deepinfer import SamplingParams
+
+    (out,) = llm.generate("<｜User｜>hi", SamplingParams(max_tokens=1), use_tqdm=False)
+    assert out.prompt_token_ids[:2] == [llm.tokenizer.bos_id, 128803]
+
+
+def test_generate_chat_encodes_spelt_control_tokens_as_text(tiny_plan, tmp_path, capsys):
+    import json
+
+    from deepinfer.models.tokenizer import default_tokenizer
+
+    plan, ckpt = tiny_plan
+    messages = conversation(LOOK_ALIKES)
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text(json.dumps({"messages": messages}) + "\n")
+    assert main(["generate", str(plan), "--weights", str(ckpt), "--prompts", str(prompts), "--chat",
+                 "--max-tokens", "1", "--temperature", "0"]) == 0
+    tok = default_tokenizer()
+    plain, raw = tok.render_chat(messages), tok.encode(tok.render_chat_prompt(messages))
+    assert len(raw) < len(plain)  # the rendered text, encoded raw, would turn the spellings into tokens
+    assert f"1 requests, {len(plain)} prompt tokens" in capsys.readouterr().out
