@@ -34,7 +34,7 @@ def every_graph_round_trips():
 
 
 @pytest.fixture(scope="session")
-def tiny_plan(tmp_path_factory):
+def tiny_plan_and_weights(tmp_path_factory):
     """(plan directory, checkpoint) of the tiny model: a cpu plan for 512 tokens and 4 sequences,
     compiled once per session for every test file that runs a plan."""
     from deepinfer.models.checkpoint import make_checkpoint

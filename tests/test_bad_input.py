@@ -107,6 +107,14 @@ def test_unwritable_output_is_one_line(tmp_path, monkeypatch, capsys, code, stre
     assert one_error_line(capsys) == f"deepinfer: error: {strerror}: {tmp_path / 'plan'}"
 
 
+def test_dump_directory_under_a_file(tmp_path, capsys):
+    """A real failed write, whoever runs the test (root writes into read-only directories)."""
+    (tmp_path / "file").write_text("")
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan"),
+                 "--dump-ir", str(tmp_path / "file" / "ir")]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: Not a directory: {tmp_path / 'file' / 'ir'}"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_read_only_dump_directory(tmp_path, capsys):
     ro = tmp_path / "ro"
@@ -229,10 +237,10 @@ def test_a_byte_order_mark_is_not_part_of_the_prompt(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_plan):
+def llm(tiny_plan_and_weights):
     from deepinfer import LLM
 
-    plan, ckpt = tiny_plan
+    plan, ckpt = tiny_plan_and_weights
     return LLM(plan=plan, weights=ckpt, max_num_seqs=2, max_model_len=256)
 
 
@@ -265,10 +273,10 @@ def test_api_prompts(llm, call, error):
 
 # ---- what to run: the plan or the model, its weights, its limits -----------------------------------
 
-def test_generate_runs_a_plan_at_its_own_limits(tiny_plan, capsys):
+def test_generate_runs_a_plan_at_its_own_limits(tiny_plan_and_weights, capsys):
     """The plan (512 tokens, 4 sequences) is below the interpreter's defaults (4096, 16): without
     flags, generate takes the plan's limits instead of failing until they are repeated."""
-    plan, ckpt = tiny_plan
+    plan, ckpt = tiny_plan_and_weights
     assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hi", "--max-tokens", "1",
                  "--temperature", "0"]) == 0
     assert "1 generated tokens" in capsys.readouterr().out
@@ -280,8 +288,8 @@ def test_generate_runs_a_plan_at_its_own_limits(tiny_plan, capsys):
     (["--weights", "/no/such/ckpt"], "checkpoint /no/such/ckpt: not a directory"),  # was: "unknown model"
     (["--model", TINY], "give a compiled PLAN_DIR or --model, not both"),
 ])
-def test_generate_a_plan_with(tiny_plan, capsys, args, error):
-    plan, ckpt = tiny_plan
+def test_generate_a_plan_with(tiny_plan_and_weights, capsys, args, error):
+    plan, ckpt = tiny_plan_and_weights
     assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hi", *args]) == 2
     assert one_error_line(capsys) == f"deepinfer: error: {error}"
 
@@ -291,8 +299,8 @@ def test_generate_without_plan_or_model(tmp_path, capsys):
     assert one_error_line(capsys) == "deepinfer: error: no model: give a compiled PLAN_DIR or --model"  # was: "(not both)"
 
 
-def test_weights_without_a_config(tiny_plan, tmp_path, capsys):
-    assert main(["generate", str(tiny_plan[0]), "--weights", str(tmp_path), "--prompt", "hi"]) == 2
+def test_weights_without_a_config(tiny_plan_and_weights, tmp_path, capsys):
+    assert main(["generate", str(tiny_plan_and_weights[0]), "--weights", str(tmp_path), "--prompt", "hi"]) == 2
     assert one_error_line(capsys) == f"deepinfer: error: checkpoint {tmp_path}: config.json is missing"
 
 
@@ -338,12 +346,12 @@ def test_generate_takes_raw_text(llm):
     assert out.prompt_token_ids[:2] == [llm.tokenizer.bos_id, 128803]
 
 
-def test_generate_chat_encodes_spelt_control_tokens_as_text(tiny_plan, tmp_path, capsys):
+def test_generate_chat_encodes_spelt_control_tokens_as_text(tiny_plan_and_weights, tmp_path, capsys):
     import json
 
     from deepinfer.models.tokenizer import default_tokenizer
 
-    plan, ckpt = tiny_plan
+    plan, ckpt = tiny_plan_and_weights
     messages = conversation(LOOK_ALIKES)
     prompts = tmp_path / "chat.jsonl"
     prompts.write_text(json.dumps({"messages": messages}) + "\n")

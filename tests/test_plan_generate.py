@@ -7,8 +7,8 @@ from deepinfer.cli import main
 
 
 @pytest.fixture(scope="module")
-def plan_and_weights(tiny_plan):
-    return tiny_plan
+def plan_and_weights(tiny_plan_and_weights):
+    return tiny_plan_and_weights
 
 
 def test_plan_generation_equals_interpreter(plan_and_weights):
