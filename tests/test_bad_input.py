@@ -29,14 +29,15 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def fresh_env(**extra) -> dict:
+def fresh_env() -> dict:
+    # buffered stdout, whatever the caller's: the closed pipe must show in the interpreter's last flush
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    return env | {"PYTHONPATH": PKG_PARENT} | extra
+    return env | {"PYTHONPATH": PKG_PARENT}
 
 
-def run_cli(*args, env=None, **kw) -> subprocess.CompletedProcess:
+def run_cli(*args, **kw) -> subprocess.CompletedProcess:
     """`deepinfer ARGS` in a fresh interpreter (what the interpreter does at exit is part of the test)."""
-    return subprocess.run([sys.executable, "-m", "deepinfer.cli", *args], env=env or fresh_env(), timeout=120, **kw)
+    return subprocess.run([sys.executable, "-m", "deepinfer.cli", *args], env=fresh_env(), timeout=120, **kw)
 
 
 def one_error_line(capsys) -> str:
