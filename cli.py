@@ -4,23 +4,55 @@ one)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 import time
+import warnings
+
+# The errors that are about the user's input, not a bug: (module, class names). They are looked up
+# in sys.modules when an error is caught instead of imported then: a module that never loaded raised
+# nothing, and importing torch inside an except clause, after a Ctrl-C cut its first import short,
+# fails with an error of its own.
+_USER_ERRORS = {
+    "ir": ("ParseError", "VerifyError"),
+    "models.checkpoint": ("CheckpointError",),
+    "models.config": ("ConfigError",),
+    "models.deepseek_v41": ("BuildError",),
+    "runtime.plan_file": ("PlanError",),
+    "runtime.engine": ("RequestError", "EngineConfigError"),
+    "runtime.sampling_params": ("SamplingParamsError",),
+    "codegen.targets": ("UnknownTargetError",),
+    "passes.driver": ("CompileOptionsError",),
+}
+# OSErrors about the user's paths and disks (a read-only or full disk, permissions, missing paths).
+_USER_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EEXIST, errno.EISDIR, errno.ENOTDIR,
+                errno.ENOTEMPTY, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG, errno.ELOOP}
+# The status a program killed by SIGPIPE has (as `yes | head` reports it): output cut short by the reader.
+EXIT_BROKEN_PIPE = 141
+EXIT_INTERRUPTED = 130
 
 
-def _user_errors() -> tuple[type, ...]:
-    from .ir import ParseError, VerifyError
-    from .models.checkpoint import CheckpointError
-    from .models.config import ConfigError
-    from .models.deepseek_v41 import BuildError
-    from .runtime.plan_file import PlanError
-    from .codegen.targets import UnknownTargetError
+def _is_user_error(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in _USER_ERRNOS or isinstance(e, (FileNotFoundError, FileExistsError, PermissionError,
+                                                          IsADirectoryError, NotADirectoryError))
+    for module, names in _USER_ERRORS.items():
+        loaded = sys.modules.get(f"{__package__}.{module}")
+        if loaded is not None and isinstance(e, tuple(getattr(loaded, n) for n in names)):
+            return True
+    return False
 
-    return (ConfigError, CheckpointError, BuildError, VerifyError, ParseError, PlanError, UnknownTargetError,
-            FileNotFoundError,
-            FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+def _error_line(e: BaseException, args: argparse.Namespace) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror}: {e.filename}"
+    line = str(e).splitlines()[0] if str(e) else type(e).__name__
+    param = getattr(e, "param", None)  # validate.param_error: the API's argument name, which has a flag here
+    if param and param in vars(args) and line.startswith(param):
+        line = "--" + param.replace("_", "-") + line[len(param):]
+    return line
 
 
 # ---- inspect ------------------------------------------------------------------------------------
@@ -151,27 +183,37 @@ def _int_list(text: str) -> tuple[int, ...]:
 def _read_prompts(args) -> list:
     """--prompt TEXT, or --prompts FILE.jsonl: each line a JSON string, {"prompt": TEXT} or, for
     --chat, {"messages": [...]}; blank lines are skipped."""
+    from .models.tokenizer import check_messages
     from .runtime.engine import RequestError
 
     if args.prompt is not None:
         return [[{"role": "user", "content": args.prompt}] if args.chat else args.prompt]
     items = []
-    with open(args.prompts, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with open(args.prompts, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            where = f"{args.prompts} line {number}"
+            try:  # a BOM (an editor's UTF-8 signature) on the first line is not part of the prompt
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RequestError(f"{args.prompts} line {number}: not JSON ({e.msg})") from None
+                raise RequestError(f"{where}: not JSON ({e.msg})") from None
             if isinstance(item, dict) and "messages" in item and args.chat:
+                try:
+                    check_messages(item["messages"])
+                except ValueError as e:
+                    raise RequestError(f"{where}: {e}") from None
                 items.append(item["messages"])
             elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
                 items.append([{"role": "user", "content": item["prompt"]}] if args.chat else item["prompt"])
             elif isinstance(item, str):
                 items.append([{"role": "user", "content": item}] if args.chat else item)
             else:
-                raise RequestError(f"{args.prompts} line {number}: expected a JSON string, {{\"prompt\": ...}}"
+                raise RequestError(f"{where}: expected a JSON string, {{\"prompt\": ...}}"
                                    + (" or {\"messages\": [...]}" if args.chat else ""))
     if not items:
         raise RequestError(f"{args.prompts}: no prompts")
@@ -183,29 +225,24 @@ def _load_llm(args):
     from .llm import LLM
     from .runtime.engine import EngineConfigError
 
-    if (args.plan is None) == (args.model is None):
-        raise EngineConfigError("give a compiled PLAN_DIR or --model (not both)")
+    if args.plan is None and args.model is None:
+        raise EngineConfigError("no model: give a compiled PLAN_DIR or --model")
+    if args.plan is not None and args.model is not None:
+        raise EngineConfigError("give a compiled PLAN_DIR or --model, not both")
     return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
 
 
 def cmd_generate(args) -> int:
-    from .runtime.engine import EngineConfigError, RequestError
-    from .runtime.sampling_params import SamplingParams, SamplingParamsError
+    from .runtime.sampling_params import SamplingParams
 
-    try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens, seed=args.seed)
-        prompts = _read_prompts(args)
-        llm = _load_llm(args)
-        t = time.perf_counter()
-        outs = llm.chat(prompts, params) if args.chat else llm.generate(prompts, params)
-        seconds = time.perf_counter() - t
-    except (RequestError, SamplingParamsError, EngineConfigError) as e:
-        if os.environ.get("DEEPINFER_DEBUG"):
-            raise
-        print(f"deepinfer: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    prompts = _read_prompts(args)
+    llm = _load_llm(args)
+    t = time.perf_counter()
+    outs = llm.chat(prompts, params) if args.chat else llm.generate(prompts, params)
+    seconds = time.perf_counter() - t
     for i, out in enumerate(outs):
         prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
         print(f"[{i}] prompt: {json.dumps(prompt, ensure_ascii=False)}")
@@ -235,9 +272,12 @@ def add_generate(sub):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None, help="sampling seed of every request (reproducible output)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences running at once")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
-    p.add_argument("--max-model-len", type=int, default=4096, help="longest sequence (prompt + output)")
+    p.add_argument("--max-num-seqs", type=int, help="sequences running at once (default: the plan's; 16 on the "
+                   "interpreter)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step (default: 512, at most a GPU "
+                   "plan's largest step bucket)")
+    p.add_argument("--max-model-len", type=int, help="longest sequence, prompt + output (default: the plan's; 4096 on "
+                   "the interpreter)")
     p.set_defaults(func=cmd_generate)
 
 
@@ -253,25 +293,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def _one_line_warnings(show):
+    """showwarning printing DeepInfer's own warnings as one line, like its errors; others as `show` does."""
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith(f"{__package__}."):
+            print(f"deepinfer: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return show_warning
+
+
+def _run(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        return args.func(args)
-    except _user_errors() as e:
-        if os.environ.get("DEEPINFER_DEBUG"):
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return args.func(args)
+    except Exception as e:
+        if not _is_user_error(e) or os.environ.get("DEEPINFER_DEBUG"):
             raise
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if isinstance(e, OSError) and e.filename:
-            msg = f"{e.strerror}: {e.filename}"
-        print(f"deepinfer: error: {msg}", file=sys.stderr)
+        print(f"deepinfer: error: {_error_line(e, args)}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null, so the interpreter's last
+    flush does not fail again (which prints an 'Exception ignored' and exits 120). The recipe of
+    Python's signal docs."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a file (a test's capture): nothing will flush it to the pipe
+
+
+def main(argv=None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at interpreter exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("deepinfer: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -23,25 +23,35 @@ from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_li
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
+from .validate import param_error
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
 
 INTERPRETER_TARGETS = ("cpu",)
+# Limits of the graph interpreter's engine; a plan's own limits are the defaults of LLM(plan=...).
+DEFAULT_MAX_NUM_SEQS = 16
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
 
 class LLM:
     def __init__(self, model: str | os.PathLike | None = None, weights: str | os.PathLike | None = None, *,
                  plan: str | os.PathLike | None = None, target: str = "cpu",
-                 max_num_seqs: int = 16, max_num_batched_tokens: int = 512, max_model_len: int = 4096,
-                 num_pages: int | None = None, seed: int | None = None,
+                 max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
-        `num_pages`: pages (128 tokens each) of the compressed-cache pool; by default enough for
-        `max_num_seqs` sequences of `max_model_len` tokens. `seed` seeds the seeds of requests
+        `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
+        values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
+        largest step bucket of a GPU plan). `num_pages`: pages (128 tokens each) of the
+        compressed-cache pool; by default enough for `max_num_seqs` sequences of `max_model_len`
+        tokens (at most the pool the plan was compiled for). `seed` seeds the seeds of requests
         that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
         `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`."""
-        if (plan is None) == (model is None):
-            raise EngineConfigError("give exactly one of model= (a preset or config directory) and plan= (a compiled plan)")
+        if plan is None and model is None:
+            raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
+        if plan is not None and model is not None:
+            raise EngineConfigError("give model= or plan=, not both")
         if plan is not None:
             self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                             tokenizer)
@@ -51,6 +61,10 @@ class LLM:
                                     f"{', '.join(INTERPRETER_TARGETS)} only; other targets need a compiled plan")
         if weights is None:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
+        max_num_seqs = DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs
+        max_model_len = DEFAULT_MAX_MODEL_LEN if max_model_len is None else max_model_len
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if num_pages is None:
@@ -75,15 +89,26 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
-        if max_model_len > opts["max_model_len"]:
-            raise EngineConfigError(f"max_model_len {max_model_len} exceeds the plan's {opts['max_model_len']}")
-        if max_num_seqs > opts["max_num_seqs"]:
-            raise EngineConfigError(f"max_num_seqs {max_num_seqs} exceeds the plan's {opts['max_num_seqs']}")
+        # the plan's limits are the defaults: a plan compiled for less than the interpreter's
+        # defaults runs without repeating its flags
+        max_model_len = opts["max_model_len"] if max_model_len is None else max_model_len
+        max_num_seqs = opts["max_num_seqs"] if max_num_seqs is None else max_num_seqs
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            if target != "cpu":  # a GPU plan's steps must fit its largest step bucket
+                largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
+                max_num_batched_tokens = min(max_num_batched_tokens, largest)
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
+        for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
+            if value > opts[name]:
+                raise param_error(EngineConfigError, name, f"{value} exceeds the plan's {opts[name]}")
         if target == "cpu":
             if num_pages is None:
-                num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
+                # no more than the pool the plan was compiled for: max_num_seqs full contexts of the
+                # plan's limits can be far more memory than that (one sequence must still fit)
+                pages = -(-max_model_len // PAGE_TOKENS)
+                num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
             executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
         else:
@@ -122,25 +147,41 @@ class LLM:
                  prompt_token_ids: list[int] | list[list[int]] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run the prompts (text, which gets BOS, or token ids) to completion; outputs in input order.
-        With both given, `prompt_token_ids` are the prompts and `prompts` their display text."""
+        With both given, `prompt_token_ids` are the prompts and `prompts` their display text.
+        Text prompts are raw: spellings of control tokens in them (`<｜User｜>`) are those tokens;
+        `chat` renders the chat format and keeps them plain text."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        if prompt_token_ids is not None and prompt_token_ids and isinstance(prompt_token_ids[0], int):
-            prompt_token_ids = [prompt_token_ids]
+        if prompts is not None:
+            _check_list("prompts", prompts)
+            for i, p in enumerate(prompts):
+                if not isinstance(p, str):
+                    raise RequestError(f"prompt {i} must be a string, got {type(p).__name__}")
+        if prompt_token_ids is not None:
+            _check_list("prompt_token_ids", prompt_token_ids)
+            if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+                prompt_token_ids = [prompt_token_ids]
         if prompt_token_ids is None:
             if prompts is None:
                 raise RequestError("generate needs prompts or prompt_token_ids")
             prompt_token_ids = [self.tokenizer.encode(p, add_bos=True) if p else [] for p in prompts]
-        elif prompts is not None and len(prompts) != len(prompt_token_ids):
-            raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
+        else:
+            for i, ids in enumerate(prompt_token_ids):
+                _check_list(f"prompt_token_ids[{i}]", ids)
+            if prompts is not None and len(prompts) != len(prompt_token_ids):
+                raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
         texts = list(prompts) if prompts is not None else [None] * len(prompt_token_ids)
         return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm)
 
     def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
              thinking: bool = False, reasoning_effort: str | None = None) -> list[RequestOutput]:
-        """Generate the assistant turn of one conversation (a list of messages) or of several."""
-        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        """Generate the assistant turn of one conversation (a list of messages) or of several.
+        Message text is encoded as plain text: a control token spelt in it stays those characters."""
+        if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+            raise RequestError(f"chat: expected a list of messages or a list of conversations, "
+                               f"got {type(messages).__name__}")
+        conversations = [messages] if not messages or isinstance(messages[0], Mapping) else list(messages)
         texts, ids = [], []
         for conv in conversations:
             try:
@@ -179,3 +220,8 @@ class LLM:
                 if rid not in done:
                     self.engine.abort_request(rid)
         return [done[rid] for rid in request_ids]
+
+
+def _check_list(name: str, value) -> None:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise RequestError(f"{name} must be a list, got {type(value).__name__}")

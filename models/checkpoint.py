@@ -275,14 +275,27 @@ def _summarise(path: Path, problems: list[tuple[str, str, str]]) -> CheckpointEr
     return CheckpointError("\n".join([first] + ["  " + ln for ln in lines]), lines)
 
 
+def _checkpoint_dir(path: str | os.PathLike) -> Path:
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint {root}: not a directory")
+    return root
+
+
+def checkpoint_config(path: str | os.PathLike) -> ModelConfig:
+    """The config of the model the checkpoint at `path` holds (its config.json)."""
+    root = _checkpoint_dir(path)
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {root}: config.json is missing")
+    return load_config(root)
+
+
 def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig, device: str = "cpu") -> Checkpoint:
     """Check every file and tensor of the checkpoint at `path` against `checkpoint_schema(cfg)`.
 
     All problems are gathered into one CheckpointError. On success, a lazy mapping of tensors.
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint {root}: not a directory")
+    root = _checkpoint_dir(path)
     index_path = root / INDEX_NAME
     if not index_path.is_file():
         raise CheckpointError(f"checkpoint {root}: {INDEX_NAME} is missing")

@@ -16,6 +16,7 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 import types
+import warnings
 from typing import Any, get_args, get_type_hints
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -35,6 +36,18 @@ QUANTIZATION_CONFIG = {
 
 class ConfigError(ValueError):
     """A config that cannot describe a V4.1 model; the message is one line naming the key."""
+
+
+class ConfigWarning(UserWarning):
+    """A config DeepInfer reads in part: keys it ignores (a misspelt key would silently take its default)."""
+
+
+# model_type of the HF root config and of its text_config (a flat text config may carry either).
+MODEL_TYPES = ("deepseek_v41", "deepseek_v41_text")
+# Root keys of the HF layout besides the ones read; and keys every HF config carries that say nothing
+# about the model.
+_LAYOUT_KEYS = ("model_type", "architectures", "quantization_config", "text_config", "vision_config", "torch_dtype")
+_HF_KEYS = ("transformers_version", "_name_or_path", "auto_map", "use_cache", "initializer_range")
 
 
 @dataclass(frozen=True)
@@ -274,9 +287,22 @@ def load_config(model: str | os.PathLike) -> ModelConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a JSON object, got {type(data).__name__}")
     try:
-        return config_from_dict(data, model_id=model_id, source=str(path))
+        cfg = config_from_dict(data, model_id=model_id, source=str(path))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    unknown = unknown_keys(data)
+    if unknown:
+        warnings.warn(ConfigWarning(f"{path}: unknown keys ignored: {', '.join(unknown)}"), stacklevel=2)
+    return cfg
+
+
+def unknown_keys(data: dict) -> list[str]:
+    """Keys of a config.json that no field reads (text_config's prefixed with `text_config.`)."""
+    read = {f.name for f in fields(ModelConfig) if f.name not in _RESOLVED and f.name != "vision"}
+    if isinstance(data.get("text_config"), dict):
+        root = [k for k in data if k not in _ROOT_KEYS and k not in _LAYOUT_KEYS and k not in _HF_KEYS]
+        return root + [f"text_config.{k}" for k in data["text_config"] if k not in read and k not in _HF_KEYS]
+    return [k for k in data if k not in read and k not in _LAYOUT_KEYS and k not in _HF_KEYS]
 
 
 def config_from_dict(data: dict, model_id: str = "", source: str = "") -> ModelConfig:
@@ -287,6 +313,10 @@ def config_from_dict(data: dict, model_id: str = "", source: str = "") -> ModelC
             raise ConfigError("text_config: must be an object")
     else:
         text, root = data, data
+    for where, d in (("", root), ("text_config.", text)) if text is not root else (("", root),):
+        if "model_type" in d and d["model_type"] not in MODEL_TYPES:
+            raise ConfigError(f"{where}model_type: {json.dumps(d['model_type'])} is not a DeepSeek-V4.1 model "
+                              f"(expected {' or '.join(MODEL_TYPES)})")
     if "dim" in text and "hidden_size" not in text:
         raise ConfigError("hidden_size: missing; this looks like inference/config.json (dim, n_layers, ...), "
                           "give the HF config.json instead")

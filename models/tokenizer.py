@@ -104,6 +104,7 @@ class Tokenizer:
                       reasoning_effort: str | None) -> deepseek_recipe.Conversation:
         if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
             raise ValueError(f"reasoning_effort {reasoning_effort!r} is not one of {REASONING_EFFORTS} or None")
+        check_messages(messages)
         return deepseek_recipe.Conversation([_recipe_message(message) for message in messages],
                                             thinking_mode=thinking, reasoning_effort=reasoning_effort)
 
@@ -133,6 +134,40 @@ class Tokenizer:
         return list(self._chat_encoding.encode(conversation))
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "latest_reminder")
+
+
+def check_messages(messages) -> None:
+    """A conversation as `render_chat` takes it, or a one-line ValueError naming what is wrong (checked
+    here: the binding's own errors name its argument types, not the message)."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise ValueError(f"messages must be a list of {{\"role\": ..., \"content\": ...}} objects, "
+                         f"got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages is empty (a conversation needs at least one message)")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"message {i} must be an object with role and content, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"message {i}: role {role!r} is not one of {', '.join(ROLES)}")
+        for key in ("content", "reasoning_content", "tool_call_id"):
+            value = message.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"message {i}: {key} must be a string, got {type(value).__name__}")
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if isinstance(calls, (str, Mapping)) or not isinstance(calls, Sequence):
+            raise ValueError(f"message {i}: tool_calls must be a list, got {type(calls).__name__}")
+        for k, call in enumerate(calls):
+            function = call.get("function", call) if isinstance(call, Mapping) else None
+            if not isinstance(function, Mapping) or not all(isinstance(function.get(f), str)
+                                                            for f in ("name", "arguments")):
+                raise ValueError(f"message {i}: tool_calls[{k}] needs function.name and function.arguments "
+                                 f"strings")
+
+
 def _tool_call(call: Mapping) -> deepseek_recipe.ToolCall:
     function = call.get("function", call)
     return deepseek_recipe.ToolCall(str(call.get("id", "")), function["name"], function["arguments"])
@@ -152,10 +187,7 @@ def _recipe_message(message: Mapping) -> deepseek_recipe.Message:
             tool_calls=[_tool_call(call) for call in calls] if calls else None)
     if role == "tool":
         return deepseek_recipe.ToolMessage(content, tool_call_id=message.get("tool_call_id"))
-    if role == "latest_reminder":
-        return deepseek_recipe.LatestReminderMessage(content)
-    raise ValueError(f"chat message role {role!r} is not one of system, developer, user, assistant, tool, "
-                     f"latest_reminder")
+    return deepseek_recipe.LatestReminderMessage(content)  # check_messages admits no other role
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,10 +12,15 @@ from ..ir.graph import Graph
 from ..ir.text import print_graph
 from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
+from ..validate import check_positive_ints, param_error
 from .kernels import kernel_spec
 from .memory import plan_memory
 from .pipelines import decode_pipeline_differs, pipeline
 from .shapes import default_buckets
+
+
+class CompileOptionsError(ValueError):
+    """Compile options that cannot make a usable plan; one line naming the option."""
 
 
 @dataclass
@@ -30,6 +35,32 @@ class CompileOptions:
     prefill_tokens: tuple[int, ...] | None = None
     num_slots: int | None = None  # state slots of the cache pool; default int(1.2 * max_num_seqs) + 1
     num_pages: int | None = None  # pages of the compressed caches; default room for max_num_seqs / 4 full contexts
+
+    def __post_init__(self):
+        # checked here, not where the sizes are used: a zero or negative size compiled to a plan
+        # nothing could run, or failed minutes later inside shape inference
+        check_positive_ints(CompileOptionsError, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                            ep=self.ep, jobs=self.jobs)
+        check_positive_ints(CompileOptionsError, **{k: getattr(self, k) for k in ("num_slots", "num_pages")
+                                                    if getattr(self, k) is not None})
+        for name in ("decode_batches", "prefill_tokens"):
+            sizes = getattr(self, name)
+            if sizes is not None and (not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                           for v in sizes)):
+                raise param_error(CompileOptionsError, name, f"must be positive integers, got {sizes!r}")
+
+    def check_model(self, cfg) -> None:
+        """The options that depend on the model."""
+        if self.max_model_len > cfg.max_position_embeddings:
+            raise param_error(CompileOptionsError, "max_model_len", f"{self.max_model_len} exceeds the model's "
+                              f"max_position_embeddings {cfg.max_position_embeddings}")
+        experts = {"n_routed_experts": cfg.n_routed_experts}
+        if cfg.num_nextn_predict_layers:
+            experts["dspark_n_routed_experts"] = cfg.dspark_n_routed_experts
+        for key, n in experts.items():
+            if n % self.ep:  # every rank holds an equal share of the experts of each MoE layer
+                raise param_error(CompileOptionsError, "ep", f"{self.ep} does not divide the model's {n} routed "
+                                  f"experts ({key})")
 
     def pool(self, max_pages: int) -> dict[str, int]:
         """Kernels are built for a fixed cache pool, as DeepInfer sizes its own: slots for every
@@ -196,6 +227,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep)) + 2)
     t = time.perf_counter()
     cfg = load_config(model)
+    options.check_model(cfg)
     program = build_model(cfg)
     timings["build"] = time.perf_counter() - t
     bar.step("build")

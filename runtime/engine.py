@@ -19,6 +19,7 @@ from itertools import count
 
 
 from ..models.deepseek_v41 import PAGE_TOKENS
+from ..validate import check_positive_ints
 from ..models.tokenizer import Tokenizer
 from .batch import SeqChunk
 from .cache import CacheManager
@@ -39,9 +40,7 @@ class EngineConfigError(ValueError):
 
 def check_limits(**limits) -> None:
     """Engine limits are positive integers (checked before anything is loaded)."""
-    for name, v in limits.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise EngineConfigError(f"{name} must be an integer >= 1, got {v!r}")
+    check_positive_ints(EngineConfigError, **limits)
 
 
 @dataclass

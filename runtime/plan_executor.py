@@ -12,8 +12,8 @@ import torch
 
 from ..ir import parse_type
 from ..ir.registry import get_op
-from ..models.checkpoint import load_checkpoint
-from ..models.config import config_from_dict, load_config
+from ..models.checkpoint import checkpoint_config, load_checkpoint
+from ..models.config import config_from_dict
 from ..models.deepseek_v41 import materialize_params
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
 from .plan_file import PlanError, load_plan
@@ -33,7 +33,7 @@ class LoadedPlan:
         self.cfg = cfg = config_from_dict(plan["model"]["config"], model_id=plan["model"]["id"])
         given = "given"
         if checkpoint is None:
-            wcfg = load_config(weights)
+            wcfg = checkpoint_config(weights)  # (a bad path is a checkpoint error, not an unknown model)
             config_hash, given = wcfg.config_hash, wcfg.model_id
         if config_hash != plan["model"]["config_hash"]:
             raise PlanError(f"weights {weights or ''} are for model {given} (config {str(config_hash)[:12]}), the plan "

@@ -1,7 +1,10 @@
 """Per-request sampling and stopping parameters, validated when they are made (vLLM habits)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from ..validate import param_error
 
 
 class SamplingParamsError(ValueError):
@@ -25,30 +28,30 @@ class SamplingParams:
     skip_special_tokens: bool = True  # leave control tokens out of the output text
 
     def __post_init__(self):
-        def bad(what: str):
-            raise SamplingParamsError(what)
+        def bad(param: str, what: str):
+            raise param_error(SamplingParamsError, param, what)
 
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or self.temperature != self.temperature or self.temperature < 0:
-            bad(f"temperature must be a number >= 0, got {self.temperature!r}")
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+            bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
-            bad(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+            bad("top_k", f"must be -1 (off) or >= 1, got {self.top_k!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed < 2 ** 64):
-            bad(f"seed must be an integer in [0, 2**64) or None, got {self.seed!r}")
+            bad("seed", f"must be a non-negative integer below 2**64, got {self.seed!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", [self.stop])  # vLLM accepts one string as a list of one
         if self.stop is not None:
             if not all(isinstance(s, str) and s for s in self.stop):
-                bad(f"stop must be a list of non-empty strings, got {self.stop!r}")
+                bad("stop", f"must be a list of non-empty strings, got {self.stop!r}")
             object.__setattr__(self, "stop", list(self.stop))
         if self.stop_token_ids is not None:
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-                bad(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+                bad("stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}")
             object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
 
     @property

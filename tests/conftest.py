@@ -31,3 +31,34 @@ def every_graph_round_trips():
         if parse_graph(text) != g:
             bad.append(g.name)
     assert not bad, f"graphs whose text form does not round-trip: {bad[:10]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_plan_and_weights(tmp_path_factory):
+    """(plan directory, checkpoint) of the tiny model: a cpu plan for 512 tokens and 4 sequences,
+    compiled once per session for every test file that runs a plan."""
+    from deepinfer.models.checkpoint import make_checkpoint
+    from deepinfer.passes.driver import CompileOptions, compile_model
+
+    root = tmp_path_factory.mktemp("tiny_plan")
+    ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=1)
+    plan = compile_model("v4.1-flash-tiny", CompileOptions("cpu", max_model_len=512, max_num_seqs=4), root / "plan")
+    return plan.plan_dir, ckpt
+
+
+@pytest.fixture(scope="session")
+def tok_with_system(tmp_path_factory):
+    """The bundled vocabulary with one unused placeholder respelled as <｜System｜> (the bundled V4
+    vocabulary lacks it; V4.1's tokenizer.json has it)."""
+    import json
+
+    from deepinfer.models import tokenizer as tokenizer_module
+
+    data = json.loads(tokenizer_module.BUNDLED_TOKENIZER_JSON.read_text(encoding="utf-8"))
+    (entry,) = [a for a in data["added_tokens"] if a["id"] == 128798]
+    assert entry["content"] == "<｜place▁holder▁no▁798｜>"
+    entry["content"] = "<｜System｜>"
+    entry["special"] = False
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return tokenizer_module.Tokenizer(path)

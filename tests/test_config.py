@@ -2,11 +2,13 @@
 import copy
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
-from deepinfer.models.config import (PRESETS_DIR, ConfigError, config_from_dict, engram_primes, load_config)
+from deepinfer.models.config import (PRESETS, PRESETS_DIR, ConfigError, ConfigWarning, config_from_dict, engram_primes,
+                                     load_config)
 
 SPEC = Path("/work/shared/reference/deepseek-v41-flash.md")
 
@@ -202,6 +204,7 @@ BAD = [
     ("rope scaling", {"rope_scaling": {"rope_type": "yarn", "factor": 16}}, "rope_scaling.original_max_position_embeddings: missing"),
     ("null", {"hidden_size": None}, "hidden_size: must not be null"),
     ("noise id", {"dspark_noise_token_id": 129280}, "dspark_noise_token_id: 129280 is outside the vocabulary"),
+    ("model_type", {"model_type": "llama"}, 'model_type: "llama" is not a DeepSeek-V4.1 model'),
 ]
 
 
@@ -234,6 +237,31 @@ def test_bad_quantization_config(tmp_path, change, message):
     with pytest.raises(ConfigError) as e:
         load_config(write_config(tmp_path, root))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_root_model_type(tmp_path):
+    root = preset_json("v4.1-flash")
+    root["model_type"] = "llama"
+    with pytest.raises(ConfigError, match='model_type: "llama" is not a DeepSeek-V4.1 model'):
+        load_config(write_config(tmp_path, root))
+    root["model_type"], root["text_config"]["model_type"] = "deepseek_v41", "qwen2"
+    with pytest.raises(ConfigError, match='text_config.model_type: "qwen2" is not'):
+        load_config(write_config(tmp_path, root))
+
+
+def test_unknown_keys_are_warned_about(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the presets and the HF bookkeeping keys: no warning
+        for name in PRESETS:
+            load_config(name)
+        load_config(write_config(tmp_path, preset_json("v4.1-flash") | {"transformers_version": "4.57.0"}))
+    root = preset_json("v4.1-flash")
+    root["text_config"]["hiden_size"] = 5120
+    root["rope_theta"] = 1e4  # a text key at the root is not read either
+    with pytest.warns(ConfigWarning, match=r"config.json: unknown keys ignored: rope_theta, text_config.hiden_size$"):
+        load_config(write_config(tmp_path, root))
+    with pytest.warns(ConfigWarning, match=r"unknown keys ignored: foo$"):
+        load_config(write_config(tmp_path, preset_json("v4.1-flash-tiny") | {"foo": 1}))
 
 
 def test_vision_flag(tmp_path):

@@ -4,16 +4,11 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.cli import main
-from deepinfer.models.checkpoint import make_checkpoint
-from deepinfer.passes.driver import CompileOptions, compile_model
 
 
 @pytest.fixture(scope="module")
-def plan_and_weights(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gen")
-    ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=1)
-    plan = compile_model("v4.1-flash-tiny", CompileOptions("cpu", max_model_len=512, max_num_seqs=4), root / "plan")
-    return plan.plan_dir, ckpt
+def plan_and_weights(tiny_plan_and_weights):
+    return tiny_plan_and_weights
 
 
 def test_plan_generation_equals_interpreter(plan_and_weights):

@@ -263,7 +263,7 @@ def test_cli_generate(ckpt, tmp_path, capsys):
     assert rc == 0
     assert '[0] prompt: "Hello"' in out and '[1] prompt: "Second prompt"' in out
     assert "2 requests, " in out and "4 generated tokens" in out and "tokens/s" in out
-    bad = [(["--prompt", "x", "--top-p", "0"], "top_p"), (["--prompt", "x", "--temperature", "-1"], "temperature"),
+    bad = [(["--prompt", "x", "--top-p", "0"], "--top-p"), (["--prompt", "x", "--temperature", "-1"], "--temperature"),
            (["--prompt", ""], "empty"), (["--prompts", str(tmp_path / "missing.jsonl")], "missing.jsonl")]
     for extra, needle in bad:
         rc = cli_main(["generate", "--model", MODEL, "--weights", str(ckpt), "--max-model-len", "64"] + extra)

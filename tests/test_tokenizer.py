@@ -1,8 +1,5 @@
-import json
-
 import pytest
 
-from deepinfer.models import tokenizer as tokenizer_module
 from deepinfer.models.tokenizer import Tokenizer, default_tokenizer
 
 USER, ASSISTANT, THINK, END_THINK = 128803, 128804, 128821, 128822
@@ -14,19 +11,6 @@ LOOK_ALIKES = ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜
 @pytest.fixture(scope="module")
 def tok():
     return default_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tok_with_system(tmp_path_factory):
-    """The bundled vocabulary with one unused placeholder respelled as <｜System｜>."""
-    data = json.loads(tokenizer_module.BUNDLED_TOKENIZER_JSON.read_text(encoding="utf-8"))
-    (entry,) = [a for a in data["added_tokens"] if a["id"] == 128798]
-    assert entry["content"] == "<｜place▁holder▁no▁798｜>"
-    entry["content"] = "<｜System｜>"
-    entry["special"] = False
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    return Tokenizer(path)
 
 
 def test_vocabulary_and_special_ids(tok):
