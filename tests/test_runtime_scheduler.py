@@ -118,6 +118,9 @@ def test_cache_manager_allocates_grows_and_frees_without_leaks():
     assert cm.allocate("a", 200) == 0 and cm.pages("a") == [0, 1]
     assert cm.free_tokens == 3 * 128
     assert cm.grow("a", 256) == [0, 1] and cm.grow("a", 257) == [0, 1, 2]
+    # a verify step's rejected rows: back to the pages of the accepted tokens, and the page reused next
+    assert cm.shrink("a", 256) == [0, 1] and cm.free_pages == 3 and cm.shrink("a", 200) == [0, 1]
+    assert cm.grow("a", 257) == [0, 1, 2]
     assert cm.allocate("b", 1) == 1
     with pytest.raises(CacheFull):
         cm.allocate("c", 1)  # no slot left
