@@ -7,6 +7,11 @@
 `LLM(model=...)` runs the graph interpreter on the CPU; `LLM(plan=...)` runs a compiled plan:
 cpu plans through their torch kernels, sm90 / sm100 plans through their cubins on the GPU
 (runtime/cuda_executor.py), behind the same engine.
+
+Speculative decoding (DSpark drafts verified by the target, spec §5) is on by default where the
+model has the draft head and the executor runs verify steps (the interpreter and cpu plans; not
+yet compiled GPU plans, whose buckets take one row per sequence). `llm.last_run_stats` reports
+the last generate/chat call: mean accepted length, verify rows per step, draft time share.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from .models.checkpoint import load_checkpoint
 from .models.config import load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
-from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits
+from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits, check_speculative
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
@@ -34,12 +39,21 @@ class LLM:
                  plan: str | os.PathLike | None = None, target: str = "cpu",
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 512, max_model_len: int = 4096,
                  num_pages: int | None = None, seed: int | None = None,
-                 tokenizer: str | os.PathLike | None = None):
+                 tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
+                 verify_budget: int | None = None):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `num_pages`: pages (128 tokens each) of the compressed-cache pool; by default enough for
         `max_num_seqs` sequences of `max_model_len` tokens. `seed` seeds the seeds of requests
         that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
-        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`."""
+        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`.
+        `speculative`: DSpark drafts per sequence and step; None = the model's draft block where
+        the executor can verify drafts (else off), 0 / False = off. `verify_budget`: verify rows
+        per step shared out by draft confidence (§5.6); None = verify every draft."""
+        check_speculative(speculative)
+        if verify_budget is not None:
+            check_limits(verify_budget=verify_budget)
+        self._spec = {"speculative": speculative, "verify_budget": verify_budget}
+        self.last_run_stats: dict = {}
         if (plan is None) == (model is None):
             raise EngineConfigError("give exactly one of model= (a preset or config directory) and plan= (a compiled plan)")
         if plan is not None:
@@ -64,7 +78,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed)
+                                seed=seed, **self._spec)
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
@@ -79,6 +93,11 @@ class LLM:
             raise EngineConfigError(f"max_model_len {max_model_len} exceeds the plan's {opts['max_model_len']}")
         if max_num_seqs > opts["max_num_seqs"]:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} exceeds the plan's {opts['max_num_seqs']}")
+        if target != "cpu" and self._spec["speculative"] not in (None, False, 0):
+            # said before the weights load: the engine would refuse it after
+            raise EngineConfigError(f"speculative decoding needs verify steps, which {target} plans do not run yet "
+                                    "(their decode buckets take one row per sequence); use speculative=0 / "
+                                    "--speculative off")
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if target == "cpu":
@@ -92,7 +111,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed)
+                                seed=seed, **self._spec)
 
     @staticmethod
     def _device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages):
@@ -161,6 +180,7 @@ class LLM:
             self.engine.validate_prompt(prompt_ids)
             if not isinstance(p, SamplingParams):
                 raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
+        before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
         request_ids = [self.engine.add_request(text, p, prompt_ids)
                        for text, p, prompt_ids in zip(texts, params, ids)]
         wanted = set(request_ids)
@@ -178,4 +198,6 @@ class LLM:
             for rid in request_ids:  # an interrupted call leaves nothing queued behind it
                 if rid not in done:
                     self.engine.abort_request(rid)
+            self.last_run_stats = {"steps": self.engine.num_steps - steps, "speculative": self.engine.num_speculative,
+                                   **self.engine.spec_stats.since(before).summary()}
         return [done[rid] for rid in request_ids]
