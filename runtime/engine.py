@@ -33,9 +33,8 @@ from itertools import count
 
 from ..models.deepseek_v41 import PAGE_TOKENS
 from ..models.tokenizer import Tokenizer
-from .batch import SeqChunk
+from .batch import DraftSeq, SeqChunk
 from .cache import CacheManager
-from .batch import DraftSeq
 from .executor import Executor
 from .sampler import SampleRequest, sample, verify_drafts
 from .sampling_params import SamplingParams
