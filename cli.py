@@ -230,7 +230,21 @@ def _load_llm(args):
     if args.plan is not None and args.model is not None:
         raise EngineConfigError("give a compiled PLAN_DIR or --model, not both")
     return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
-               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len)
+               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+               speculative=_speculative(args.speculative))
+
+
+def _speculative(text: str | None):
+    """--speculative: absent = on where the executor can verify drafts; off / 0 = off; N drafts."""
+    from .runtime.engine import EngineConfigError
+
+    if text is None:
+        return None
+    if text.strip().lower() == "off":
+        return 0
+    if not text.strip().isdigit():
+        raise EngineConfigError(f"--speculative takes off or a number of drafts >= 0, got {text!r}")
+    return int(text)
 
 
 def cmd_generate(args) -> int:
@@ -252,6 +266,11 @@ def cmd_generate(args) -> int:
     n_gen = sum(len(o.token_ids) for o in outs)
     print(f"{len(outs)} requests, {n_prompt} prompt tokens, {n_gen} generated tokens in {seconds:.2f} s: "
           f"{n_gen / seconds:.1f} generated tokens/s, {(n_prompt + n_gen) / seconds:.1f} total tokens/s")
+    st = llm.last_run_stats
+    if st.get("speculative"):
+        print(f"speculative ({st['speculative']} drafts): mean accepted length {st['mean_accepted_length']:.2f} "
+              f"tokens, {st['verify_rows_per_step']:.1f} verify rows/step, acceptance {st['acceptance_rate']:.1%}, "
+              f"draft time {st['draft_time_share']:.0%} of the run's steps")
     return 0
 
 
@@ -278,6 +297,8 @@ def add_generate(sub):
                    "plan's largest step bucket)")
     p.add_argument("--max-model-len", type=int, help="longest sequence, prompt + output (default: the plan's; 4096 on "
                    "the interpreter)")
+    p.add_argument("--speculative", metavar="off|N", help="DSpark drafts verified per step (default: the draft "
+                   "block where the executor can verify drafts; off where it cannot)")
     p.set_defaults(func=cmd_generate)
 
 

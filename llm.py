@@ -7,6 +7,11 @@
 `LLM(model=...)` runs the graph interpreter on the CPU; `LLM(plan=...)` runs a compiled plan:
 cpu plans through their torch kernels, sm90 / sm100 plans through their cubins on the GPU
 (runtime/cuda_executor.py), behind the same engine.
+
+Speculative decoding (DSpark drafts verified by the target, spec §5) is on by default where the
+model has the draft head and the executor runs verify steps (the interpreter and cpu plans; not
+yet compiled GPU plans, whose buckets take one row per sequence). `llm.last_run_stats` reports
+the last generate/chat call: mean accepted length, verify rows per step, draft time share.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from .models.checkpoint import load_checkpoint
 from .models.config import load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
-from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits
+from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits, check_speculative
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
@@ -39,7 +44,8 @@ class LLM:
                  plan: str | os.PathLike | None = None, target: str = "cpu",
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
-                 tokenizer: str | os.PathLike | None = None):
+                 tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
+                 verify_budget: int | None = None):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
         values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
@@ -47,7 +53,15 @@ class LLM:
         compressed-cache pool; by default enough for `max_num_seqs` sequences of `max_model_len`
         tokens (at most the pool the plan was compiled for). `seed` seeds the seeds of requests
         that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
-        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`."""
+        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`.
+        `speculative`: DSpark drafts per sequence and step; None = the model's draft block where
+        the executor can verify drafts (else off), 0 / False = off. `verify_budget`: verify rows
+        per step shared out by draft confidence (§5.6); None = verify every draft."""
+        check_speculative(speculative)
+        if verify_budget is not None:
+            check_limits(verify_budget=verify_budget)
+        self._spec = {"speculative": speculative, "verify_budget": verify_budget}
+        self.last_run_stats: dict = {}
         if plan is None and model is None:
             raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
         if plan is not None and model is not None:
@@ -78,7 +92,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed)
+                                seed=seed, **self._spec)
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
@@ -98,6 +112,11 @@ class LLM:
             if target != "cpu":  # a GPU plan's steps must fit its largest step bucket
                 largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
                 max_num_batched_tokens = min(max_num_batched_tokens, largest)
+        if target != "cpu" and self._spec["speculative"] not in (None, False, 0):
+            # said before the weights load: the engine would refuse it after
+            raise EngineConfigError(f"speculative decoding needs verify steps, which {target} plans do not run yet "
+                                    "(their decode buckets take one row per sequence); use speculative=0 / "
+                                    "--speculative off")
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         for name, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs)):
@@ -117,7 +136,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed)
+                                seed=seed, **self._spec)
 
     @staticmethod
     def _device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages):
@@ -202,6 +221,7 @@ class LLM:
             self.engine.validate_prompt(prompt_ids)
             if not isinstance(p, SamplingParams):
                 raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
+        before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
         request_ids = [self.engine.add_request(text, p, prompt_ids)
                        for text, p, prompt_ids in zip(texts, params, ids)]
         wanted = set(request_ids)
@@ -219,6 +239,8 @@ class LLM:
             for rid in request_ids:  # an interrupted call leaves nothing queued behind it
                 if rid not in done:
                     self.engine.abort_request(rid)
+            self.last_run_stats = {"steps": self.engine.num_steps - steps, "speculative": self.engine.num_speculative,
+                                   **self.engine.spec_stats.since(before).summary()}
         return [done[rid] for rid in request_ids]
 
 

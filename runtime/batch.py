@@ -17,13 +17,14 @@ class SeqChunk:
     start: int  # position of the chunk's first token = tokens the caches already hold
     tokens: list[int]
     pages: list[int]  # the sequence's pages of the compressed caches, in order
-    sample: bool = True  # compute logits for the last row
+    sample: bool = True  # compute logits for the last `logit_rows` rows
+    logit_rows: int = 1  # 1 + drafts for a verify chunk [t*, d_0 .. d_{m-1}]: every row verifies
 
 
 def step_inputs(chunks: list[SeqChunk]) -> dict[str, torch.Tensor]:
     if not chunks:
         raise ValueError("a step needs at least one sequence")
-    ids, pos, seq, rows = [], [], [], []
+    ids, pos, seq, rows = [], [], [], []  # rows: the logits rows, in chunk order
     width = max(1, max(len(c.pages) for c in chunks))
     table = torch.full((len(chunks), width), -1, dtype=torch.int32)
     for s, c in enumerate(chunks):
@@ -33,7 +34,10 @@ def step_inputs(chunks: list[SeqChunk]) -> dict[str, torch.Tensor]:
         pos += range(c.start, c.start + len(c.tokens))
         seq += [s] * len(c.tokens)
         if c.sample:
-            rows.append(len(ids) - 1)
+            if not 1 <= c.logit_rows <= len(c.tokens):
+                raise ValueError(f"sequence in slot {c.slot}: logits of {c.logit_rows} rows of a "
+                                 f"{len(c.tokens)}-row chunk")
+            rows += range(len(ids) - c.logit_rows, len(ids))
         table[s, : len(c.pages)] = torch.tensor(c.pages, dtype=torch.int32)
     return {
         "token_ids": torch.tensor(ids, dtype=torch.int64),

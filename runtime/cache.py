@@ -3,7 +3,8 @@
 A sequence holds one state SLOT while it runs (its window rings, compressor rings and Engram
 history live there) and the PAGES that cover its cached tokens: each page holds the compressed
 entries of PAGE_TOKENS (128) raw tokens, so L cached tokens need ceil(L / 128) pages. Pages are
-handed out in the order the sequence's block table lists them and grow as it does.
+handed out in the order the sequence's block table lists them and grow as it does; a speculative
+step grows them for its draft rows and shrinks them back to the accepted ones.
 """
 from __future__ import annotations
 
@@ -86,6 +87,15 @@ class CacheManager:
             raise CacheFull(f"{need} more pages needed, {len(self._free_pages)} free")
         pages = self._pages[owner]
         pages.extend(heapq.heappop(self._free_pages) for _ in range(need))
+        return pages
+
+    def shrink(self, owner, num_tokens: int) -> list[int]:
+        """Give back `owner`'s pages past the ones covering `num_tokens` tokens (the pages a
+        verify step grew for drafts that were rejected); returns its remaining pages."""
+        pages = self._pages[owner]
+        keep = self.pages_for(num_tokens)
+        while len(pages) > keep:
+            heapq.heappush(self._free_pages, pages.pop())
         return pages
 
     def free(self, owner) -> None:

@@ -92,6 +92,9 @@ class CudaPlanExecutor:
         self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
+        # the plan's decode buckets take one row per sequence and sample as many rows as sequences:
+        # no bucket runs a verify chunk [t*, d_0 .. d_{m-1}] yet, so the engine does not speculate
+        self.max_draft_len = 0
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs

@@ -9,6 +9,19 @@ are sampled the placeholders are replaced, sequences that finished are dropped f
 step N+1 is prepared and submitted before `step()` returns. Tokens do not change: a sequence's
 tokens depend only on its own context, seed and positions (the sampler's §10 RNG), so the
 occasional different preemption the early plan makes is invisible in the outputs.
+
+Speculative decoding (DSpark, spec §5): after a step samples t* for a sequence (its decode row or
+the end of its prompt), the draft graph proposes up to k drafts with their confidences; the
+sequence's next chunk is [t*, d_0 .. d_{m-1}], every row gets logits, `sampler.verify_drafts`
+accepts a prefix by §5.5 and adds one token, and the stop checks run on each emitted token in
+order. Rejected rows need no undo (§6.4): every per-sequence state (window rings of window +
+block + 1 slots, compressor state rings, Engram history) and every compressed entry is keyed by
+position, so the cached count advances by 1 + accepted and the next step overwrites the rejected
+positions before anything reads them; the pages grown for rejected rows go back to the pool.
+With a budget of verify rows (`verify_budget`), each sequence verifies the prefix of its drafts
+that §5.6's confidence ranking gives it; without one (no measured step-time curve exists yet)
+every draft is verified. Overlap is off while speculating: the next step's chunks depend on how
+many drafts this step accepts.
 """
 from __future__ import annotations
 
@@ -21,13 +34,14 @@ from itertools import count
 from ..models.deepseek_v41 import PAGE_TOKENS
 from ..validate import check_positive_ints
 from ..models.tokenizer import Tokenizer
-from .batch import SeqChunk
+from .batch import DraftSeq, SeqChunk
 from .cache import CacheManager
 from .executor import Executor
-from .sampler import SampleRequest, sample
+from .sampler import SampleRequest, sample, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
-from .sequence import RequestOutput, Sequence
+from .sequence import RequestOutput, Sequence, SeqStatus
+from .speculative import SpecStats, confidence_rates, split_by_confidence
 
 
 class RequestError(ValueError):
@@ -43,12 +57,38 @@ def check_limits(**limits) -> None:
     check_positive_ints(EngineConfigError, **limits)
 
 
+def check_speculative(speculative) -> None:
+    """None (on where possible), False / 0 (off), True or a draft count >= 1."""
+    if not (speculative is None or isinstance(speculative, bool) or (isinstance(speculative, int) and speculative >= 0)):
+        raise EngineConfigError(f"speculative must be None, False, True or a draft count >= 0, got {speculative!r}")
+
+
+def resolve_speculative(speculative, max_draft_len: int) -> int:
+    """The drafts per sequence the engine proposes: None = every draft the executor can verify
+    (0 where it cannot); an explicit request the executor cannot honour is an error."""
+    check_speculative(speculative)
+    if speculative is None:
+        return max_draft_len
+    if speculative is False or speculative == 0:
+        return 0
+    if not max_draft_len:
+        raise EngineConfigError("speculative decoding needs verify steps, which this executor cannot run (a model "
+                                "without the draft head, or a compiled plan whose buckets take one row per "
+                                "sequence); use speculative=0")
+    if speculative is True:
+        return max_draft_len
+    if speculative > max_draft_len:
+        raise EngineConfigError(f"speculative {speculative} exceeds the draft block ({max_draft_len} drafts)")
+    return speculative
+
+
 @dataclass
 class PreparedStep:
     batch: list[Scheduled]
     chunks: list[SeqChunk]
     samples: list[SampleRequest]  # one per sampled chunk, in chunk order
     sampled: list[Sequence]
+    drafts: list[list[int]]  # per sampled chunk: the drafts it verifies (its logits rows are 1 + these)
 
 
 PLACEHOLDER = -1  # the token a sampled sequence holds while its step runs (never fed to the model)
@@ -67,11 +107,22 @@ class _Done:
 class LLMEngine:
     def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, speculative: int | bool | None = None,
+                 verify_budget: int | None = None):
         """`overlap`: schedule step N+1 while step N runs (default: when the executor submits
-        asynchronously)."""
+        asynchronously and the engine does not speculate). `speculative`: drafts proposed per
+        sequence; None = the draft block where the executor can run verify steps, 0 / False = off.
+        `verify_budget`: verify rows per step for the decoding sequences (1 + drafts each), shared
+        out by confidence (§5.6); None = verify every draft."""
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
+        if verify_budget is not None:
+            check_limits(verify_budget=verify_budget)
+        self.num_speculative = resolve_speculative(speculative, getattr(executor, "max_draft_len", 0) or 0)
+        if self.num_speculative and overlap:
+            raise EngineConfigError("overlap and speculative decoding do not combine (the next step depends on "
+                                    "the drafts this one accepts); turn one off")
+        self.verify_budget = verify_budget
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
@@ -89,7 +140,8 @@ class LLMEngine:
         self._sequences: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # finished by abort_request, reported by the next step()
         self.num_steps = 0
-        self.overlap = hasattr(executor, "submit") if overlap is None else overlap
+        self.overlap = hasattr(executor, "submit") and not self.num_speculative if overlap is None else overlap
+        self.spec_stats = SpecStats()
         self._inflight: tuple[PreparedStep, object] | None = None  # submitted, not yet sampled
 
     # ---- requests -------------------------------------------------------------------------------
@@ -144,8 +196,11 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that finished in it (and any aborted since)."""
+        t0 = time.perf_counter()
         finished, self._aborted = self._aborted, []
         if self._inflight is None:
+            if self.verify_budget is not None:
+                self._split_verify_budget()
             batch = self.scheduler.schedule()
             if not batch:
                 if self.scheduler.has_unfinished():
@@ -162,12 +217,14 @@ class LLMEngine:
                     seq.token_ids.append(PLACEHOLDER)
             planned = self.scheduler.schedule()
         logits = handle.result()
-        tokens = sample(logits, prepared.samples) if prepared.samples else []
-        finished += self.accept(prepared, tokens, replace=self.overlap)
+        finished += self.accept(prepared, self.sample(prepared, logits), replace=self.overlap)
         if planned:
             planned = [s for s in planned if not s.seq.finished]
             if planned:
                 self._submit(self.prepare_inputs(planned))
+        if self.num_speculative:
+            self._propose([seq for seq in prepared.sampled if seq.status is SeqStatus.RUNNING])
+        self.spec_stats.step_seconds += time.perf_counter() - t0
         return [RequestOutput.of(s) for s in finished]
 
     def _submit(self, prepared: PreparedStep) -> None:
@@ -176,39 +233,108 @@ class LLMEngine:
         self._inflight = (prepared, handle)
 
     def prepare_inputs(self, batch: list[Scheduled]) -> PreparedStep:
-        chunks, samples, sampled = [], [], []
+        chunks, samples, sampled, drafts = [], [], [], []
         for s in batch:
             seq, start = s.seq, s.seq.num_cached
             slot = self.cache.slot(seq.request_id)
             if start == 0:
                 self.executor.reset_slot(slot)  # a fresh (or recomputed) sequence starts from a clean slot
-            chunks.append(SeqChunk(slot, start, seq.token_ids[start:start + s.num_tokens],
-                                   list(self.cache.pages(seq.request_id)), sample=s.samples))
+            chunks.append(SeqChunk(slot, start, s.tokens, list(self.cache.pages(seq.request_id)), sample=s.samples,
+                                   logit_rows=1 + s.num_drafts))
             if s.samples:
-                # §10: the sample position is the position the new token takes (seqlen_k)
+                # §10: the sample position is the position the new token takes (seqlen_k); a verify
+                # chunk's row j predicts (and samples at) that position + j
                 samples.append(SampleRequest(seq.params, seq.seed, len(seq.token_ids)))
                 sampled.append(seq)
-        return PreparedStep(batch, chunks, samples, sampled)
+                drafts.append(seq.drafts[:s.num_drafts])
+        return PreparedStep(batch, chunks, samples, sampled, drafts)
 
-    def accept(self, prepared: PreparedStep, tokens: list[int], replace: bool = False) -> list[Sequence]:
-        """The step's sampled tokens into their sequences (`replace`: in place of the placeholder),
-        then the stop checks; returns the sequences that finished."""
+    def sample(self, prepared: PreparedStep, logits) -> list[list[int]]:
+        """The tokens each sampled chunk emits: one, or a verify chunk's accepted drafts and one
+        more (§5.5)."""
+        if not any(prepared.drafts):
+            return [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
+        out, row, st = [], 0, self.spec_stats
+        for req, drafts in zip(prepared.samples, prepared.drafts):
+            rows = logits[row:row + 1 + len(drafts)]
+            row += 1 + len(drafts)
+            if not drafts:
+                out.append(sample(rows, [req]))
+                continue
+            tokens, accepted = verify_drafts(rows, drafts, req)
+            out.append(tokens)
+            st.verifies += 1
+            st.drafts_verified += len(drafts)
+            st.drafts_accepted += accepted
+            st.verify_rows += 1 + len(drafts)
+        if row != logits.shape[0]:
+            raise RuntimeError(f"the step returned {logits.shape[0]} logits rows for {row} sampled rows")
+        st.spec_steps += 1
+        return out
+
+    def accept(self, prepared: PreparedStep, emitted: list[list[int]], replace: bool = False) -> list[Sequence]:
+        """Each sampled sequence's emitted tokens in order (`replace`: the first in place of the
+        placeholder), with the stop checks after each: nothing past a stop is kept. A sequence
+        that verified drafts then counts the accepted ones as cached and gives back the pages of
+        the rejected rows. Returns the sequences that finished."""
         now, finished = time.time(), []
-        for seq, token in zip(prepared.sampled, tokens):
+        for seq, tokens, drafts in zip(prepared.sampled, emitted, prepared.drafts):
             if seq.finished:
-                continue  # aborted while its step ran: the token is dropped
-            if replace:
-                seq.token_ids[-1] = token
-            else:
-                seq.token_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            reason = self._check_stop(seq, token)
-            if reason:
-                self._finish(seq, reason)
-                finished.append(seq)
+                continue  # aborted while its step ran: the tokens are dropped
+            seq.drafts, seq.draft_rates = [], []  # spent: the next step verifies new ones
+            for i, token in enumerate(tokens):
+                if replace and i == 0:
+                    seq.token_ids[-1] = token
+                else:
+                    seq.token_ids.append(token)
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                reason = self._check_stop(seq, token)
+                if reason:
+                    self._finish(seq, reason)
+                    finished.append(seq)
+                    break
+            if drafts and not seq.finished:
+                # the accepted drafts' rows are in the caches; the rejected rows' positions are
+                # rewritten by the next step before anything reads them (spec §6.4)
+                seq.num_cached += len(tokens) - 1
+                self.cache.shrink(seq.request_id, seq.num_cached)
         self.num_steps += 1
         return finished
+
+    # ---- speculation ----------------------------------------------------------------------------
+
+    def _propose(self, seqs: list[Sequence]) -> None:
+        """Drafts for the sequences that just emitted t* (the draft graph reads the DSpark rings
+        up to t*'s position - 1, which the step just wrote). A sequence gets no more drafts than
+        tokens it may still emit after the next one (max_tokens, max_model_len)."""
+        want = []
+        for seq in seqs:
+            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq.token_ids))
+            if room > 1:
+                if seq.num_cached != len(seq.token_ids) - 1:
+                    raise RuntimeError(f"request {seq.request_id}: {seq.num_cached} tokens cached of "
+                                       f"{len(seq.token_ids)} after its sample")
+                want.append((seq, min(self.num_speculative, room - 1)))
+        if not want:
+            return
+        t = time.perf_counter()
+        drafts, conf = self.executor.draft([DraftSeq(self.cache.slot(seq.request_id), seq.token_ids[-1],
+                                                     seq.num_cached) for seq, _ in want])
+        rates = confidence_rates(conf)
+        for (seq, k), d, r in zip(want, drafts.tolist(), rates.tolist()):
+            seq.drafts, seq.draft_rates = d[:k], r[:k]
+        self.spec_stats.draft_calls += 1
+        self.spec_stats.draft_seconds += time.perf_counter() - t
+
+    def _split_verify_budget(self) -> None:
+        """§5.6: the running sequences' drafts cut to the prefixes the confidence ranking gives
+        them under `verify_budget` rows."""
+        seqs = [seq for seq in self.scheduler.running if seq.drafts]
+        if seqs:
+            counts = split_by_confidence([seq.draft_rates for seq in seqs], self.verify_budget)
+            for seq, n in zip(seqs, counts):
+                seq.drafts, seq.draft_rates = seq.drafts[:n], seq.draft_rates[:n]
 
     # ---- finishing ------------------------------------------------------------------------------
 
@@ -248,4 +374,5 @@ class LLMEngine:
     def stats(self) -> dict:
         return {"steps": self.num_steps, "preemptions": self.scheduler.num_preemptions,
                 "free_slots": self.cache.free_slots, "free_pages": self.cache.free_pages,
-                "free_tokens": self.cache.free_tokens}
+                "free_tokens": self.cache.free_tokens, "speculative": self.num_speculative,
+                **({"spec": self.spec_stats.summary()} if self.num_speculative else {})}

@@ -16,7 +16,9 @@ from .state import allocate_state, slot_buffers, zero_slot
 @runtime_checkable
 class Executor(Protocol):
     """An executor may also declare `page_tokens` (raw tokens per page); without it the engine uses
-    the V4.1 graphs' PAGE_TOKENS."""
+    the V4.1 graphs' PAGE_TOKENS. And `max_draft_len`: the drafts one sequence's verify chunk may
+    carry, [t*, d_0 .. d_{m-1}] with logits for all of its rows (`SeqChunk.logit_rows`); absent or
+    0, the executor cannot run verify steps and the engine does not speculate."""
 
     num_slots: int  # state slots (window rings, compressor rings, Engram history) in the pool
     num_pages: int  # pages of the compressed caches in the pool
@@ -44,6 +46,8 @@ class InterpreterExecutor:
         self.program, self.params = program, params
         self.num_slots, self.num_pages, self.page_tokens = num_slots, num_pages, PAGE_TOKENS
         self.vocab_size = program.cfg.vocab_size
+        # the interpreter takes any shape, so any chunk up to the draft block
+        self.max_draft_len = program.cfg.dspark_block_size if program.cfg.n_mtp else 0
         # type checks of every value cost ~10% a step and the graphs are verified already; tests may turn them on
         self.check = check
         self.state = allocate_state(program.state, num_slots=num_slots, num_pages=num_pages)

@@ -95,6 +95,9 @@ class PlanExecutor:
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
         self.state_types = lp.state_types
+        # at its own shapes a step takes verify chunks; the plan's buckets hold one sampled row per
+        # sequence, so padded steps cannot (issue 11: verify buckets)
+        self.max_draft_len = self.cfg.dspark_block_size if "draft" in self.graphs and not self.pad else 0
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:

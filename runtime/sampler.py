@@ -65,12 +65,21 @@ def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     return scaled
 
 
-def sample_from_logits(filtered: torch.Tensor, u: float) -> int:
-    """Inverse CDF in fp64: the smallest id whose cumulative probability exceeds u * total."""
-    probs = torch.exp(torch.log_softmax(filtered.float(), -1).double())
+def probs64(filtered: torch.Tensor) -> torch.Tensor:
+    """The fp64 distribution the sampler draws from (softmax of the filtered logits)."""
+    return torch.exp(torch.log_softmax(filtered.float(), -1).double())
+
+
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The smallest id whose cumulative probability (fp64) exceeds u * total."""
     cdf = torch.cumsum(probs, -1)
     token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
     return min(token, cdf.shape[-1] - 1)  # only reachable through rounding at u -> 1
+
+
+def sample_from_logits(filtered: torch.Tensor, u: float) -> int:
+    """Inverse CDF in fp64: the smallest id whose cumulative probability exceeds u * total."""
+    return inverse_cdf(probs64(filtered), u)
 
 
 @dataclass
@@ -94,3 +103,44 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
         filtered = filter_logits(row, p.temperature, p.top_p, p.top_k)
         out.append(sample_from_logits(filtered, sample_uniform(req.seed, req.pos, FRESH)))
     return out
+
+
+def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -> tuple[list[int], int]:
+    """Spec §5.5 over one sequence's verify rows: `logits` [1 + m, V] are the target's rows for
+    [t*, d_0 .. d_{m-1}], row j predicting position req.pos + j and verifying d_j. Returns the
+    emitted tokens (the accepted drafts, then one token from the first rejecting row or, if all
+    m are accepted, a fresh sample from row m) and the number of accepted drafts.
+
+    The draft head proposes argmax tokens, so the draft distribution p_j is a point mass at d_j
+    and the rule reduces to: accept d_j iff U_verify < q_j(d_j) (min(q/p, 1) with p = 1); on the
+    first rejection draw from the residual max(q_j - p_j, 0), i.e. q_j without d_j, with the
+    RESIDUAL uniform. Each emitted token then has exactly the target's distribution:
+    P(d_j) = q_j(d_j) and P(y != d_j) = (1 - q_j(d_j)) * q_j(y) / (1 - q_j(d_j)) = q_j(y), so
+    speculation changes how many tokens a step yields, never their distribution. (DeepInfer's
+    residual subtracts exp(log p - 5e-5), a rounding allowance for a sampled p; a point mass is
+    exact.) At the greedy clamp this is: accept iff d_j is the argmax; then emit the argmax."""
+    if logits.shape[0] != len(drafts) + 1:
+        raise ValueError(f"{logits.shape[0]} verify rows for {len(drafts)} drafts (want drafts + 1)")
+    p = req.params
+    out = []
+    for j, x in enumerate(drafts):
+        row, pos = logits[j], req.pos + j
+        if p.greedy:
+            best = int(torch.argmax(row))
+            if best != x:
+                return out + [best], j
+            out.append(x)
+            continue
+        q = probs64(filter_logits(row, p.temperature, p.top_p, p.top_k))
+        qx, total = float(q[x]), float(q.sum())
+        # (nothing but x left in fp64: the residual is empty and x is the only outcome)
+        if sample_uniform(req.seed, pos, VERIFY) < qx / total or total - qx <= 0:
+            out.append(x)
+            continue
+        q[x] = 0
+        return out + [inverse_cdf(q, sample_uniform(req.seed, pos, RESIDUAL))], j
+    last = logits[len(drafts)]
+    if p.greedy:
+        return out + [int(torch.argmax(last))], len(drafts)
+    u = sample_uniform(req.seed, req.pos + len(drafts), FRESH)
+    return out + [sample_from_logits(filter_logits(last, p.temperature, p.top_p, p.top_k), u)], len(drafts)

@@ -7,6 +7,10 @@ When a running sequence needs a page and none is free, the newest running sequen
 by recompute: its slot and pages go back to the pool and it returns to the front of the queue
 with its generated tokens as part of its prompt (the sampler's positions make its later tokens
 the same as if it had never stopped).
+
+Speculation: a decoding sequence that holds drafts gets the verify chunk [t*, d_0 .. d_{m-1}],
+with as many drafts as the token budget and the free pages allow. Drafts never preempt anyone:
+they are cut first. A preempted sequence drops its drafts.
 """
 from __future__ import annotations
 
@@ -20,12 +24,19 @@ from .sequence import Sequence, SeqStatus
 @dataclass
 class Scheduled:
     seq: Sequence
-    num_tokens: int  # rows this step: token_ids[num_cached : num_cached + num_tokens]
+    num_tokens: int  # rows this step: token_ids[num_cached:] + the first num_drafts drafts
+    num_drafts: int = 0  # the chunk's trailing draft rows (a verify chunk), 0 otherwise
 
     @property
     def samples(self) -> bool:
         """Whether this chunk reaches the end of the sequence's tokens (so the step samples it)."""
-        return self.seq.num_cached + self.num_tokens == len(self.seq.token_ids)
+        return self.seq.num_cached + self.num_tokens - self.num_drafts == len(self.seq.token_ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        seq = self.seq
+        real = seq.token_ids[seq.num_cached:seq.num_cached + self.num_tokens - self.num_drafts]
+        return real + seq.drafts[:self.num_drafts]
 
 
 class Scheduler:
@@ -49,14 +60,19 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncached, budget)
+            drafts = 0
+            if seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
+                drafts = min(len(seq.drafts), budget - n)
+                while drafts and not self.cache.can_cover(seq.request_id, seq.num_cached + n + drafts):
+                    drafts -= 1
             while not self.cache.can_cover(seq.request_id, seq.num_cached + n) and self.running[-1] is not seq:
                 self._preempt(self.running[-1])  # the newest, not yet scheduled in this step
             if not self.cache.can_cover(seq.request_id, seq.num_cached + n):
                 self._preempt(seq)  # the newest left: nothing younger to take pages from
                 break
-            self.cache.grow(seq.request_id, seq.num_cached + n)
-            batch.append(Scheduled(seq, n))
-            budget -= n
+            self.cache.grow(seq.request_id, seq.num_cached + n + drafts)
+            batch.append(Scheduled(seq, n + drafts, drafts))
+            budget -= n + drafts
             i += 1
         # 2. waiting sequences in order (preempted ones sit at the front) while room is left
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -73,9 +89,10 @@ class Scheduler:
         return batch
 
     def advance(self, batch: list[Scheduled]) -> None:
-        """After the step ran: the caches now hold each scheduled chunk."""
+        """After the step ran: the caches now hold each scheduled chunk (of a verify chunk, its
+        t* row; the engine adds the drafts it accepts)."""
         for s in batch:
-            s.seq.num_cached += s.num_tokens
+            s.seq.num_cached += s.num_tokens - s.num_drafts
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SeqStatus.RUNNING:
@@ -96,6 +113,7 @@ class Scheduler:
         self.running.remove(seq)
         self.cache.free(seq.request_id)
         seq.num_cached, seq.status = 0, SeqStatus.WAITING
+        seq.drafts, seq.draft_rates = [], []  # its recompute ends in a fresh sample and fresh drafts
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

@@ -30,6 +30,10 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    # speculation: the draft head's proposals for the tokens after the last one, and their
+    # cumulative confidences (§5.6 rates); the next step verifies a prefix of them
+    drafts: list[int] = field(default_factory=list)
+    draft_rates: list[float] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.token_ids:

@@ -15,12 +15,14 @@ def test_plan_generation_equals_interpreter(plan_and_weights):
     plan, ckpt = plan_and_weights
     prompts = [[5, 17, 300, 9000, 12], list(range(100, 140))]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    a = LLM(plan=plan, weights=ckpt, max_num_seqs=2, max_model_len=256).generate(
-        prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    b = LLM("v4.1-flash-tiny", ckpt, max_num_seqs=2, max_model_len=256).generate(
+    llm = LLM(plan=plan, weights=ckpt, max_num_seqs=2, max_model_len=256)
+    a = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    b = LLM("v4.1-flash-tiny", ckpt, max_num_seqs=2, max_model_len=256, speculative=0).generate(
         prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert all(len(o.token_ids) == 6 for o in a)
+    # the plan speculated (the default; its step_decode graph runs the verify chunks) and still agrees
+    assert llm.engine.num_speculative == 5 and llm.engine.spec_stats.drafts_verified > 0
 
 
 def test_generate_cli_runs_a_plan(plan_and_weights, capsys):
@@ -28,7 +30,7 @@ def test_generate_cli_runs_a_plan(plan_and_weights, capsys):
     assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hello", "--max-tokens", "3",
                  "--temperature", "0", "--max-num-seqs", "2", "--max-model-len", "256"]) == 0
     out = capsys.readouterr().out
-    assert "[0] output:" in out and "generated tokens/s" in out
+    assert "[0] output:" in out and "generated tokens/s" in out and "mean accepted length" in out
 
 
 def test_plan_limits_are_enforced(plan_and_weights, capsys):

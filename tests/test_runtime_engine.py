@@ -1,8 +1,10 @@
 """The engine end to end on the tiny model (random checkpoint) with the graph interpreter: greedy
 tokens equal the independent reference's argmax under continuous batching, chunked prefill and
-preemption; seeded sampling is reproducible; bad input ends in one line."""
+preemption; speculative decoding gives the same greedy tokens and leaves the caches as a plain run
+does; seeded sampling is reproducible; bad input ends in one line."""
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +12,9 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.cli import main as cli_main
 from deepinfer.models.checkpoint import CheckpointError, make_checkpoint
+from deepinfer.ir.quant import QTensor
 from deepinfer.models.config import ConfigError
+from deepinfer.models.deepseek_v41 import PAGE_TOKENS, max_backtrack
 from deepinfer.runtime.batch import DraftSeq, SeqChunk
 from deepinfer.runtime.engine import EngineConfigError, RequestError
 from deepinfer.runtime.sampling_params import SamplingParamsError
@@ -77,20 +81,123 @@ def reference_accepts(ref, prompt, tokens) -> int:
 GREEDY = SamplingParams(temperature=0, max_tokens=GEN_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def greedy_outputs(ckpt, prompts):
-    """The 8 prompts through one engine, arriving at different steps, 64 greedy tokens each."""
-    llm = LLM(MODEL, ckpt, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=320)
-    engine = llm.engine
+def valid_state(state: dict, slot_names: list[str], slot: int, pages: list[int], n: int, backtrack: int) -> dict:
+    """What a sequence with n cached tokens holds in every state buffer, by position: of each slot
+    ring (window keys, compressor state, Engram history; slot = pos mod length) the newest
+    length - backtrack + 1 positions, the ones a verify step's rejected rows (<= backtrack - 1 of
+    them, at positions >= n) cannot have overwritten and that every later read falls in; of each
+    paged cache the entries completed by positions < n."""
+    out = {}
+    for name, buf in state.items():
+        parts = (buf.data, buf.scale) if isinstance(buf, QTensor) else (buf,)
+        if name in slot_names:
+            ring = parts[0].shape[1]
+            pos = torch.arange(max(0, n - (ring - backtrack + 1)), n)
+            out[name] = [x[slot, pos % ring].clone() for x in parts]
+        else:
+            per_page = parts[0].shape[1]
+            entries = torch.arange(n // (PAGE_TOKENS // per_page))
+            page = torch.tensor(pages, dtype=torch.long)[entries // per_page]
+            out[name] = [x[page, entries % per_page].clone() for x in parts]
+    return out
+
+
+def record_states(engine) -> dict:
+    """request id -> valid_state of its sequence when it last gave its slot back (at its finish;
+    an earlier preemption's record is replaced)."""
+    ex, cache, free = engine.executor, engine.cache, engine.cache.free
+    slots = [k for k in ex.state if k in set(ex._slot_buffers)]
+    backtrack = max_backtrack(ex.program.cfg)
+    states = {}
+
+    def record_then_free(owner):
+        seq = engine._sequences.get(owner)
+        if cache.holds(owner) and seq is not None:
+            states[owner] = valid_state(ex.state, slots, cache.slot(owner), cache.pages(owner),
+                                        len(seq.token_ids) - 1, backtrack)
+        free(owner)
+
+    cache.free = record_then_free
+    return states
+
+
+def run_staggered(engine, prompts, aborts=None):
+    """The prompts arriving before the engine steps ARRIVAL_STEP, 64 greedy tokens each; `aborts`:
+    engine step -> index of a prompt aborted before that step."""
     ids, outs, step = {}, {}, 0
     while len(outs) < len(prompts):
         for i, at in enumerate(ARRIVAL_STEP):
             if at == step:
                 ids[engine.add_request(params=GREEDY, prompt_token_ids=prompts[i])] = i
+        if aborts and step in aborts:
+            assert engine.abort_request(next(r for r, i in ids.items() if i == aborts[step]))
         for o in engine.step():
             outs[ids[o.request_id]] = o
         step += 1
-    return [outs[i] for i in range(len(prompts))], engine
+    return [outs[i] for i in range(len(prompts))], {i: r for r, i in ids.items()}
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(ckpt, prompts):
+    """The 8 prompts through one engine without speculation, arriving at different steps, 64
+    greedy tokens each, with the caches of each sequence as it finished."""
+    llm = LLM(MODEL, ckpt, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=320, speculative=0)
+    states = record_states(llm.engine)
+    outs, ids = run_staggered(llm.engine, prompts)
+    return SimpleNamespace(outs=outs, engine=llm.engine, states={i: states[r] for i, r in ids.items()})
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(plain_greedy):
+    return plain_greedy.outs, plain_greedy.engine
+
+
+class OracleDrafts:
+    """The tiny model's executor with drafts that are mostly right: the known greedy continuation
+    (a plain run's), each token replaced by another with probability `wrong` from a seeded stream.
+    With random weights the model's own draft head is almost never right, which would leave
+    acceptance, multi-row advances and rollback at every offset untested."""
+
+    def __init__(self, engine, truth: dict, wrong: float, seed: int = 0):
+        self.inner, self.engine, self.truth, self.wrong = engine.executor, engine, truth, wrong
+        self.rng = random.Random(seed)
+        for k in ("num_slots", "num_pages", "page_tokens", "vocab_size", "max_draft_len"):
+            setattr(self, k, getattr(self.inner, k))
+        self.block = self.inner.program.cfg.dspark_block_size
+
+    def step(self, chunks):
+        return self.inner.step(chunks)
+
+    def reset_slot(self, slot):
+        self.inner.reset_slot(slot)
+
+    def draft(self, seqs):
+        owner = {self.engine.cache.slot(s.request_id): s for s in self.engine.scheduler.running}
+        drafts = []
+        for d in seqs:
+            full = self.truth[tuple(owner[d.slot].prompt_token_ids)]
+            assert full[d.start] == d.first, "t* is off the greedy path: speculation changed a token"
+            nxt = (full[d.start + 1:d.start + 1 + self.block] + [3] * self.block)[:self.block]
+            drafts.append([t if self.rng.random() >= self.wrong else (t + 1) % self.vocab_size for t in nxt])
+        return torch.tensor(drafts), torch.zeros(len(seqs), self.block)
+
+
+ABORTS = {12: 2, 20: 6}  # engine step -> the prompt aborted before it
+SPEC_PAGES = 3  # prompt 4 needs all 3 at its end: it or a newer sequence is preempted
+
+
+@pytest.fixture(scope="module")
+def spec_greedy(ckpt, prompts, plain_greedy):
+    """The plain run's load with speculation (5 drafts, 30% of them wrong), on a pool small enough
+    to preempt, with two requests aborted midway."""
+    llm = LLM(MODEL, ckpt, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=320, num_pages=SPEC_PAGES,
+              speculative=5)
+    engine = llm.engine
+    states = record_states(engine)
+    truth = {tuple(p): p + o.token_ids for p, o in zip(prompts, plain_greedy.outs)}
+    engine.executor = OracleDrafts(engine, truth, wrong=0.3)
+    outs, ids = run_staggered(engine, prompts, ABORTS)
+    return SimpleNamespace(outs=outs, engine=engine, states={i: states[r] for i, r in ids.items() if r in states})
 
 
 def test_greedy_continuous_batching_equals_the_reference(greedy_outputs, prompts, ref):
@@ -117,6 +224,37 @@ def test_chunked_prefill_gives_the_same_tokens(ckpt, prompts, greedy_outputs):
     for i, o in zip(picked, outs):
         assert o.token_ids == greedy_outputs[0][i].token_ids[:6], f"prompt {i} differs under chunked prefill"
     assert llm.engine.num_steps >= (150 + 33 + 200) // 37
+    # speculation is on by default, with the model's own draft head: its drafts were verified too
+    assert llm.engine.num_speculative == 5 and llm.engine.spec_stats.drafts_verified > 0
+    assert llm.last_run_stats["speculative"] == 5 and llm.last_run_stats["verify_rows_per_step"] > 1
+
+
+def test_speculative_greedy_equals_plain_with_preemption_and_aborts(spec_greedy, plain_greedy):
+    engine, st = spec_greedy.engine, spec_greedy.engine.spec_stats
+    for i, (o, want) in enumerate(zip(spec_greedy.outs, plain_greedy.outs)):
+        if i in ABORTS.values():
+            assert o.finish_reason == "abort" and o.token_ids == want.token_ids[:len(o.token_ids)], i
+        else:
+            assert o.finish_reason == "length" and o.token_ids == want.token_ids, f"prompt {i} differs"
+    assert any(o.metrics.num_preemptions for i, o in enumerate(spec_greedy.outs) if i not in ABORTS.values())
+    assert st.drafts_accepted > 50 and st.drafts_verified - st.drafts_accepted > 50
+    assert engine.num_steps < plain_greedy.engine.num_steps
+    engine.cache.check_no_leak()
+    assert engine.cache.free_pages == SPEC_PAGES and engine.cache.free_slots == 8
+
+
+def test_speculative_rollback_leaves_every_cache_as_a_plain_run(spec_greedy, plain_greedy):
+    """Every state buffer of every finished sequence (window rings of all layers and DSpark stages,
+    compressor state, Engram history, compressed KV and index K on its pages), at every position
+    its later steps could read, equals the plain run's bit for bit."""
+    done = [i for i in range(len(PROMPT_LENS)) if i not in ABORTS.values()]
+    assert set(done) <= set(spec_greedy.states)
+    for i in done:
+        got, want = spec_greedy.states[i], plain_greedy.states[i]
+        assert got.keys() == want.keys()
+        for name in want:
+            assert all(torch.equal(a, b) for a, b in zip(got[name], want[name])), f"prompt {i}: {name} differs"
+        assert sum(w[0].numel() for w in want.values()) > 0
 
 
 def test_random_load_with_aborts_and_preemption(ckpt, ref):
@@ -160,6 +298,7 @@ def test_random_load_with_aborts_and_preemption(ckpt, ref):
             assert o.finish_reason in ("length", "stop") and 1 <= len(o.token_ids) <= params.max_tokens
     engine.cache.check_no_leak()
     assert engine.cache.free_pages == 20 and engine.cache.free_slots == 32
+    assert engine.num_speculative == 5 and engine.spec_stats.verifies > 0  # all of it speculative (the default)
     assert not engine.scheduler.running and not engine.scheduler.waiting
     preempted = [rid for rid, o in outs.items() if o.metrics.num_preemptions]
     assert preempted and engine.scheduler.num_preemptions >= len(preempted)
@@ -183,6 +322,7 @@ def test_seeded_sampling_is_reproducible(ckpt):
         return [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
     first = run(7)
+    assert llm.engine.num_speculative == 5 and llm.engine.spec_stats.verifies > 0  # sampled with speculation
     assert run(7) == first
     assert run(8) != first
     # the same request beside a different neighbour samples the same tokens
@@ -233,6 +373,9 @@ def test_bad_engine_arguments_fail_in_one_line(ckpt, tmp_path):
         (dict(model=MODEL, weights=None), EngineConfigError, "weights"),
         (dict(model=MODEL, weights=ckpt, max_model_len=300, num_pages=2), EngineConfigError, "needs 3 pages"),
         (dict(model=MODEL, weights=ckpt, max_num_seqs=0), EngineConfigError, "max_num_seqs"),
+        (dict(model=MODEL, weights=ckpt, speculative=-2), EngineConfigError, "speculative must be"),
+        (dict(model=MODEL, weights=ckpt, speculative=6), EngineConfigError, "exceeds the draft block (5 drafts)"),
+        (dict(model=MODEL, weights=ckpt, verify_budget=0), EngineConfigError, "verify_budget"),
     ]
     for kwargs, error, needle in cases:
         with pytest.raises(error) as e:
@@ -263,8 +406,16 @@ def test_cli_generate(ckpt, tmp_path, capsys):
     assert rc == 0
     assert '[0] prompt: "Hello"' in out and '[1] prompt: "Second prompt"' in out
     assert "2 requests, " in out and "4 generated tokens" in out and "tokens/s" in out
+    assert "speculative (5 drafts): mean accepted length " in out and "verify rows/step" in out
+    assert "draft time" in out
+    rc = cli_main(["generate", "--model", MODEL, "--weights", str(ckpt), "--prompt", "Hello", "--max-tokens", "2",
+                   "--temperature", "0", "--max-model-len", "64", "--speculative", "off"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "speculative" not in out and "2 generated tokens" in out
     bad = [(["--prompt", "x", "--top-p", "0"], "--top-p"), (["--prompt", "x", "--temperature", "-1"], "--temperature"),
-           (["--prompt", ""], "empty"), (["--prompts", str(tmp_path / "missing.jsonl")], "missing.jsonl")]
+           (["--prompt", ""], "empty"), (["--prompts", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+           (["--prompt", "x", "--speculative", "some"], "--speculative takes off or a number"),
+           (["--prompt", "x", "--speculative", "9"], "exceeds the draft block")]
     for extra, needle in bad:
         rc = cli_main(["generate", "--model", MODEL, "--weights", str(ckpt), "--max-model-len", "64"] + extra)
         err = capsys.readouterr().err.strip()

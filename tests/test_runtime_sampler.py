@@ -1,5 +1,6 @@
 """Sampler (spec §10): the SplitMix64 RNG against published and hand-derived values, the top-p then
-top-k filter, the fp64 inverse CDF, greedy ties; SamplingParams validation."""
+top-k filter, the fp64 inverse CDF, greedy ties; SamplingParams validation; draft verification
+(spec §5.5) keeps the target distribution."""
 import math
 
 import numpy as np
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from deepinfer.runtime.sampler import (
-    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, filter_logits, sample, sample_from_logits,
-    sample_uniform, splitmix64, uniform,
+    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, filter_logits, probs64, sample,
+    sample_from_logits, sample_uniform, splitmix64, uniform, verify_drafts,
 )
 from deepinfer.runtime.sampling_params import SamplingParams, SamplingParamsError
 
@@ -147,3 +148,81 @@ def test_sampling_params_accept_edges():
     assert SamplingParams(top_k=10 ** 9).top_k == 10 ** 9
     assert SamplingParams(stop="###").stop == ["###"]
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-5).greedy
+
+
+# ---- draft verification (spec §5.5) ---------------------------------------------------------------
+
+# the 99.99% quantiles of chi-square with 3 and 5 degrees of freedom
+CHI2_9999 = {3: 21.108, 5: 25.745}
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic over the support of `probs`, and its degrees of freedom."""
+    support = probs > 0
+    expected = probs[support] * counts.sum()
+    return float(((counts[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)])
+def test_verification_keeps_the_target_distribution(params):
+    """A fixed 3-row verify fixture over a 6-token vocabulary ([t*, d_0, d_1] with a likely d_0 and
+    an unlikely d_1), verified under 6000 seeds: the first emitted token follows row 0's target
+    distribution, the second (given d_0 was accepted) row 1's, the third (given both were) row 2's,
+    each within the chi-square bound; masked tokens never appear."""
+    logits = torch.tensor([[0.1, 1.2, -0.5, 1.5, 0.3, -1.0],
+                           [0.9, 0.2, 1.1, -0.3, 0.0, 0.4],
+                           [-0.2, 0.6, 0.1, 1.0, -0.7, 0.8]])
+    drafts = [3, 1]  # q_0(3) is the mode; q_1(1) is small (and survives the top-k)
+    q = [probs64(filter_logits(row, params.temperature, params.top_p, params.top_k)).numpy() for row in logits]
+    first, second, third = np.zeros(6), np.zeros(6), np.zeros(6)
+    for seed in range(6000):
+        out, accepted = verify_drafts(logits, drafts, SampleRequest(params, seed, 57))
+        assert out[:accepted] == drafts[:accepted] and len(out) == accepted + 1
+        first[out[0]] += 1
+        if accepted >= 1:
+            second[out[1]] += 1
+        if accepted == 2:
+            third[out[2]] += 1
+    for counts, probs in ((first, q[0]), (second, q[1]), (third, q[2])):
+        stat, df = chi_square(counts, probs)
+        assert stat < CHI2_9999[df], (stat, counts, probs)
+        assert counts[probs == 0].sum() == 0
+    assert second.sum() > 1000 and third.sum() > 200  # every row was reached often enough to judge
+
+
+def test_verification_uses_the_verify_residual_and_fresh_uniforms():
+    """Which uniform decides what: row j (sample position pos + j) accepts iff VERIFY < q(d_j);
+    a rejection draws from q without d_j with RESIDUAL; the row after the last accepted draft
+    draws with FRESH, the uniform a plain decode step uses there."""
+    p = SamplingParams(temperature=1.0)
+    logits = torch.tensor([[0.0, 0.5, 1.0, 0.2], [0.3, 0.1, 0.0, 0.9]])
+    q0 = probs64(filter_logits(logits[0], 1.0, 1.0, -1))
+    seed, pos = 99, 20
+    for x in range(4):
+        out, accepted = verify_drafts(logits, [x], SampleRequest(p, seed, pos))
+        if sample_uniform(seed, pos, VERIFY) < float(q0[x]):
+            assert accepted == 1 and out == [x, sample(logits[1:], [SampleRequest(p, seed, pos + 1)])[0]]
+        else:
+            residual = q0.clone()
+            residual[x] = 0
+            cdf = torch.cumsum(residual, 0)
+            want = int(torch.searchsorted(cdf, torch.tensor([sample_uniform(seed, pos, RESIDUAL) * float(cdf[-1])],
+                                                            dtype=torch.float64), right=True))
+            assert accepted == 0 and out == [want] and want != x
+    # no drafts: exactly the plain sampler at that position
+    for s in range(50):
+        assert verify_drafts(logits[:1], [], SampleRequest(p, s, pos))[0] == sample(logits[:1], [SampleRequest(p, s, pos)])
+
+
+def test_greedy_verification_accepts_the_argmax_only():
+    g = SamplingParams(temperature=0)
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 3.0], [0.0, 0.0, 5.0]])
+    req = SampleRequest(g, 1, 10)
+    assert verify_drafts(logits, [1, 0], req) == ([1, 0, 2], 2)  # ties go to the lowest id, like sample()
+    assert verify_drafts(logits, [1, 2], req) == ([1, 0], 1)  # rejected: the argmax instead
+    assert verify_drafts(logits, [2, 0], req) == ([1], 0)
+    # a draft the request's top-k masks is never accepted
+    top1 = SamplingParams(temperature=1.0, top_k=1)
+    assert all(verify_drafts(logits[:2], [0], SampleRequest(top1, s, 10)) == ([1], 0) for s in range(20))
+    with pytest.raises(ValueError, match="3 verify rows for 1 drafts"):
+        verify_drafts(logits, [1], req)

@@ -13,6 +13,7 @@ from deepinfer.runtime.cache import CacheFull, CacheManager
 from deepinfer.runtime.engine import EngineConfigError, LLMEngine, RequestError
 from deepinfer.runtime.executor import Executor
 from deepinfer.runtime.sampling_params import SamplingParams
+from deepinfer.runtime.speculative import split_by_confidence
 
 VOCAB = 50
 EOS = 1
@@ -34,6 +35,8 @@ def next_token(history: list[int]) -> int:
 
 
 class FakeExecutor:
+    rollback = False  # SpecFakeExecutor: caches keyed by position, so a chunk may restart before the end
+
     def __init__(self, num_slots, num_pages, page_tokens=4):
         self.num_slots, self.num_pages, self.page_tokens, self.vocab_size = num_slots, num_pages, page_tokens, VOCAB
         self.history = {s: [] for s in range(num_slots)}
@@ -51,6 +54,9 @@ class FakeExecutor:
         rows = []
         for c in chunks:
             hist = self.history[c.slot]
+            if self.rollback:  # rejected draft rows: positions from `start` on are rewritten
+                assert c.start <= len(hist), f"slot {c.slot}: chunk starts at {c.start}, cache holds {len(hist)}"
+                del hist[c.start:]
             assert c.start == len(hist), f"slot {c.slot}: chunk starts at {c.start}, cache holds {len(hist)}"
             end = c.start + len(c.tokens)
             assert len(c.pages) == -(-end // self.page_tokens), "pages do not cover the chunk exactly"
@@ -61,9 +67,10 @@ class FakeExecutor:
                 self.page_data[c.pages[pos // self.page_tokens]][pos % self.page_tokens] = t
             hist.extend(c.tokens)
             if c.sample:
-                row = torch.linspace(0, 1, VOCAB)  # a spread-out distribution for sampled requests
-                row[next_token(hist)] = 5.0
-                rows.append(row)
+                for end in range(len(hist) - c.logit_rows + 1, len(hist) + 1):  # every verify row
+                    row = torch.linspace(0, 1, VOCAB)  # a spread-out distribution for sampled requests
+                    row[next_token(hist[:end])] = 5.0
+                    rows.append(row)
         self.steps += 1
         self.rows += sum(len(c.tokens) for c in chunks)
         return torch.stack(rows) if rows else torch.zeros(0, VOCAB)
@@ -72,7 +79,8 @@ class FakeExecutor:
         """The fake model's own greedy continuation after t*, with zero confidence logits."""
         drafts = []
         for d in seqs:
-            hist = self.history[d.slot] + [d.first]
+            assert len(self.history[d.slot]) >= d.start, f"slot {d.slot}: drafting at {d.start} before it is cached"
+            hist = self.history[d.slot][:d.start] + [d.first]  # (rows past `start` were rejected drafts)
             drafts.append(expected(hist, block))
         return torch.tensor(drafts), torch.zeros(len(seqs), block)
 
@@ -110,6 +118,9 @@ def test_cache_manager_allocates_grows_and_frees_without_leaks():
     assert cm.allocate("a", 200) == 0 and cm.pages("a") == [0, 1]
     assert cm.free_tokens == 3 * 128
     assert cm.grow("a", 256) == [0, 1] and cm.grow("a", 257) == [0, 1, 2]
+    # a verify step's rejected rows: back to the pages of the accepted tokens, and the page reused next
+    assert cm.shrink("a", 256) == [0, 1] and cm.free_pages == 3 and cm.shrink("a", 200) == [0, 1]
+    assert cm.grow("a", 257) == [0, 1, 2]
     assert cm.allocate("b", 1) == 1
     with pytest.raises(CacheFull):
         cm.allocate("c", 1)  # no slot left
@@ -308,3 +319,236 @@ def test_overlapped_scheduling_gives_the_same_outputs():
     done = {k for k, v in plain.items() if v[0] != "abort"} & {k for k, v in overlapped.items() if v[0] != "abort"}
     assert len(done) >= 25
     assert {k: plain[k] for k in done} == {k: overlapped[k] for k in done}
+
+
+# ---- speculative decoding -----------------------------------------------------------------------
+
+class SpecFakeExecutor(FakeExecutor):
+    """Runs verify chunks the way the model does: caches keyed by position (a chunk may start
+    before the end of its slot's history, where rejected draft rows were, and rewrites from
+    there). Its drafts are the fake model's own continuation after t*, each replaced by a wrong
+    token with probability `wrong` (a seeded stream), and its confidence logits vary by sequence
+    and row, so verification accepts and rejects at every offset and the confidence split has
+    something to rank."""
+    rollback = True
+    max_draft_len = 3
+
+    def __init__(self, *args, wrong=0.3, seed=0, **kw):
+        super().__init__(*args, **kw)
+        self.rng, self.wrong = random.Random(seed), wrong
+        self.proposed = {}  # (slot, position of t*) -> the drafts proposed there
+        self.chunks = []  # every step's chunks
+
+    def step(self, chunks):
+        self.chunks.append(list(chunks))
+        return super().step(chunks)
+
+    def draft(self, seqs, block=3):
+        drafts, conf = super().draft(seqs, block)
+        for i, d in enumerate(seqs):
+            for j in range(block):
+                if self.rng.random() < self.wrong:
+                    drafts[i, j] = 2 + (int(drafts[i, j]) - 1) % (VOCAB - 2)  # another token, never EOS
+                conf[i, j] = ((d.slot * 7 + d.start * 3 + j * 5) % 11 - 5) / 2
+            self.proposed[d.slot, d.start] = drafts[i].tolist()
+        return drafts, conf
+
+
+def make_spec_engine(num_slots=4, num_pages=8, page_tokens=4, wrong=0.3, **kw):
+    ex = SpecFakeExecutor(num_slots, num_pages, page_tokens, wrong=wrong)
+    kw.setdefault("max_num_seqs", num_slots)
+    kw.setdefault("max_num_batched_tokens", 16)
+    kw.setdefault("max_model_len", 32)
+    return LLMEngine(ex, FakeTokenizer(), **kw), ex
+
+
+def check_pages_exact(engine):
+    """Between steps every running sequence holds exactly the pages of its cached tokens."""
+    engine.cache.check_no_leak()
+    for seq in engine.scheduler.running:
+        assert len(engine.cache.pages(seq.request_id)) == engine.cache.pages_for(seq.num_cached), seq.request_id
+
+
+def random_load(engine, rng, specs, check=None):
+    """Queue `specs` [(prompt, params)] a few per step, abort some; returns {index: output}."""
+    outs, ids, queued = {}, {}, 0
+    while queued < len(specs) or engine.has_unfinished_requests():
+        for _ in range(min(len(specs) - queued, rng.randint(0, 5))):
+            prompt, params = specs[queued]
+            ids[engine.add_request(prompt_token_ids=prompt, params=params)] = queued
+            queued += 1
+        if ids and rng.random() < 0.12:
+            engine.abort_request(rng.choice(sorted(ids)))
+        for o in engine.step():
+            outs[ids[o.request_id]] = o
+        if check:
+            check(engine)
+    return outs
+
+
+def load_specs(rng, n):
+    specs = []
+    text = FakeTokenizer().decode
+    for i in range(n):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 16))]
+        max_tokens = rng.randint(1, 10)
+        gen = expected(prompt, max_tokens)
+        kind = i % 5
+        if kind == 0:
+            params = SamplingParams(temperature=0.8, top_k=20, seed=i, max_tokens=max_tokens)
+        elif kind == 1:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, stop_token_ids=[gen[len(gen) // 2]])
+        elif kind == 2 and len(gen) > 3:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens, stop=[text(gen)[2:4]])
+        else:
+            params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        specs.append((prompt, params))
+    return specs
+
+
+def test_speculative_load_gives_the_plain_tokens_and_leaks_nothing():
+    """200 requests (greedy, stop tokens, stop strings, seeded sampling) arriving over time with
+    aborts, on a pool small enough to preempt and a budget small enough to chunk prompts and cut
+    drafts: with speculation every finished greedy request ends exactly as without it (tokens,
+    text, reason); aborted ones hold a prefix of it; between steps every running sequence holds
+    exactly the pages of its cached tokens and nothing leaks; the same load twice gives the same
+    outputs, sampled requests included."""
+    specs = load_specs(random.Random(3), 200)
+
+    def run(spec):
+        kw = dict(num_slots=6, num_pages=10, page_tokens=4, max_num_batched_tokens=12, max_model_len=24)
+        engine, ex = make_spec_engine(**kw, speculative=3) if spec else make_engine(**kw)
+        outs = random_load(engine, random.Random(9), specs, check_pages_exact if spec else None)
+        assert len(outs) == len(specs) and not engine.scheduler.running and not engine.scheduler.waiting
+        assert engine.cache.free_pages == 10 and engine.cache.free_slots == 6
+        engine.cache.check_no_leak()
+        return {i: (o.finish_reason, o.token_ids, o.text, o.stop_reason) for i, o in outs.items()}, engine
+
+    plain, plain_engine = run(False)
+    spec, engine = run(True)
+    st = engine.spec_stats
+    assert st.drafts_accepted > 100 and st.drafts_verified - st.drafts_accepted > 100
+    assert engine.scheduler.num_preemptions > 0 and engine.num_steps < plain_engine.num_steps
+    compared = 0
+    for i, (prompt, params) in enumerate(specs):
+        if not params.greedy or plain[i][0] == "abort":
+            continue
+        if spec[i][0] == "abort":
+            assert plain[i][1][:len(spec[i][1])] == spec[i][1], i
+        else:
+            assert spec[i] == plain[i], i
+            compared += 1
+    assert compared > 100
+    for i, (prompt, params) in enumerate(specs):
+        if not params.greedy and spec[i][0] != "abort":
+            assert spec[i][0] == "length" and len(spec[i][1]) == min(params.max_tokens, 24 - len(prompt))
+    again, _ = run(True)
+    assert again == spec
+
+
+def test_stops_inside_accepted_drafts_emit_nothing_past_them():
+    """Drafts always right: a verify accepts all 3 and the stop lands inside them. Stop token,
+    stop string, max_tokens and max_model_len end the request exactly where a plain run does."""
+    prompt = [4, 5, 6]
+    gen = expected(prompt, 9)
+    text = FakeTokenizer().decode(gen)
+    cases = [SamplingParams(temperature=0, max_tokens=9, stop_token_ids=[gen[2]]),
+             SamplingParams(temperature=0, max_tokens=9, stop=[text[5:7]]),
+             SamplingParams(temperature=0, max_tokens=6),
+             SamplingParams(temperature=0, max_tokens=20)]  # max_model_len 12 ends it first
+    results = []
+    for spec in (False, True):
+        engine, ex = (make_spec_engine(wrong=0.0, max_model_len=12, num_pages=40) if spec
+                      else make_engine(max_model_len=12, num_pages=40))
+        ids = [engine.add_request(prompt_token_ids=prompt, params=p) for p in cases]
+        outs = run_all(engine)
+        results.append([(outs[r].finish_reason, outs[r].token_ids, outs[r].text, outs[r].stop_reason) for r in ids])
+        if spec:
+            assert engine.spec_stats.drafts_accepted == engine.spec_stats.drafts_verified > 0
+            assert all(max(c.logit_rows for c in step) <= 4 for step in ex.chunks)
+        engine.cache.check_no_leak()
+    assert results[0] == results[1]
+    assert [r[0] for r in results[1]] == ["stop", "stop", "length", "length"]
+    assert len(results[1][3][1]) == 12 - 3
+
+
+def test_a_short_token_budget_verifies_fewer_drafts():
+    engine, ex = make_spec_engine(num_pages=40, wrong=0.0, max_num_batched_tokens=5, speculative=3)
+    prompts = [[3, 4], [5, 6, 7], [8]]
+    ids = [engine.add_request(prompt_token_ids=p, params=SamplingParams(temperature=0, max_tokens=12)) for p in prompts]
+    outs = run_all(engine)
+    for rid, p in zip(ids, prompts):
+        assert outs[rid].token_ids == expected(p, 12)
+    assert all(sum(len(c.tokens) for c in step) <= 5 for step in ex.chunks)
+    fed = [c.logit_rows - 1 for step in ex.chunks for c in step if c.logit_rows > 1]
+    assert 3 in fed and (1 in fed or 2 in fed)  # some verified all drafts, some fewer for lack of budget
+
+
+def test_split_by_confidence_ranks_rates_with_ties_to_the_lower_sequence_and_draft():
+    rates = [[0.9, 0.5, 0.2], [0.9, 0.8, 0.1], [0.3, 0.3, 0.3]]
+    assert split_by_confidence(rates, 3) == [0, 0, 0]  # a row each for t*: nothing left to verify
+    assert split_by_confidence(rates, 2) == [0, 0, 0]  # fewer rows than sequences: no drafts at all
+    assert split_by_confidence(rates, 4) == [1, 0, 0]  # 0.9 tie: the lower sequence first
+    assert split_by_confidence(rates, 3 + 4) == [2, 2, 0]  # 0.9, 0.9, 0.8, 0.5
+    assert split_by_confidence(rates, 3 + 5) == [2, 2, 1]  # 0.3 ties inside sequence 2: its first draft
+    assert split_by_confidence(rates, 3 + 9) == [3, 3, 3] == split_by_confidence(rates, 100)
+    assert split_by_confidence([[0.5], [0.5]], 3) == [1, 0]
+    assert split_by_confidence([], 4) == []
+    rng = random.Random(1)
+    for _ in range(200):  # cumulative products: the chosen pairs are always prefixes, and as many as fit
+        rates = [list(torch.cumprod(torch.rand(rng.randint(0, 5), generator=torch.Generator().manual_seed(
+            rng.randrange(10**6))), 0).tolist()) for _ in range(rng.randint(1, 6))]
+        budget = rng.randint(1, 30)
+        counts = split_by_confidence(rates, budget)
+        total = sum(len(r) for r in rates)
+        assert sum(counts) == min(max(budget - len(rates), 0), total)
+        ranked = sorted((-a, i, j) for i, r in enumerate(rates) for j, a in enumerate(r))
+        assert {(i, j) for _, i, j in ranked[:sum(counts)]} == {(i, j) for i, c in enumerate(counts) for j in range(c)}
+
+
+def test_verify_budget_gives_each_sequence_a_prefix_of_its_drafts_within_the_budget():
+    budget = 6
+    engine, ex = make_spec_engine(num_slots=4, num_pages=60, max_num_batched_tokens=64, max_model_len=40,
+                                  speculative=3, verify_budget=budget)
+    prompts = [[3 + i] * (2 + i) for i in range(4)]
+    ids = [engine.add_request(prompt_token_ids=p, params=SamplingParams(temperature=0, max_tokens=20)) for p in prompts]
+    outs = run_all(engine)
+    for rid, p in zip(ids, prompts):
+        assert outs[rid].token_ids == expected(p, 20)
+    binding = 0
+    for step in ex.chunks:
+        decode = [c for c in step if (c.slot, c.start) in ex.proposed]  # chunks that started at a drafted t*
+        for c in decode:
+            assert c.tokens[1:] == ex.proposed[c.slot, c.start][:len(c.tokens) - 1]  # a prefix of its drafts
+        rows = sum(len(c.tokens) for c in decode)
+        assert rows <= max(budget, len(decode))
+        binding += rows == budget and len(decode) > 1
+    assert binding >= 3  # the budget really cut the drafts, among several sequences
+    unbudgeted, ex2 = make_spec_engine(num_slots=4, num_pages=60, max_num_batched_tokens=64, max_model_len=40,
+                                       speculative=3)
+    for p in prompts:
+        unbudgeted.add_request(prompt_token_ids=p, params=SamplingParams(temperature=0, max_tokens=20))
+    run_all(unbudgeted)
+    assert max(sum(len(c.tokens) for c in step if (c.slot, c.start) in ex2.proposed) for step in ex2.chunks) > budget
+
+
+def test_speculation_settings():
+    for kwargs, needle in [({"speculative": 4}, "exceeds the draft block (3 drafts)"),
+                           ({"speculative": -1}, "speculative must be"), ({"speculative": "3"}, "speculative must be"),
+                           ({"speculative": 1.5}, "speculative must be"), ({"verify_budget": 0}, "verify_budget"),
+                           ({"speculative": 2, "overlap": True}, "overlap")]:
+        with pytest.raises(EngineConfigError) as e:
+            make_spec_engine(**kwargs)
+        assert needle in str(e.value) and "\n" not in str(e.value), kwargs
+    with pytest.raises(EngineConfigError, match="cannot run") as e:
+        make_engine(speculative=2)  # an executor without verify steps
+    assert "\n" not in str(e.value)
+    assert make_engine(speculative=None)[0].num_speculative == 0  # default: off where it cannot verify
+    assert make_engine(speculative=False)[0].num_speculative == 0
+    on = make_spec_engine()[0]
+    assert on.num_speculative == 3 and not on.overlap  # default: on, and no overlap with it
+    assert make_spec_engine(speculative=True)[0].num_speculative == 3
+    assert make_spec_engine(speculative=2)[0].num_speculative == 2
+    off, ex = make_spec_engine(speculative=0)
+    rid = off.add_request(prompt_token_ids=[5, 6], params=SamplingParams(temperature=0, max_tokens=5))
+    assert run_all(off)[rid].token_ids == expected([5, 6], 5) and not ex.proposed
