@@ -234,6 +234,14 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "moe_permute":  # k distinct experts per token, as the router selects them
+        E = dims["E"]
+        sel = torch.stack([torch.randperm(E, generator=g)[: dims["k"]] for _ in range(n)]).to(torch.int32)
+        return [sel.to(device)], {"n_experts": E}
+    if op == "moe_permute_skewed":  # blocks of pairs to merge, crowded and empty experts
+        E, tokens = dims["E"], max(n, 400)
+        sel = (torch.rand(tokens, dims["k"], generator=g).pow(3) * (E - 3)).to(torch.int32)
+        return [sel.to(device)], {"n_experts": E}
     if op == "swiglu_quant_fp8":
         return [rn(n, dims["F"], scale=4), rn(n, dims["F"], scale=4)], {"limit": 10.0, "block": 32}
     if op == "swiglu_weighted_quant_fp8":
@@ -398,12 +406,13 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
-    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded",
+    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
-            "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4"}
+            "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
+            "moe_permute_skewed": "moe_permute"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

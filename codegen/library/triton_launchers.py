@@ -16,6 +16,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              grouped_gemm_fp4_kernel, grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
                              inverse_perm_kernel, moe_combine_kernel, split_sum_kernel, moe_router_kernel, quant_fp8_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
+from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
 
@@ -375,3 +376,36 @@ def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
 
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def permute_blocks(pairs: int, experts: int, cfg) -> dict:
+    """The moe_permute launch shape (as triton_ops records it): one program when every pair fits
+    a block, else blocks of cfg BLOCK pairs and scan programs of cfg EC experts."""
+    ep = _p2(experts + 1)
+    if pairs <= cfg["BLOCK"]:
+        return {"single": True, "block": max(16, _p2(pairs)), "ep": ep}
+    nb = triton.cdiv(pairs, cfg["BLOCK"])
+    return {"single": False, "block": cfg["BLOCK"], "ep": ep, "nb": nb, "ec": min(cfg["EC"], ep),
+            "nbt": max(1, min(_p2(nb), 8192 // ep))}
+
+
+def launch_moe_permute(sel, *, n_experts, cfg):
+    n, e = sel.numel(), n_experts
+    flat = sel.reshape(-1)
+    order = torch.empty(n, dtype=torch.int32, device=sel.device)
+    offsets = torch.empty(e + 1, dtype=torch.int32, device=sel.device)
+    s = permute_blocks(n, e, cfg)
+    kw = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if s["single"]:
+        _k(moe_permute_kernel)[(1,)](flat, order, order, offsets, N=n, E=e, EP=s["ep"], BLOCK=s["block"],
+                                     SINGLE=True, **kw)
+        return order, offsets
+    nb = s["nb"]
+    cnt = torch.empty(nb, e, dtype=torch.int32, device=sel.device)
+    adj = torch.empty(nb, e, dtype=torch.int32, device=sel.device)
+    _k(moe_permute_count_kernel)[(nb,)](flat, cnt, adj, N=n, E=e, EP=s["ep"], BLOCK=s["block"], **kw)
+    _k(moe_permute_scan_kernel)[(triton.cdiv(e + 1, s["ec"]),)](cnt, adj, offsets, E=e, NB=nb, EP=s["ep"],
+                                                                EC=s["ec"], NBT=s["nbt"], **kw)
+    _k(moe_permute_kernel)[(nb,)](flat, adj, order, offsets, N=n, E=e, EP=s["ep"], BLOCK=s["block"], SINGLE=False,
+                                  **kw)
+    return order, offsets

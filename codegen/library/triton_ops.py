@@ -7,7 +7,7 @@ ahead of time and a runtime launches it through the named launcher.
 
 Left as torch / other templates (and therefore not registered here): `dspark_heads` (a
 vocabulary-sized GEMV chain with an argmax per step: a GEMM template's job, not Triton's row
-kernels), `moe_permute` and `engram_ngram_ids` (sequential per-sequence index logic), the
+kernels), `engram_ngram_ids` (sequential per-sequence index logic), the
 `hc_mix_gemm` / `hc_sinkhorn` / `hc_collapse` pieces (the fused `hc_pre` covers them), and
 `compress_pool_norm`. The sampler is not an IR op and is not here.
 """
@@ -356,6 +356,32 @@ def _grouped_gemm_fp4_supports(t, spec):
             and k % 32 == 0 and mtot <= 4 * w.shape[0])
 
 
+def _l_moe_permute(spec, cfg):
+    from .triton_launchers import permute_blocks
+
+    (sel,) = spec.in_types
+    n, e = _rows(sel) * _ints(sel.shape)[-1], spec.attr["n_experts"]
+    s = permute_blocks(n, e, cfg)
+    sp = _ptr(sel)
+    place = {"sel_ptr": sp, "adj_ptr": "*i32", "order_ptr": "*i32", "off_ptr": "*i32"}
+    if s["single"]:
+        return [_launch("moe_permute_kernel", place, {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"],
+                                                      "SINGLE": True}, (1,), cfg)]
+    nb = s["nb"]
+    return [_launch("moe_permute_count_kernel", {"sel_ptr": sp, "cnt_ptr": "*i32", "adj_ptr": "*i32"},
+                    {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"]}, (nb,), cfg),
+            _launch("moe_permute_scan_kernel", {"cnt_ptr": "*i32", "adj_ptr": "*i32", "off_ptr": "*i32"},
+                    {"E": e, "NB": nb, "EP": s["ep"], "EC": s["ec"], "NBT": s["nbt"]}, (_cdiv(e + 1, s["ec"]),), cfg),
+            _launch("moe_permute_kernel", place, {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"], "SINGLE": False},
+                    (nb,), cfg)]
+
+
+def _moe_permute_supports(t, spec):
+    """Expert ids as i32 / i64 (the sorting keys are int32: expert * block + position)."""
+    (sel,) = spec.in_types
+    return sel.dtype.name in ("i32", "i64") and sel.rank == 2 and (spec.attr["n_experts"] + 1) * 2048 <= 2**31
+
+
 def _linear_f32_supports(t, spec):
     """fp32-compute linear on bf16 operands (router, LM head, DSpark's router); the bf16-compute
     GEMMs go to TileLang. An fp32 input (the compressor's) stays on the torch reference: with full
@@ -504,6 +530,11 @@ OPS = [
         dict(num_warps=1, num_stages=1)),
     _Op("compressed_write", "launch_compressed_write", _l_compressed_write, dict(BLOCK=(128, 256), **ROW),
         dict(BLOCK=256, num_warps=2, num_stages=1)),
+    # a counting sort (triton_kernels says why): BLOCK pairs per sorting program (decode steps fit
+    # one), EC experts per scan program
+    _Op("moe_permute", "launch_moe_permute", _l_moe_permute,
+        dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
+        supports=_moe_permute_supports),
 ]
 
 
