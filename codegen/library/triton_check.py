@@ -234,6 +234,12 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "moe_router_image_bias":  # route_bias folded in: image tokens (every third row) use bias_vl
+        ids = torch.randint(3, 1000, (n,), generator=g)
+        ids[::3] = 999_999
+        return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32),
+                rn(dims["E"], scale=0.1, dtype=torch.float32), ids.to(device)], \
+            {"k": dims["k"], "scale": 1.5, "renorm": True, "image_token_id": 999_999}
     if op == "moe_permute":  # k distinct experts per token, as the router selects them
         E = dims["E"]
         sel = torch.stack([torch.randperm(E, generator=g)[: dims["k"]] for _ in range(n)]).to(torch.int32)
@@ -383,7 +389,10 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     got = launch(*[_clone(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
-        return compare_router(got, want, cpu_ins[0], cpu_ins[1])
+        bias = cpu_ins[1]
+        if len(cpu_ins) == 4:  # the bias each row selected with
+            bias = get_op("route_bias").ref(cpu_ins[3], cpu_ins[1], cpu_ins[2], image_token_id=attrs["image_token_id"])
+        return compare_router(got, want, cpu_ins[0], bias)
     if kind == "quant":
         return compare_quant(tuple(got), tuple(want))
     if kind == "rounded":
@@ -412,7 +421,7 @@ OUTPUT_KINDS = {
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
-            "moe_permute_skewed": "moe_permute"}
+            "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

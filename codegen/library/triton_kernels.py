@@ -365,10 +365,13 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
 
 
 @triton.jit
-def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexpr, K: tl.constexpr,
-                      KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, BIAS_ROWS: tl.constexpr):
+def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, vl_ptr, ids_ptr, image_id, E: tl.constexpr,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr,
+                      BIAS_ROWS: tl.constexpr, IDS: tl.constexpr):
     """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s.
-    The bias is one row for all tokens, or one row per token (BIAS_ROWS)."""
+    The bias is one row for all tokens, or one row per token (BIAS_ROWS), or (IDS) the row of
+    bias_vl for an image token and of bias for any other (route_bias, read here rather than
+    written out as [n, E])."""
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     em = e < E
@@ -380,7 +383,11 @@ def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexp
     l1p = tl.where(u == 1.0, z, tl.log(u) * z / (u - 1.0))
     sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
     s = tl.sqrt_rn(sp)
-    b = tl.load(bias_ptr + (row * E if BIAS_ROWS else 0) + e, mask=em, other=0.0)
+    if IDS:
+        image = tl.load(ids_ptr + row) == image_id
+        b = tl.where(image, tl.load(vl_ptr + e, mask=em, other=0.0), tl.load(bias_ptr + e, mask=em, other=0.0))
+    else:
+        b = tl.load(bias_ptr + (row * E if BIAS_ROWS else 0) + e, mask=em, other=0.0)
     score = tl.where(em, s + b, float("-inf"))
     kk = tl.arange(0, KP)
     sel = tl.zeros([KP], tl.int32)

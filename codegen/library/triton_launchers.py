@@ -180,12 +180,15 @@ def launch_hc_expand(y, r, post, m, *, cfg):
     return out
 
 
-def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
+def launch_moe_router(logits, bias, bias_vl=None, ids=None, *, k, scale, renorm, image_token_id=None, cfg):
     n, e = logits.shape
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
-    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
-                            BIAS_ROWS=bias.dim() == 2, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    with_ids = ids is not None
+    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, bias_vl if with_ids else bias, ids if with_ids else sel,
+                            int(image_token_id) if with_ids else 0, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e),
+                            RENORM=bool(renorm and k > 1), BIAS_ROWS=bias.dim() == 2, IDS=with_ids,
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sel, w
 
 

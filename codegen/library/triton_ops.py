@@ -162,13 +162,14 @@ def _l_hc_expand(spec, cfg):
 
 
 def _l_router(spec, cfg):
-    logits, bias = spec.in_types
+    logits, bias, *vl = spec.in_types  # with route_bias folded in: bias_vl and the token ids
     n, e = _ints(logits.shape)
     k = spec.attr["k"]
-    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32"}
+    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32",
+            "vl_ptr": _ptr(vl[0]) if vl else _ptr(bias), "ids_ptr": _ptr(vl[1]) if vl else "*i32", "image_id": "i32"}
     return [_launch("moe_router_kernel", args, {"E": e, "K": k, "KP": _p2(k), "BLOCK_E": _p2(e),
                                                 "RENORM": bool(spec.attr["renorm"] and k > 1),
-                                                "BIAS_ROWS": bias.rank == 2}, (n,), cfg)]
+                                                "BIAS_ROWS": bias.rank == 2, "IDS": bool(vl)}, (n,), cfg)]
 
 
 def _l_swiglu(spec, cfg):
@@ -478,7 +479,7 @@ OPS = [
         _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
-    # the bias: one row, or one per token (route_bias gives image tokens their own)
+    # the bias: one row, one per token, or bias / bias_vl picked by token id (route_bias folded in)
     _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
