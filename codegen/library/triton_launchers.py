@@ -381,18 +381,9 @@ def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-def permute_blocks(pairs: int, experts: int, cfg) -> dict:
-    """The moe_permute launch shape (as triton_ops records it): one program when every pair fits
-    a block, else blocks of cfg BLOCK pairs and scan programs of cfg EC experts."""
-    ep = _p2(experts + 1)
-    if pairs <= cfg["BLOCK"]:
-        return {"single": True, "block": max(16, _p2(pairs)), "ep": ep}
-    nb = triton.cdiv(pairs, cfg["BLOCK"])
-    return {"single": False, "block": cfg["BLOCK"], "ep": ep, "nb": nb, "ec": min(cfg["EC"], ep),
-            "nbt": max(1, min(_p2(nb), 8192 // ep))}
-
-
 def launch_moe_permute(sel, *, n_experts, cfg):
+    from .triton_ops import permute_blocks  # the launch shape the template rendered
+
     n, e = sel.numel(), n_experts
     flat = sel.reshape(-1)
     order = torch.empty(n, dtype=torch.int32, device=sel.device)

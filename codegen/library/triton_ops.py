@@ -357,9 +357,18 @@ def _grouped_gemm_fp4_supports(t, spec):
             and k % 32 == 0 and mtot <= 4 * w.shape[0])
 
 
-def _l_moe_permute(spec, cfg):
-    from .triton_launchers import permute_blocks
+def permute_blocks(pairs: int, experts: int, cfg) -> dict:
+    """moe_permute's launch shape (its launcher reads it from here): one program when every pair
+    fits a block, else blocks of cfg BLOCK pairs and scan programs of cfg EC experts."""
+    ep = _p2(experts + 1)
+    if pairs <= cfg["BLOCK"]:
+        return {"single": True, "block": max(16, _p2(pairs)), "ep": ep}
+    nb = _cdiv(pairs, cfg["BLOCK"])
+    return {"single": False, "block": cfg["BLOCK"], "ep": ep, "nb": nb, "ec": min(cfg["EC"], ep),
+            "nbt": max(1, min(_p2(nb), 8192 // ep))}
 
+
+def _l_moe_permute(spec, cfg):
     (sel,) = spec.in_types
     n, e = _rows(sel) * _ints(sel.shape)[-1], spec.attr["n_experts"]
     s = permute_blocks(n, e, cfg)
