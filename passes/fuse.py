@@ -157,6 +157,20 @@ def fuse_router(ctx: Context, i: int):
     return Rewrite([p, q, a, t, i], [fused])
 
 
+def fuse_router_image_bias(ctx: Context, i: int):
+    """The router picks each row's bias by its token id (route_bias: bias_vl for image tokens),
+    so the [n, E] per-row bias is never written out."""
+    r = ctx.g.nodes[i]
+    if r.op != "moe_router" or len(r.inputs) != 2:
+        return None
+    j, rb = ctx.producer_op(r.inputs[1], "route_bias")
+    if rb is None or not ctx.sole_user(r.inputs[1], i):
+        return None
+    ids, bias, bias_vl = rb.inputs
+    return Rewrite([j, i], [Node.make("moe_router", [r.inputs[0], bias, bias_vl, ids], r.outputs,
+                                      r.attr | {"image_token_id": rb.attr["image_token_id"]})])
+
+
 def fuse_compress_pool_norm(ctx: Context, i: int):
     """Compressor pooling + the compressor RMSNorm."""
     norm = ctx.g.nodes[i]
@@ -217,6 +231,7 @@ FUSION_RULES = [
     fuse_rope_quant,
     fuse_swiglu_quant,
     fuse_router,
+    fuse_router_image_bias,  # on the router fuse_router made
     fuse_compress_pool_norm,
     fuse_indexer,
     fold_cast_into_linear,

@@ -77,6 +77,26 @@ def test_grouped_gemm_fp4_selection_by_row_count():
         assert select(t, spec(65)).name == "tilelang_grouped_gemm_fp4"
 
 
+def test_moe_permute_launches_by_pair_count():
+    """Every pair in one block (decode): the sort alone, one program; more pairs: the per-block
+    counts, the scan over experts and the per-block sort, in that order."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import KernelSpec, select
+    from deepinfer.ir import dtypes as dt
+    from deepinfer.ir.types import TensorType
+
+    t = get_target("sm90")
+    for tokens, entries, grid in [(64, ["moe_permute_kernel"], [1]),
+                                  (4096, ["moe_permute_count_kernel", "moe_permute_scan_kernel",
+                                          "moe_permute_kernel"], [24, 13, 24])]:
+        spec = KernelSpec("moe_permute", (("n_experts", 384),), (TensorType(dt.i32, (tokens, 6)),),
+                          (TensorType(dt.i32, (tokens * 6,)), TensorType(dt.i32, (385,))))
+        tpl = select(t, spec)
+        launches = tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]
+        assert tpl.name == "triton_moe_permute"
+        assert [k["entry"] for k in launches] == entries and [k["grid"][0] for k in launches] == grid
+
+
 # ---- rendered launch metadata against the kernel text (structure, not bytes) ----------------------
 
 DECODE_ENV = {"num_tokens": 8, "num_seqs": 2, "num_samples": 2, "max_pages": 8, "num_slots": 4, "num_pages": 16}

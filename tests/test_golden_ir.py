@@ -14,6 +14,7 @@ and read the diff: the after text must show the fused or lowered op with the rig
 attributes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from deepinfer.ir.quant import QTensor
 from deepinfer.ir.text import parse_graph, print_graph
 from deepinfer.ir.types import QuantType
 from deepinfer.ir.verify import VerifyError
+from deepinfer.models.config import load_config
 from deepinfer.models.deepseek_v41 import build_model
 from deepinfer.passes import fuse as fz
 from deepinfer.passes.attention import lower_sparse_attention
@@ -48,14 +50,17 @@ UPDATE = os.environ.get("DEEPINFER_UPDATE_GOLDEN") == "1"
 # ---- graphs at a pipeline stage, and cutting a matched region out of them -----------------------
 
 @lru_cache(maxsize=None)
-def _tiny():
+def _tiny(vision: bool = False):
+    """The tiny model; `vision`: with a vision tower, whose image tokens route with bias_vl."""
+    if vision:
+        return build_model(dataclasses.replace(load_config("v4.1-flash-tiny"), vision=True))
     return build_model("v4.1-flash-tiny")
 
 
 @lru_cache(maxsize=None)
-def _stage(before: str, variant: str = "prefill", target: str = "sm90") -> Graph:
+def _stage(before: str, variant: str = "prefill", target: str = "sm90", vision: bool = False) -> Graph:
     """The tiny model's step graph after every pass of the target's pipeline that precedes `before`."""
-    g = _tiny().step
+    g = _tiny(vision).step
     for name, fn in pipeline(target, variant=variant):
         if name == before:
             return g
@@ -106,6 +111,8 @@ def inner_values(sub: Graph) -> list[str]:
 STEP = [SeqChunk(0, 0, list(range(3, 40)), [0]), SeqChunk(1, 0, list(range(5, 16)), [1])]
 DECODE = [SeqChunk(0, 37, [7], [0]), SeqChunk(1, 11, [9, 4, 2], [1])]  # within decode_rows_max
 SHORT = [SeqChunk(0, 0, list(range(3, 9)), [0]), SeqChunk(1, 0, [5, 6], [1])]  # for the slow MoE reference
+IMAGE = _tiny(True).cfg.image_token_id
+VISION = [SeqChunk(0, 0, [3, IMAGE, IMAGE, IMAGE, 7, 8], [0]), SeqChunk(1, 0, [IMAGE, 6], [1])]  # image rows too
 POOL = {"num_slots": 2, "num_pages": 4}
 
 
@@ -174,9 +181,13 @@ class Case:
     variant: str = "prefill"
     target: str = "sm90"  # cpu where the rule joins only the cpu pipeline today
     chunks: tuple = tuple(STEP)
+    vision: bool = False  # cut from the tiny model with a vision tower
+    prep: Callable[[Graph], Graph] | None = None  # earlier rules of the stage the case's rule builds on
 
     def before(self) -> Graph:
-        g = _stage(self.stage, self.variant, self.target)
+        g = _stage(self.stage, self.variant, self.target, self.vision)
+        if self.prep is not None:
+            g = self.prep(g)
         return cut(g, self.select(g), self.name)
 
 
@@ -209,6 +220,10 @@ CASES = [
     _rule_case(fz.fuse_rope_quant),
     _rule_case(fz.fuse_swiglu_quant),
     _rule_case(fz.fuse_router),
+    # on the router fuse_router made, the per-row bias of route_bias (bias_vl for image tokens)
+    Case("fuse_router_image_bias", "fuse", lambda g: first_match(g, fz.fuse_router_image_bias),
+         lambda g: apply_rules(g, [fz.fuse_router_image_bias]), chunks=tuple(VISION), vision=True,
+         prep=lambda g: apply_rules(g, [fz.fuse_router])),
     _rule_case(fz.fuse_compress_pool_norm),
     _rule_case(fz.fuse_indexer),
     _rule_case(fz.fuse_indexer, "candidate_blocks"),  # the candidate source also emits the pool

@@ -30,3 +30,23 @@ def test_real_graph_routes_image_tokens_with_bias_vl():
     step = build_model("v4.1-flash").step
     assert step.op_counts()["route_bias"] == 40
     assert all(len(n.inputs) == 5 for n in step.nodes if n.op == "engram_gate")
+
+
+def test_sm90_routers_pick_the_image_bias_by_token_id():
+    """After fusion no route_bias is left: every router of a vision model reads bias, bias_vl and
+    the token ids, and the sm90 Triton router takes them."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.config import load_config
+    from deepinfer.passes.driver import run_pipeline
+    from deepinfer.passes.kernels import kernel_spec
+
+    g = run_pipeline(build_model(dataclasses.replace(load_config("v4.1-flash-tiny"), vision=True)).step, "sm90")
+    routers = [n for n in g.nodes if n.op == "moe_router"]
+    assert "route_bias" not in g.op_counts() and routers
+    assert all(n.inputs[3] == "token_ids" and n.attr["image_token_id"] == 129264 for n in routers)
+    env = {"num_tokens": 8, "num_seqs": 2, "num_samples": 2, "max_pages": 8, "num_slots": 4, "num_pages": 16}
+    spec = kernel_spec(g, routers[0], {v: g.types[v].subs(env) for v in (*routers[0].inputs, *routers[0].outputs)})
+    assert select(get_target("sm90"), spec).name == "triton_moe_router"

@@ -88,5 +88,7 @@ def test_decode_torch_references_need_no_host_sync():
             ran += 1
         except (NotImplementedError, RuntimeError):
             failing.add(n.op)
-    assert ran > 50
+    # the attention ops alone (references at tiny shapes) are 14 calls; the rest shrinks as
+    # generated templates take calls over
+    assert ran > 10
     assert not failing, failing

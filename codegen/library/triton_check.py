@@ -234,6 +234,20 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "moe_router_image_bias":  # route_bias folded in: image tokens (every third row) use bias_vl
+        ids = torch.randint(3, 1000, (n,), generator=g)
+        ids[::3] = 999_999
+        return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32),
+                rn(dims["E"], scale=0.1, dtype=torch.float32), ids.to(device)], \
+            {"k": dims["k"], "scale": 1.5, "renorm": True, "image_token_id": 999_999}
+    if op == "moe_permute":  # k distinct experts per token, as the router selects them
+        E = dims["E"]
+        sel = torch.stack([torch.randperm(E, generator=g)[: dims["k"]] for _ in range(n)]).to(torch.int32)
+        return [sel.to(device)], {"n_experts": E}
+    if op == "moe_permute_skewed":  # blocks of pairs to merge, crowded and empty experts
+        E, tokens = dims["E"], max(n, 400)
+        sel = (torch.rand(tokens, dims["k"], generator=g).pow(3) * (E - 3)).to(torch.int32)
+        return [sel.to(device)], {"n_experts": E}
     if op == "swiglu_quant_fp8":
         return [rn(n, dims["F"], scale=4), rn(n, dims["F"], scale=4)], {"limit": 10.0, "block": 32}
     if op == "swiglu_weighted_quant_fp8":
@@ -413,7 +427,10 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     got = launch(*[_clone(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
-        return compare_router(got, want, cpu_ins[0], cpu_ins[1])
+        bias = cpu_ins[1]
+        if len(cpu_ins) == 4:  # the bias each row selected with
+            bias = get_op("route_bias").ref(cpu_ins[3], cpu_ins[1], cpu_ins[2], image_token_id=attrs["image_token_id"])
+        return compare_router(got, want, cpu_ins[0], bias)
     if kind == "quant":
         return compare_quant(tuple(got), tuple(want))
     if kind == "rounded":
@@ -436,14 +453,15 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
-    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded",
+    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
-            "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4"}
+            "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
+            "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

@@ -365,10 +365,13 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
 
 
 @triton.jit
-def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexpr, K: tl.constexpr,
-                      KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr, BIAS_ROWS: tl.constexpr):
+def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, vl_ptr, ids_ptr, image_id, E: tl.constexpr,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr,
+                      BIAS_ROWS: tl.constexpr, IDS: tl.constexpr):
     """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s.
-    The bias is one row for all tokens, or one row per token (BIAS_ROWS)."""
+    The bias is one row for all tokens, or one row per token (BIAS_ROWS), or (IDS) the row of
+    bias_vl for an image token and of bias for any other (route_bias, read here rather than
+    written out as [n, E])."""
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     em = e < E
@@ -380,7 +383,11 @@ def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, E: tl.constexp
     l1p = tl.where(u == 1.0, z, tl.log(u) * z / (u - 1.0))
     sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
     s = tl.sqrt_rn(sp)
-    b = tl.load(bias_ptr + (row * E if BIAS_ROWS else 0) + e, mask=em, other=0.0)
+    if IDS:
+        image = tl.load(ids_ptr + row) == image_id
+        b = tl.where(image, tl.load(vl_ptr + e, mask=em, other=0.0), tl.load(bias_ptr + e, mask=em, other=0.0))
+    else:
+        b = tl.load(bias_ptr + (row * E if BIAS_ROWS else 0) + e, mask=em, other=0.0)
     score = tl.where(em, s + b, float("-inf"))
     kk = tl.arange(0, KP)
     sel = tl.zeros([KP], tl.int32)
@@ -908,3 +915,79 @@ def engram_ngram_ids_kernel(cids_ptr, hist_ptr, pos_ptr, seq_ptr, slots_ptr, fir
     unusable = ((src_pos < 0) | (src == -1)) & rm
     blocked = tl.cumsum(unusable.to(tl.int32), axis=0) > 0
     tl.store(out_ptr + t * R + r, tl.where(blocked, pad.to(tl.int64), src), mask=rm)
+# ---- MoE permutation (moe_permute) ----------------------------------------------------------------
+# A counting sort by expert, all integer arithmetic and no atomics, so the order is the stable
+# sort's exactly and every run writes the same bytes. A block of pairs is ranked in registers by a
+# bitonic sort of (expert, position in the block) keys; across blocks each expert's pairs go after
+# those of the earlier blocks: per-block histograms, then an exclusive scan over blocks and
+# experts. Work is linear in the pairs (plus blocks x experts for the scan), where ranking every
+# pair against every other would be quadratic: 24576 prefill pairs would cost 600M comparisons.
+# Decode steps (every pair in one block) take the sort alone, in one program and one launch.
+
+
+@triton.jit
+def moe_permute_count_kernel(sel_ptr, cnt_ptr, adj_ptr, N: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    """Block b's pairs per expert (cnt[b]), and where each expert's run starts in the block's
+    sorted order (adj[b], which the scan turns into the shift to its global place)."""
+    b = tl.program_id(0)
+    i = b * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    e = tl.load(sel_ptr + i, mask=m, other=0).to(tl.int32)
+    h = tl.histogram(e, EP, mask=m)
+    ee = tl.arange(0, EP)
+    tl.store(cnt_ptr + b * E + ee, h, mask=ee < E)
+    tl.store(adj_ptr + b * E + ee, tl.cumsum(h, 0) - h, mask=ee < E)
+
+
+@triton.jit
+def moe_permute_scan_kernel(cnt_ptr, adj_ptr, off_ptr, E: tl.constexpr, NB: tl.constexpr, EP: tl.constexpr,
+                            EC: tl.constexpr, NBT: tl.constexpr):
+    """Experts [c0, c0 + EC) of program c: offsets[e] = pairs of the experts before e, and
+    adj[b, e] = offsets[e] + e's pairs in the blocks before b - e's start in block b. A program
+    reads the counts of every earlier expert, so the grid needs no second pass."""
+    c0 = tl.program_id(0) * EC
+    cc = c0 + tl.arange(0, EC)
+    cm = cc < E
+    ee = tl.arange(0, EP)
+    bb = tl.arange(0, NBT)
+    below = tl.zeros([NBT], tl.int32)
+    tot = tl.zeros([EC], tl.int32)
+    for b0 in range(0, NB, NBT):
+        rm = (b0 + bb) < NB
+        row = (b0 + bb)[:, None] * E
+        below += tl.sum(tl.load(cnt_ptr + row + ee[None, :], mask=rm[:, None] & (ee < c0)[None, :], other=0), axis=1)
+        tot += tl.sum(tl.load(cnt_ptr + row + cc[None, :], mask=rm[:, None] & cm[None, :], other=0), axis=0)
+    start = tl.sum(below, axis=0) + tl.cumsum(tot, 0) - tot
+    tl.store(off_ptr + cc, start, mask=cc <= E)  # offsets[E] (= N): the program holding E
+    run = start
+    for b0 in range(0, NB, NBT):
+        m = ((b0 + bb) < NB)[:, None] & cm[None, :]
+        at = (b0 + bb)[:, None] * E + cc[None, :]
+        t = tl.load(cnt_ptr + at, mask=m, other=0)
+        own = tl.load(adj_ptr + at, mask=m, other=0)
+        tl.store(adj_ptr + at, run[None, :] + tl.cumsum(t, 0) - t - own, mask=m)
+        run += tl.sum(t, axis=0)
+
+
+@triton.jit
+def moe_permute_kernel(sel_ptr, adj_ptr, order_ptr, off_ptr, N: tl.constexpr, E: tl.constexpr, EP: tl.constexpr,
+                       BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+    """Block b's pairs sorted by (expert, position): the p-th of them goes to p + adj[b, its
+    expert]. SINGLE: the block holds every pair, p is the place, and the offsets come from the
+    block's histogram."""
+    b = tl.program_id(0)
+    p = tl.arange(0, BLOCK)
+    m = b * BLOCK + p < N
+    e = tl.load(sel_ptr + b * BLOCK + p, mask=m, other=0).to(tl.int32)
+    key = tl.sort(tl.where(m, e * BLOCK + p, E * BLOCK + p))  # padding sorts last
+    se = key // BLOCK
+    ok = se < E
+    if SINGLE:
+        h = tl.histogram(e, EP, mask=m)
+        ee = tl.arange(0, EP)
+        tl.store(off_ptr + ee, tl.cumsum(h, 0) - h, mask=ee <= E)
+        pos = p
+    else:
+        pos = p + tl.load(adj_ptr + b * E + se, mask=ok, other=0)
+    tl.store(order_ptr + pos, b * BLOCK + key % BLOCK, mask=ok)

@@ -18,6 +18,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
+from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
 
@@ -181,12 +182,15 @@ def launch_hc_expand(y, r, post, m, *, cfg):
     return out
 
 
-def launch_moe_router(logits, bias, *, k, scale, renorm, cfg):
+def launch_moe_router(logits, bias, bias_vl=None, ids=None, *, k, scale, renorm, image_token_id=None, cfg):
     n, e = logits.shape
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
-    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e), RENORM=bool(renorm and k > 1),
-                            BIAS_ROWS=bias.dim() == 2, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    with_ids = ids is not None
+    _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, bias_vl if with_ids else bias, ids if with_ids else sel,
+                            int(image_token_id) if with_ids else 0, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e),
+                            RENORM=bool(renorm and k > 1), BIAS_ROWS=bias.dim() == 2, IDS=with_ids,
+                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sel, w
 
 
@@ -476,3 +480,25 @@ def launch_engram_ngram_ids(cids, hist, positions, token_seq, seq_slots, *, max_
                                           out, n, pad, R=max_ngram, RP=_p2(max_ngram), RING=hist.shape[1],
                                           num_warps=cfg["num_warps"])
     return out
+def launch_moe_permute(sel, *, n_experts, cfg):
+    from .triton_ops import permute_blocks  # the launch shape the template rendered
+
+    n, e = sel.numel(), n_experts
+    flat = sel.reshape(-1)
+    order = torch.empty(n, dtype=torch.int32, device=sel.device)
+    offsets = torch.empty(e + 1, dtype=torch.int32, device=sel.device)
+    s = permute_blocks(n, e, cfg)
+    kw = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if s["single"]:
+        _k(moe_permute_kernel)[(1,)](flat, order, order, offsets, N=n, E=e, EP=s["ep"], BLOCK=s["block"],
+                                     SINGLE=True, **kw)
+        return order, offsets
+    nb = s["nb"]
+    cnt = torch.empty(nb, e, dtype=torch.int32, device=sel.device)
+    adj = torch.empty(nb, e, dtype=torch.int32, device=sel.device)
+    _k(moe_permute_count_kernel)[(nb,)](flat, cnt, adj, N=n, E=e, EP=s["ep"], BLOCK=s["block"], **kw)
+    _k(moe_permute_scan_kernel)[(triton.cdiv(e + 1, s["ec"]),)](cnt, adj, offsets, E=e, NB=nb, EP=s["ep"],
+                                                                EC=s["ec"], NBT=s["nbt"], **kw)
+    _k(moe_permute_kernel)[(nb,)](flat, adj, order, offsets, N=n, E=e, EP=s["ep"], BLOCK=s["block"], SINGLE=False,
+                                  **kw)
+    return order, offsets

@@ -7,9 +7,8 @@ ahead of time and a runtime launches it through the named launcher.
 
 Left as torch / other templates (and therefore not registered here): `dspark_heads` (a
 vocabulary-sized GEMV chain with an argmax per step: a GEMM template's job, not Triton's row
-kernels), `moe_permute` (sequential per-sequence index logic), and the `hc_mix_gemm` /
-`hc_sinkhorn` pieces (the fused `hc_pre` and `hc_mix` cover them). The sampler is not an IR op
-and is not here.
+kernels), and the `hc_mix_gemm` / `hc_sinkhorn` pieces (the fused `hc_pre` and `hc_mix` cover
+them). The sampler is not an IR op and is not here.
 """
 from __future__ import annotations
 
@@ -162,13 +161,14 @@ def _l_hc_expand(spec, cfg):
 
 
 def _l_router(spec, cfg):
-    logits, bias = spec.in_types
+    logits, bias, *vl = spec.in_types  # with route_bias folded in: bias_vl and the token ids
     n, e = _ints(logits.shape)
     k = spec.attr["k"]
-    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32"}
+    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32",
+            "vl_ptr": _ptr(vl[0]) if vl else _ptr(bias), "ids_ptr": _ptr(vl[1]) if vl else "*i32", "image_id": "i32"}
     return [_launch("moe_router_kernel", args, {"E": e, "K": k, "KP": _p2(k), "BLOCK_E": _p2(e),
                                                 "RENORM": bool(spec.attr["renorm"] and k > 1),
-                                                "BIAS_ROWS": bias.rank == 2}, (n,), cfg)]
+                                                "BIAS_ROWS": bias.rank == 2, "IDS": bool(vl)}, (n,), cfg)]
 
 
 def _l_swiglu(spec, cfg):
@@ -354,6 +354,41 @@ def _grouped_gemm_fp4_supports(t, spec):
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
             and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)
             and k % 32 == 0 and mtot <= 4 * w.shape[0])
+
+
+def permute_blocks(pairs: int, experts: int, cfg) -> dict:
+    """moe_permute's launch shape (its launcher reads it from here): one program when every pair
+    fits a block, else blocks of cfg BLOCK pairs and scan programs of cfg EC experts."""
+    ep = _p2(experts + 1)
+    if pairs <= cfg["BLOCK"]:
+        return {"single": True, "block": max(16, _p2(pairs)), "ep": ep}
+    nb = _cdiv(pairs, cfg["BLOCK"])
+    return {"single": False, "block": cfg["BLOCK"], "ep": ep, "nb": nb, "ec": min(cfg["EC"], ep),
+            "nbt": max(1, min(_p2(nb), 8192 // ep))}
+
+
+def _l_moe_permute(spec, cfg):
+    (sel,) = spec.in_types
+    n, e = _rows(sel) * _ints(sel.shape)[-1], spec.attr["n_experts"]
+    s = permute_blocks(n, e, cfg)
+    sp = _ptr(sel)
+    place = {"sel_ptr": sp, "adj_ptr": "*i32", "order_ptr": "*i32", "off_ptr": "*i32"}
+    if s["single"]:
+        return [_launch("moe_permute_kernel", place, {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"],
+                                                      "SINGLE": True}, (1,), cfg)]
+    nb = s["nb"]
+    return [_launch("moe_permute_count_kernel", {"sel_ptr": sp, "cnt_ptr": "*i32", "adj_ptr": "*i32"},
+                    {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"]}, (nb,), cfg),
+            _launch("moe_permute_scan_kernel", {"cnt_ptr": "*i32", "adj_ptr": "*i32", "off_ptr": "*i32"},
+                    {"E": e, "NB": nb, "EP": s["ep"], "EC": s["ec"], "NBT": s["nbt"]}, (_cdiv(e + 1, s["ec"]),), cfg),
+            _launch("moe_permute_kernel", place, {"N": n, "E": e, "EP": s["ep"], "BLOCK": s["block"], "SINGLE": False},
+                    (nb,), cfg)]
+
+
+def _moe_permute_supports(t, spec):
+    """Expert ids as i32 / i64 (the sorting keys are int32: expert * block + position)."""
+    (sel,) = spec.in_types
+    return sel.dtype.name in ("i32", "i64") and sel.rank == 2 and (spec.attr["n_experts"] + 1) * 2048 <= 2**31
 
 
 def _linear_f32_supports(t, spec):
@@ -553,7 +588,7 @@ OPS = [
         _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
-    # the bias: one row, or one per token (route_bias gives image tokens their own)
+    # the bias: one row, one per token, or bias / bias_vl picked by token id (route_bias folded in)
     _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
@@ -628,6 +663,11 @@ OPS = [
         lambda t, s: s.in_types[0].rank == 1),
     _Op("engram_ngram_ids", "launch_engram_ngram_ids", _l_engram_ngram_ids, {"num_warps": (1, 2), "num_stages": (1,)},
         dict(num_warps=1, num_stages=1)),
+    # a counting sort (triton_kernels says why): BLOCK pairs per sorting program (decode steps fit
+    # one), EC experts per scan program
+    _Op("moe_permute", "launch_moe_permute", _l_moe_permute,
+        dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
+        supports=_moe_permute_supports),
 ]
 
 

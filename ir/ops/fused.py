@@ -113,19 +113,29 @@ def rope_quant_fp4(x, positions, *, rope_dim, theta, yarn, pos_offset, block, sc
 # ---- router -------------------------------------------------------------------------------------
 
 def _router_rule(ins, a):
+    if len(ins) not in (2, 4):
+        raise ShapeError("moe_router takes logits, bias [, bias_vl, token ids]")
+    if (len(ins) == 4) != (a["image_token_id"] is not None):
+        raise ShapeError("bias_vl and the token ids go with image_token_id")
     logits, bias = want_float(ins[0], "logits"), want_float(ins[1], "bias")
     want_dims(bias.shape[-1], logits.shape[1], "bias vs experts")  # [E], or [n, E] with image rows
+    if len(ins) == 4:
+        (row_bias,) = _infer("route_bias", [ins[3], bias, ins[2]], {"image_token_id": a["image_token_id"]})
+        want_dims(row_bias.shape[0], logits.shape[0], "token ids vs rows")
     (sel,) = _infer("topk_ids", [logits], {"k": a["k"]})
     return [sel, TensorType(dt.f32, sel.shape)]
 
 
 @op("moe_router", infer=_router_rule, flops=lambda i, o, a: 8 * i[0].numel,
-    attrs={"k": REQUIRED, "scale": REQUIRED, "renorm": True}, n_inputs=2)
-def moe_router(logits, bias, *, k, scale, renorm):
+    attrs={"k": REQUIRED, "scale": REQUIRED, "renorm": True, "image_token_id": None})
+def moe_router(logits, bias, bias_vl=None, ids=None, *, k, scale, renorm, image_token_id=None):
     """s = sqrt(softplus(logits)); the top k of s + bias (lowest id on ties); weights s[sel]
-    renormalised and scaled (noaux_tc: the bias only selects)."""
+    renormalised and scaled (noaux_tc: the bias only selects). With bias_vl and the token ids,
+    the bias of each row is route_bias's: bias_vl for image tokens."""
     from ..registry import get_op
 
+    if ids is not None:
+        bias = moe.route_bias(ids, bias, bias_vl, image_token_id=image_token_id)
     s = get_op("sqrt").ref(get_op("softplus").ref(logits))
     sel = moe.topk_ids(get_op("add").ref(s, bias), k=k)
     return sel, moe.route_weights(s, sel, scale=scale, renorm=renorm, eps=1e-20)
