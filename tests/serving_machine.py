@@ -4,9 +4,15 @@ be imported there, as on a machine that has only the plan, torch and the CUDA dr
 
 NO_COMPILER = """
 import importlib.abc, sys
+# None in sys.modules is how Python marks a module as absent: importing it fails, and
+# importlib.util.find_spec answers None, as where it is not installed (torch's CUDA start-up
+# probes for triton that way)
+for name in ('deepinfer.codegen', 'deepinfer.passes', 'tilelang', 'triton'):
+    sys.modules[name] = None
 class NoCompiler(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split('.')[:2] in (['deepinfer', 'codegen'], ['deepinfer', 'passes']) or name in ('tilelang', 'triton'):
+        if name.split('.')[0] in ('tilelang', 'triton') or name.split('.')[:2] in (['deepinfer', 'codegen'],
+                                                                                   ['deepinfer', 'passes']):
             raise ImportError(f'{name} is not installed on this serving machine')
 sys.meta_path.insert(0, NoCompiler())
 try:
@@ -28,7 +34,8 @@ outs = llm.generate(prompt_token_ids={prompts!r},
                     sampling_params=SamplingParams(temperature=0, max_tokens={max_tokens}, ignore_eos=True),
                     use_tqdm=False)
 print('TOKENS', [o.token_ids for o in outs])
-print('MODULES', sorted(m for m in sys.modules if m.startswith(('deepinfer.codegen', 'deepinfer.passes'))))
+print('MODULES', sorted(m for m, mod in sys.modules.items()
+                       if mod is not None and m.startswith(('deepinfer.codegen', 'deepinfer.passes'))))
 """
 
 
