@@ -508,7 +508,7 @@ def launch_moe_permute(sel, *, n_experts, cfg):
 def launch_indexer_topk(qi, w, ik, positions, token_seq, block_table, cand=None, *, ratio, k, emit_candidates,
                         block_size, topk_blocks, w_scale=None, cfg):
     """The fused indexer (ir/ops/fused.py indexer_topk): keys of every visible score into an
-    [n, cap] scratch (and the 8-entry block maxima at the candidate source), then one program
+    [n, cap] scratch (and the pool blocks' maxima at the candidate source), then one program
     per row and output selects (triton_kernels)."""
     from .triton_ops import indexer_topk_dims
 

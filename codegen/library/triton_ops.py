@@ -566,6 +566,7 @@ def _indexer_topk_supports(t, spec):
 
 INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8)
 
+
 # ---- templates ---------------------------------------------------------------------------------
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
