@@ -224,6 +224,19 @@ def fuse_indexer(ctx: Context, i: int):
     return Rewrite(remove, [Node.make("indexer_topk", inputs, outputs, attrs)])
 
 
+def fuse_indexer_weight_scale(ctx: Context, i: int):
+    """The head weights' constant factor (spec §4.4d) into the fused indexer, so its kernel reads
+    the projection's output directly and no call runs for the scale alone."""
+    n = ctx.g.nodes[i]
+    if n.op != "indexer_topk" or n.attr.get("w_scale") is not None:
+        return None
+    s, sc = ctx.producer_op(n.inputs[1], "scale")
+    if sc is None or not ctx.sole_user(n.inputs[1], i):
+        return None
+    inputs = [n.inputs[0], sc.inputs[0], *n.inputs[2:]]
+    return Rewrite([s, i], [Node.make("indexer_topk", inputs, n.outputs, n.attr | {"w_scale": sc.attr["factor"]})])
+
+
 FUSION_RULES = [
     fuse_hc_pre,
     fuse_hc_mix,
@@ -234,6 +247,7 @@ FUSION_RULES = [
     fuse_router_image_bias,  # on the router fuse_router made
     fuse_compress_pool_norm,
     fuse_indexer,
+    fuse_indexer_weight_scale,
     fold_cast_into_linear,
 ]
 

@@ -193,3 +193,33 @@ def test_every_rendered_launch_follows_its_kernels_parameters():
             seen.add(tpl.name)
     assert {"triton_compress_pool_norm", "triton_hc_mix", "triton_engram_ngram_ids", "triton_lookup",
             "triton_concat", "triton_hc_mean", "triton_hc_collapse", "triton_hc_repeat"} <= seen
+
+
+def test_every_indexer_call_of_the_tiny_graph_takes_the_triton_template():
+    """The fused indexer at every index source (plain, the candidate source emitting the pool, the
+    layers scoring inside it), with the head weights' factor folded in; the launches' signatures
+    follow the kernels' parameters."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.driver import run_pipeline
+    from deepinfer.passes.kernels import kernel_spec
+
+    t = get_target("sm90")
+    g = run_pipeline(build_model("v4.1-flash-tiny").step, "sm90")
+    calls = [n for n in g.nodes if n.op == "indexer_topk"]
+    assert {(n.attr.get("emit_candidates", False), len(n.inputs)) for n in calls} == {(False, 6), (True, 6), (False, 7)}
+    for n in calls:
+        spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+        tpl = select(t, spec)
+        assert tpl.name == "triton_indexer_topk" and n.attr["w_scale"] == 0.0625
+        src = tpl.render(t, spec, tpl.default_config(t, spec))
+        entries = ["indexer_score_kernel", "indexer_select_kernel"]
+        assert [k["entry"] for k in src.meta["kernels"]] == (["indexer_block_map_kernel"] if len(n.inputs) == 7 else []) + entries
+        defs = _jit_defs(src.text)
+        for k in src.meta["kernels"]:
+            assert list(k["signature"]) == [p for p, _ in defs[k["entry"]]]
+        score, sel = src.meta["kernels"][-2:]
+        assert score["constexprs"]["SCALE"] and score["constexprs"]["EMIT"] == bool(n.attr.get("emit_candidates"))
+        assert score["grid"][0] == sel["grid"][0] == 8 and sel["grid"][1] == 1 + score["constexprs"]["EMIT"]
+        assert src.meta["launch_attrs"]["w_scale"] == 0.0625

@@ -228,6 +228,7 @@ CASES = [
     _rule_case(fz.fuse_indexer),
     _rule_case(fz.fuse_indexer, "candidate_blocks"),  # the candidate source also emits the pool
     _rule_case(fz.fuse_indexer, "candidate_mask"),  # a layer scoring only the source's candidates
+    _rule_case(fz.fuse_indexer_weight_scale, prep=lambda g: apply_rules(g, [fz.fuse_indexer])),
     _rule_case(fz.fold_cast_into_linear),  # the compressor's f32 copy of its input, read by wkv and wgate
     Case("fuse_decode_cache_write", "fuse_decode", lambda g: first_match(g, fz.fuse_decode_cache_write),
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),

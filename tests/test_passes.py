@@ -106,6 +106,8 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
     assert ops["swiglu_quant_fp8"] == n and "swiglu" not in ops
     assert ops["indexer_topk"] == len(cfg.index_source_layer_ids) and "indexer_scores" not in ops
+    # the head weights' factor (spec §4.4d) folded in: no scale call left
+    assert all(x.attr.get("w_scale") for x in g.nodes if x.op == "indexer_topk") and "scale" not in ops
     assert ops["compress_pool_norm"] == 3  # the ratio-2 owners
     # their wkv / wgate read the bf16 input: no f32 copy of it (the casts left are the shared experts')
     assert ops["cast"] == 2 * n and sum(x.op == "linear" and g.types[x.inputs[0]].dtype.name == "f32"

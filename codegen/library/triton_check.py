@@ -164,10 +164,12 @@ def compare_router(got, ref, logits, bias):
 # ---- cases -------------------------------------------------------------------------------------
 
 TINY = dict(n=5, H=96, C=4, D=128, rope=64, heads=2, index_dim=128, E=24, k=3, F=64, ring=8, slots=3, pages=6, entries=4,
-            vocab=50, hc_iters=20, o_groups=2, o_in=128, o_rank=64)
-# real V4.1-Flash widths (spec §1); n is set per case (decode 1 / 64, prefill 4096)
+            vocab=50, hc_iters=20, o_groups=2, o_in=128, o_rank=64, index_topk=16, topk_blocks=4, index_cap=160)
+# real V4.1-Flash widths (spec §1); n is set per case (decode 1 / 64, prefill 4096). index_cap: the
+# indexer's compressed entries per row (32768: a 32K context at ratio 1, 4096 blocks > the 2048 kept)
 REAL = dict(H=5120, C=4, D=512, rope=64, heads=32, index_dim=128, E=384, k=6, F=2304, ring=128, slots=64, pages=512,
-            entries=64, vocab=129280, hc_iters=20, o_groups=8, o_in=4096, o_rank=1024)
+            entries=64, vocab=129280, hc_iters=20, o_groups=8, o_in=4096, o_rank=1024, index_topk=512,
+            topk_blocks=2048, index_cap=32768)
 YARN = (16, 65536, 32, 1)
 
 
@@ -370,7 +372,59 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         hist = torch.randint(0, 1000, (slots, dims["ring"]), generator=g)
         hist[:, 7] = -1  # a ring entry of an image token, three back from the last row
         return [cids.to(device), hist.to(device), positions.long(), token_seq, seq_slots], {"max_ngram": 4, "pad": 2}
+    if op.startswith("indexer_topk"):
+        return indexer_case(op, dims, n, device, g)
     raise KeyError(f"no check case for {op!r}")
+
+
+def indexer_case(case: str, dims: dict, n: int, device, g: torch.Generator, cap: int | None = None):
+    """indexer_topk inputs: ratio 2 (plain), or ratio 1 emitting the pool or scoring inside one.
+    A sequence per row at decode sizes, a few multi-row sequences (prefill) otherwise; ends chosen
+    to give rows with nothing visible, exactly k, k + 1 and every entry visible; keys drawn from a
+    few distinct rows (exact score ties at the k-th place); pages past a sequence's end are -1;
+    pools of every size down to one block (visible -inf entries then make up the top-k). `cap`:
+    the entries per row (default: bounded by the CPU reference's cost at n rows)."""
+    ratio = 2 if case == "indexer_topk" else 1
+    H, D, k, tb = dims["heads"], dims["index_dim"], dims["index_topk"], dims["topk_blocks"]
+    pe = dims["entries"] * (2 if ratio == 1 else 1)
+    cap = cap or max(2 * k, min(dims["index_cap"], (1 << 21) // max(n, 1)))
+    maxp = -(-cap // pe)
+    cap = maxp * pe
+    seqs = max(1, min(n, 64) - 2)
+    per = [n // seqs + (1 if i < n % seqs else 0) for i in range(seqs)]
+    ends = [cap, 0, k, k + 1]
+    pos, ts, bt = [], [], torch.full((seqs, maxp), -1, dtype=torch.int32)
+    pages = torch.randperm(seqs * maxp + 3, generator=g).to(torch.int32)
+    for s, cnt in enumerate(per):
+        vis = ends[s] if s < len(ends) else int(torch.randint(0, cap + 1, (1,), generator=g))
+        last = max((vis + 1) * ratio - 2, cnt - 1, 0)  # the newest row sees vis entries
+        pos += list(range(last - cnt + 1, last + 1))
+        ts += [s] * cnt
+        used = -(-((last + 1) // ratio) // pe)
+        bt[s, :used] = pages[s * maxp: s * maxp + used]
+    npages = seqs * maxp + 3
+    distinct = max(8, cap // 16)
+    kd = torch.randint(0, 256, (distinct, D // 2), generator=g, dtype=torch.uint8)
+    ksc = torch.randint(118, 131, (distinct, D // 32), generator=g, dtype=torch.uint8)
+    pick = torch.randint(0, distinct, (npages, pe), generator=g)
+    qd = torch.randint(0, 256, (n, H, D // 2), generator=g, dtype=torch.uint8)
+    qs = torch.randint(118, 131, (n, H, D // 32), generator=g, dtype=torch.uint8)
+    w = torch.randn(n, H, generator=g).to(torch.bfloat16)
+    ins = [QTensor(qd.to(device), qs.to(device)), w.to(device), QTensor(kd[pick].to(device), ksc[pick].to(device)),
+           torch.tensor(pos, dtype=torch.int64, device=device), torch.tensor(ts, dtype=torch.int32, device=device),
+           bt.to(device)]
+    attrs = {"ratio": ratio, "k": k, "emit_candidates": case == "indexer_topk_pool", "block_size": 8,
+             "topk_blocks": tb if case == "indexer_topk_pool" else 0,
+             "w_scale": {"indexer_topk": (128 ** -0.5) * (32 ** -0.5), "indexer_topk_cand": 0.0625}.get(case)}
+    if case == "indexer_topk_cand":
+        nblk = -(-cap // 8)
+        cand = torch.full((n, tb), -1, dtype=torch.int32)
+        for r in range(n):
+            size = min(nblk, tb, [tb, 1, max(1, tb // 2)][r % 3] if r < 3 else int(torch.randint(1, tb + 1, (1,), generator=g)))
+            cand[r, :size] = torch.randperm(nblk, generator=g)[:size].sort().values.to(torch.int32)
+        ins.append(cand.to(device))
+        attrs["topk_blocks"] = 0
+    return ins, attrs
 
 
 def routed_counts(tokens: int, E: int, k: int, g: torch.Generator) -> list[int]:
@@ -456,12 +510,14 @@ OUTPUT_KINDS = {
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
+    "indexer_topk": "exact",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
-            "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute"}
+            "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
+            "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

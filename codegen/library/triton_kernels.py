@@ -991,3 +991,185 @@ def moe_permute_kernel(sel_ptr, adj_ptr, order_ptr, off_ptr, N: tl.constexpr, E:
     else:
         pos = p + tl.load(adj_ptr + b * E + se, mask=ok, other=0)
     tl.store(order_ptr + pos, b * BLOCK + key % BLOCK, mask=ok)
+
+
+# ---- indexer: scores, candidate pool, top-k (the fused indexer_topk) ----------------------------
+#
+# Scores are kept as int32 keys whose signed order is the float order (-0.0 and +0.0 one key, as
+# the reference's sort compares them equal): -inf is -2139095041, +inf 2139095040. Both
+# selections rank by (key desc, index asc), the reference's stable top-k, and emit the picks in
+# ascending index order, which is the order the op returns them in.
+
+
+@triton.jit
+def _fp4_twice(code):
+    """e2m1 codes (int32 0..15) -> twice their value (0, +-1, 2, 3, 4, 6, 8, 12) in fp32: small
+    integers, so an fp16 MMA of them accumulates exactly in fp32."""
+    m = code & 7
+    v = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0)).to(tl.float32)
+    return tl.where((code & 8) != 0, -v, v)
+
+
+@triton.jit
+def _score_key(s):
+    b = s.to(tl.int32, bitcast=True)
+    b = tl.where(b == -2147483648, 0, b)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def indexer_block_map_kernel(cand_ptr, map_ptr, NC: tl.constexpr, NBLK: tl.constexpr, BLOCK: tl.constexpr):
+    """map[t, b] = 1 for each block b of row t's candidate list (-1 entries are padding): the
+    pool as a per-block table, whatever the list's order."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    b = tl.load(cand_ptr + t * NC + i, mask=i < NC, other=-1)
+    tl.store(map_ptr + t * NBLK + b, tl.full([BLOCK], 1, tl.uint8), mask=(i < NC) & (b >= 0) & (b < NBLK))
+
+
+@triton.jit
+def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr, bt_ptr, map_ptr, key_ptr, bkey_ptr,
+                         w_scale, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PE: tl.constexpr,
+                         MAXP: tl.constexpr, RATIO: tl.constexpr, CAP: tl.constexpr, BS: tl.constexpr,
+                         NBLK: tl.constexpr, SCALE: tl.constexpr, CAND: tl.constexpr, EMIT: tl.constexpr,
+                         BC: tl.constexpr):
+    """Keys of score[t, c] = sum_h w[t, h] * relu(qI[t, h] . kI[c]) for the BC entries of tile
+    program_id(1) of row t, -inf past vis = (pos + 1) // RATIO (and outside the pool, CAND);
+    with EMIT also each BS-entry block's max. Tiles wholly past vis are not written (the select
+    kernel reads nothing there).
+
+    The reference's dot is exact (fp64) rounded once to fp32: here each 32-wide scale block is an
+    integer dot of twice the e2m1 values (fp16 MMAs, exact in fp32; not bf16, whose dot the
+    interpreter gets wrong), the blocks scaled by their 2^(sq + sk) and summed in fp64, which
+    holds them exactly, then rounded to fp32. The head products are fp32 as in the reference and
+    summed in fp64 like its sum32 (in another order: the same sum unless the 32 products span
+    more than 2^29, and then only where the fp64 rounding reaches the fp32 one)."""
+    t = tl.program_id(0).to(tl.int64)
+    c0 = tl.program_id(1) * BC
+    vis = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // RATIO, CAP)
+    if c0 < vis:
+        NB: tl.constexpr = D // 32
+        c = c0 + tl.arange(0, BC)
+        cm = c < vis
+        live = cm
+        if CAND:
+            live = cm & (tl.load(map_ptr + t * NBLK + c // BS, mask=cm, other=0) != 0)
+        key = tl.full([BC], -2139095041, tl.int32)
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            seq = tl.load(seq_ptr + t).to(tl.int64)
+            page = tl.load(bt_ptr + seq * MAXP + c // PE, mask=live, other=0).to(tl.int64)
+            krow = page * PE + c % PE
+            h = tl.arange(0, HP)
+            hm = h < H
+            qrow = t * H + h
+            w = tl.load(w_ptr + qrow, mask=hm, other=0.0).to(tl.float32)
+            if SCALE:
+                w = _round_like(w * w_scale, w_ptr.dtype.element_ty)
+            j = tl.arange(0, 16)
+            dot = tl.zeros([BC, HP], tl.float64)
+            for b in tl.static_range(NB):
+                qb = tl.load(qd_ptr + qrow[:, None] * (D // 2) + b * 16 + j[None, :], mask=hm[:, None],
+                             other=0).to(tl.int32)
+                kb = tl.load(kd_ptr + krow[:, None] * (D // 2) + b * 16 + j[None, :], mask=live[:, None],
+                             other=0).to(tl.int32)
+                # low nibbles are the even elements, high the odd: two 16-deep MMAs make the block
+                s = tl.dot(_fp4_twice(kb & 15).to(tl.float16), tl.trans(_fp4_twice(qb & 15).to(tl.float16)))
+                s = tl.dot(_fp4_twice(kb >> 4).to(tl.float16), tl.trans(_fp4_twice(qb >> 4).to(tl.float16)), s)
+                sq = tl.load(qs_ptr + qrow * NB + b, mask=hm, other=0).to(tl.int32)
+                sk = tl.load(ks_ptr + krow * NB + b, mask=live, other=0).to(tl.int32)
+                # 2^(sq - 127) * 2^(sk - 127) / 4 as fp64 bits (twice each value: the 1/4)
+                e = (sk[:, None] + sq[None, :] + (1023 - 256)).to(tl.int64)
+                dot += s.to(tl.float64) * (e << 52).to(tl.float64, bitcast=True)
+            p = w[None, :] * tl.maximum(dot.to(tl.float32), 0.0)
+            score = tl.sum(p.to(tl.float64), axis=1).to(tl.float32)
+            key = tl.where(live, _score_key(score), -2139095041)
+        tl.store(key_ptr + t * CAP + c, key, mask=c < CAP)
+        if EMIT:
+            bb = c0 // BS + tl.arange(0, BC // BS)
+            tl.store(bkey_ptr + t * NBLK + bb, tl.max(tl.reshape(key, [BC // BS, BS]), axis=1), mask=bb < NBLK)
+
+
+@triton.jit
+def _load_keys(ptr, idx, m, pin):
+    key = tl.load(ptr + idx, mask=m, other=-2139095041)
+    return tl.where(idx == pin, 2139095040, key)
+
+
+@triton.jit
+def _radix_threshold(ptr, nv, ntot, kk, pin, BLOCK: tl.constexpr):
+    """(T, r): the kk first of ntot keys by (key desc, index asc) are those above T and the r
+    lowest-index ones equal to T. Keys 0..nv-1 are read at ptr (key `pin` as +inf), the rest are
+    -inf. Four 8-bit radix passes over the keys' unsigned images (key ^ sign bit)."""
+    bins = tl.arange(0, 256)
+    u_inf = -2139095041 ^ -2147483648
+    prefix = nv * 0
+    pmask = nv * 0
+    need = kk + nv * 0
+    for p in tl.static_range(4):
+        shift = 24 - 8 * p
+        hist = tl.zeros([256], tl.int32)
+        for c0 in range(0, nv, BLOCK):
+            idx = c0 + tl.arange(0, BLOCK)
+            m = idx < nv
+            u = _load_keys(ptr, idx, m, pin) ^ -2147483648
+            match = m & ((u & pmask) == prefix)
+            # keys outside the prefix land in bin 0 and are taken out of it again
+            hist += tl.histogram(tl.where(match, (u >> shift) & 255, 0), 256)
+            hist -= tl.where(bins == 0, BLOCK - tl.sum(match.to(tl.int32), axis=0), 0)
+        hist += tl.where((bins == ((u_inf >> shift) & 255)) & ((u_inf & pmask) == prefix), ntot - nv, 0)
+        ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # keys in bins >= b
+        dstar = tl.max(tl.where(ge >= need, bins, 0), axis=0)
+        need -= tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
+        prefix = prefix | (dstar << shift)
+        pmask = pmask | (tl.full([], 255, tl.int32) << shift)
+    return prefix ^ -2147483648, need
+
+
+@triton.jit
+def _emit_ascending(ptr, nv, thr, need, pin, out_ptr, KOUT: tl.constexpr, DROP_INF: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """Write the indices < nv of keys above thr and of the first `need` equal to it (and not -inf,
+    DROP_INF) in ascending order to out[0..KOUT), -1 after them."""
+    base = nv * 0
+    eq_seen = nv * 0
+    for c0 in range(0, nv, BLOCK):
+        idx = c0 + tl.arange(0, BLOCK)
+        m = idx < nv
+        key = _load_keys(ptr, idx, m, pin)
+        eq = (m & (key == thr)).to(tl.int32)
+        rank = eq_seen + tl.cumsum(eq, axis=0) - eq
+        sel = m & ((key > thr) | ((eq != 0) & (rank < need)))
+        if DROP_INF:
+            sel = sel & (key > -2139095041)
+        s = sel.to(tl.int32)
+        at = base + tl.cumsum(s, axis=0) - s
+        tl.store(out_ptr + at, idx, mask=sel & (at < KOUT))
+        base += tl.sum(s, axis=0)
+        eq_seen += tl.sum(eq, axis=0)
+    for p0 in range(0, KOUT, BLOCK):
+        o = p0 + tl.arange(0, BLOCK)
+        tl.store(out_ptr + o, tl.full([BLOCK], -1, tl.int32), mask=(o >= base) & (o < KOUT))
+
+
+@triton.jit
+def indexer_select_kernel(key_ptr, bkey_ptr, pos_ptr, top_ptr, pool_ptr, RATIO: tl.constexpr, CAP: tl.constexpr,
+                          K: tl.constexpr, KK: tl.constexpr, BS: tl.constexpr, NBLK: tl.constexpr, TB: tl.constexpr,
+                          KB: tl.constexpr, BLOCK: tl.constexpr):
+    """Row program_id(0); program_id(1) 0: the top KK = min(K, CAP) entries (topk_select: picks at
+    or past vis become -1, which is every pick after the visible ones); 1 (the candidate source):
+    the pool of candidate_blocks, the top KB = min(TB, NBLK) blocks by their max key, the block of
+    the newest visible entry pinned to +inf, -inf picks dropped. A row with at most KK visible
+    entries (KB blocks) keeps all of them without a radix pass."""
+    t = tl.program_id(0).to(tl.int64)
+    vis = tl.minimum(tl.maximum((tl.load(pos_ptr + t).to(tl.int64) + 1) // RATIO, 0), CAP).to(tl.int32)
+    thr = tl.full([], -2147483648, tl.int32)
+    need = vis * 0
+    if tl.program_id(1) == 0:
+        if vis > KK:
+            thr, need = _radix_threshold(key_ptr + t * CAP, vis, CAP, KK, -1, BLOCK)
+        _emit_ascending(key_ptr + t * CAP, vis, thr, need, -1, top_ptr + t * K, K, False, BLOCK)
+    else:
+        nvb = (vis + BS - 1) // BS
+        if nvb > KB:
+            thr, need = _radix_threshold(bkey_ptr + t * NBLK, nvb, NBLK, KB, nvb - 1, BLOCK)
+        _emit_ascending(bkey_ptr + t * NBLK, nvb, thr, need, nvb - 1, pool_ptr + t * TB, TB, True, BLOCK)

@@ -19,6 +19,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
+from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
 
@@ -502,3 +503,39 @@ def launch_moe_permute(sel, *, n_experts, cfg):
     _k(moe_permute_kernel)[(nb,)](flat, adj, order, offsets, N=n, E=e, EP=s["ep"], BLOCK=s["block"], SINGLE=False,
                                   **kw)
     return order, offsets
+
+
+def launch_indexer_topk(qi, w, ik, positions, token_seq, block_table, cand=None, *, ratio, k, emit_candidates,
+                        block_size, topk_blocks, w_scale=None, cfg):
+    """The fused indexer (ir/ops/fused.py indexer_topk): keys of every visible score into an
+    [n, cap] scratch (and the pool blocks' maxima at the candidate source), then one program
+    per row and output selects (triton_kernels)."""
+    from .triton_ops import indexer_topk_dims
+
+    qd, qs = qi
+    kd, ks = ik
+    n, h, half = qd.shape
+    attrs = {"ratio": ratio, "k": k, "emit_candidates": emit_candidates, "block_size": block_size,
+             "topk_blocks": topk_blocks, "w_scale": w_scale}
+    dims = indexer_topk_dims(n, h, 2 * half, kd.shape[1], block_table.shape[1], attrs,
+                             cand.shape[1] if cand is not None else None, cfg)
+    cap, nblk = dims["score"]["CAP"], dims["score"]["NBLK"]
+    emit = dims["score"]["EMIT"]
+    dev = qd.device
+    top = torch.empty(n, k, dtype=torch.int32, device=dev)
+    pool = torch.empty(n, topk_blocks, dtype=torch.int32, device=dev) if emit else top
+    if n == 0:
+        return (top, pool) if emit else top
+    keys = torch.empty(n, cap, dtype=torch.int32, device=dev)
+    bkeys = torch.empty(n, nblk, dtype=torch.int32, device=dev) if emit else keys
+    bmap = _u8(qd)  # not read without a pool
+    if cand is not None:
+        bmap = torch.zeros(n, nblk, dtype=torch.uint8, device=dev)
+        _k(indexer_block_map_kernel)[dims["map_grid"]](cand, bmap, **dims["map"])
+    _k(indexer_score_kernel)[dims["score_grid"]](
+        _u8(qd), _u8(qs), w, _u8(kd), _u8(ks), positions, token_seq, block_table, bmap, keys, bkeys,
+        float(w_scale if w_scale is not None else 1.0), **dims["score"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    _k(indexer_select_kernel)[dims["select_grid"]](keys, bkeys, positions, top, pool, **dims["select"],
+                                                   num_warps=cfg["SEL_WARPS"])
+    return (top, pool) if emit else top

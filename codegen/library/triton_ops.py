@@ -511,6 +511,62 @@ def _l_engram_ngram_ids(spec, cfg):
             _launch("engram_ngram_ids_kernel", args, {"R": r, "RP": _p2(r), "RING": _ints(hist.shape)[1]}, (n,), cfg)]
 
 
+def indexer_topk_dims(n, h, d, pe, maxp, attrs: dict, cand_width: int | None, cfg) -> dict:
+    """Constexprs (in the kernels' parameter order) and grids of the indexer_topk launches: the
+    launcher makes them, the render records them. cand_width: the pool's width, None without one."""
+    cap = maxp * pe
+    bs, tb, k = attrs["block_size"], attrs["topk_blocks"], attrs["k"]
+    nblk = -(-cap // bs)
+    emit = bool(attrs["emit_candidates"])
+    return {"score": dict(H=h, HP=max(16, _p2(h)), D=d, PE=pe, MAXP=maxp, RATIO=attrs["ratio"], CAP=cap, BS=bs,
+                          NBLK=nblk, SCALE=attrs.get("w_scale") is not None, CAND=cand_width is not None, EMIT=emit,
+                          BC=cfg["BC"]),
+            "score_grid": (n, -(-cap // cfg["BC"])),
+            "select": dict(RATIO=attrs["ratio"], CAP=cap, K=k, KK=min(k, cap), BS=bs, NBLK=nblk, TB=tb,
+                           KB=min(tb, nblk), BLOCK=cfg["BLOCK"]),
+            "select_grid": (n, 1 + emit),
+            "map": dict(NC=cand_width or 0, NBLK=nblk, BLOCK=1024), "map_grid": (n, max(1, -(-(cand_width or 0) // 1024)))}
+
+
+def _l_indexer_topk(spec, cfg):
+    qi, w, ik, pos, seq, bt = spec.in_types[:6]
+    cand = spec.in_types[6] if len(spec.in_types) > 6 else None
+    n, h, d = _ints(qi.shape)
+    dims = indexer_topk_dims(n, h, d, _ints(ik.shape)[1], _ints(bt.shape)[1], spec.attr,
+                             _ints(cand.shape)[1] if cand is not None else None, cfg)
+    out = []
+    if cand is not None:
+        out.append(_launch("indexer_block_map_kernel", {"cand_ptr": _ptr(cand), "map_ptr": "*u8"}, dims["map"],
+                           dims["map_grid"], {"num_warps": 4, "num_stages": 1}))
+    args = {"qd_ptr": "*u8", "qs_ptr": "*u8", "w_ptr": _ptr(w), "kd_ptr": "*u8", "ks_ptr": "*u8", "pos_ptr": _ptr(pos),
+            "seq_ptr": _ptr(seq), "bt_ptr": _ptr(bt), "map_ptr": "*u8", "key_ptr": "*i32", "bkey_ptr": "*i32",
+            "w_scale": "fp32"}
+    out.append(_launch("indexer_score_kernel", args, dims["score"], dims["score_grid"], cfg))
+    sel = {"key_ptr": "*i32", "bkey_ptr": "*i32", "pos_ptr": _ptr(pos), "top_ptr": "*i32", "pool_ptr": "*i32"}
+    out.append(_launch("indexer_select_kernel", sel, dims["select"], dims["select_grid"],
+                       {"num_warps": cfg["SEL_WARPS"], "num_stages": 1}))
+    return out
+
+
+def _indexer_topk_supports(t, spec):
+    """fp4 e2m1 index q and keys with ue8m0 per 32 (what rope_quant_fp4 and the index-K cache
+    hold), static widths, blocks of the pool inside one score tile. A pool emitted from scores
+    restricted to another pool (which fuse_indexer never makes) would need the unrestricted
+    block maxima: not covered."""
+    qi, w, ik = spec.in_types[:3]
+    if not (isinstance(qi, QuantType) and isinstance(ik, QuantType)) or qi.rank != 3 or ik.rank != 3:
+        return False
+    fmt = all(x.data.dtype.name == "fp4e2m1" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
+              for x in (qi, ik))
+    static = all(isinstance(v, int) for v in (*qi.shape, *ik.shape, *spec.in_types[5].shape))
+    return (fmt and static and qi.shape[2] % 32 == 0 and w.dtype.name in ("bf16", "f32")
+            and INDEXER_DEFAULT["BC"] % spec.attr["block_size"] == 0
+            and not (spec.attr["emit_candidates"] and len(spec.in_types) > 6))
+
+
+INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8)
+
+
 # ---- templates ---------------------------------------------------------------------------------
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
@@ -668,6 +724,12 @@ OPS = [
     _Op("moe_permute", "launch_moe_permute", _l_moe_permute,
         dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
         supports=_moe_permute_supports),
+    # the fused indexer (scores, pool, top-k): exact index outputs, one score tile per program
+    # and one selecting program per row and output
+    _Op("indexer_topk", "launch_indexer_topk", _l_indexer_topk,
+        dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16)),
+        INDEXER_DEFAULT, lambda a: {k: a[k] for k in ("ratio", "k", "emit_candidates", "block_size", "topk_blocks",
+                                                      "w_scale")}, _indexer_topk_supports),
 ]
 
 

@@ -194,11 +194,15 @@ def _indexer_topk_cost(ins, outs, a):
 
 
 @op("indexer_topk", infer=_indexer_topk_rule, flops=_indexer_topk_cost,
-    attrs={"ratio": REQUIRED, "k": REQUIRED, "emit_candidates": False, "block_size": 8, "topk_blocks": 0})
+    attrs={"ratio": REQUIRED, "k": REQUIRED, "emit_candidates": False, "block_size": 8, "topk_blocks": 0,
+           "w_scale": None})
 def indexer_topk(qi, w, ik, positions, token_seq, block_table, cand=None, *, ratio, k, emit_candidates,
-                 block_size, topk_blocks):
+                 block_size, topk_blocks, w_scale):
     """Index scores, restricted to the candidate pool when `cand` is given, top-k; at the
-    candidate source (`emit_candidates`) also the pool built from the same scores."""
+    candidate source (`emit_candidates`) also the pool built from the same scores. `w_scale`:
+    the head weights' constant factor (a `scale` folded in), applied and rounded as `scale` does."""
+    if w_scale is not None:
+        w = core.scale(w, factor=w_scale)
     score = at.indexer_scores(qi, w, ik, positions, token_seq, block_table, ratio=ratio)
     pool = None
     if emit_candidates:
