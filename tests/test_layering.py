@@ -83,6 +83,7 @@ def test_import_resolution():
     assert module_level_imports(ROOT / "passes" / "pipelines.py", "deepinfer.passes") == [
         "deepinfer.passes.attention", "deepinfer.passes.attention.lower_sparse_attention",
         "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_decode",
+        "deepinfer.passes.fuse.fuse_moe_shared",
         "deepinfer.passes.kernels", "deepinfer.passes.kernels.select_kernels",
         "deepinfer.passes.moe", "deepinfer.passes.moe.lower_moe_dispatch",
         "deepinfer.passes.quant", "deepinfer.passes.quant.legalize_quant", "deepinfer.passes.quant.row_weight_scales",

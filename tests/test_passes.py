@@ -109,9 +109,11 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     # the head weights' factor (spec §4.4d) folded in: no scale call left
     assert all(x.attr.get("w_scale") for x in g.nodes if x.op == "indexer_topk") and "scale" not in ops
     assert ops["compress_pool_norm"] == 3  # the ratio-2 owners
-    # their wkv / wgate read the bf16 input: no f32 copy of it (the casts left are the shared experts')
-    assert ops["cast"] == 2 * n and sum(x.op == "linear" and g.types[x.inputs[0]].dtype.name == "f32"
-                                        for x in g.nodes) == 0
+    # their wkv / wgate read the bf16 input: no f32 copy of it; and the shared experts' casts and
+    # add went into the combine (fuse_moe_shared): no cast is left
+    assert "cast" not in ops and sum(x.op == "linear" and g.types[x.inputs[0]].dtype.name == "f32"
+                                     for x in g.nodes) == 0
+    assert ops["moe_combine_shared"] == n and "moe_combine" not in ops
     assert ops["rope_quant_fp8"] == n + 3  # window keys of every layer and the DSpark context keys
     assert ops["grouped_gemm_fp4"] == 2 * n and "moe_experts" not in ops
     assert ops["concat"] == n + 1  # w13 per layer (load time) + the DSpark taps
