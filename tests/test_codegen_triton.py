@@ -30,8 +30,9 @@ def test_hc_pre_with_split_k_matches_reference_interpreted():
     """hc_pre's split-K path (the mix GEMM's K over 5 programs, the last one empty at these sizes,
     partials summed in split order by the main kernel), against the same reference."""
     dims = dict(triton_check.TINY)
-    got = triton_check.run_interpreted(["hc_pre"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=5))
+    got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=5))
     assert got["hc_pre"] is None, got["hc_pre"]
+    assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
 
 @pytest.mark.parametrize("split", [2, 3])

@@ -274,17 +274,13 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, n, C: tl.constexpr, H: tl.const
 
 
 @triton.jit
-def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
-                  x_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
-                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
-                  BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, SPLIT: tl.constexpr):
-    """BM rows per program. Mix GEMM [BM, C*H] x fn^T (here, or with SPLIT > 1 summed in split
-    order from hc_mix_split_kernel's partials), the RMS statistic over C*H, Sinkhorn on
-    [BM, C, C] in registers, then collapse(R, pre_in) -> bf16 -> RMSNorm (two passes over H)."""
+def _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+              rows64, rmask, C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr, BM: tl.constexpr,
+              BK: tl.constexpr, SPLIT: tl.constexpr):
+    """An mHC entry's mixes for BM rows: the mix GEMM [BM, C*H] x fn^T (here, or with SPLIT > 1
+    summed in split order from hc_mix_split_kernel's partials), the RMS statistic over C*H, pre
+    and post, and Sinkhorn on [BM, C, C] in registers; stored to pre, post and m."""
     K: tl.constexpr = C * H
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rmask = rows < n
-    rows64 = rows.to(tl.int64)
     jj = tl.arange(0, 16)
     if SPLIT == 1:
         acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, 0, K, K, C, BM, BK)
@@ -318,6 +314,21 @@ def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
         m3 = m3 / (tl.sum(m3, axis=2)[:, :, None] + hc_eps)
         m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
     tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [BM, 16]), mask=rmask[:, None])
+
+
+@triton.jit
+def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
+                  x_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+                  C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
+                  BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, SPLIT: tl.constexpr):
+    """BM rows per program: the mixes (_hc_mixes), then collapse(R, pre_in) -> bf16 -> RMSNorm
+    (two passes over H)."""
+    K: tl.constexpr = C * H
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    rmask = rows < n
+    rows64 = rows.to(tl.int64)
+    _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+              rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
     # collapse with the previous sub-layer's pre, then RMSNorm of the bf16 result
     hh = tl.arange(0, BH)
     ss2 = tl.zeros([BM], tl.float32)
@@ -797,43 +808,9 @@ def hc_mix_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, 
                   SPLIT: tl.constexpr):
     """hc_pre_kernel's mixes alone (the mix GEMM, here or summed in split order from
     hc_mix_split_kernel's partials, the RMS statistic, Sinkhorn), for an entry with no collapse."""
-    K: tl.constexpr = C * H
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    rmask = rows < n
-    rows64 = rows.to(tl.int64)
-    jj = tl.arange(0, 16)
-    if SPLIT == 1:
-        acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, 0, K, K, C, BM, BK)
-    else:
-        acc_pp = tl.zeros([BM, 16], tl.float32)
-        acc_m = tl.zeros([BM, 16], tl.float32)
-        ss = tl.zeros([BM], tl.float32)
-        for sp in tl.static_range(SPLIT):
-            base = part_ptr + (sp * n + rows64[:, None]) * 48
-            acc_pp += tl.load(base + jj[None, :], mask=rmask[:, None], other=0.0)
-            acc_m += tl.load(base + 16 + jj[None, :], mask=rmask[:, None], other=0.0)
-            ss += tl.load(part_ptr + (sp * n + rows64) * 48 + 32, mask=rmask, other=0.0)
-    rms = tl.math.rsqrt(ss / K + eps)
-    s0 = tl.load(scale_ptr)
-    s1 = tl.load(scale_ptr + 1)
-    s2 = tl.load(scale_ptr + 2)
-    bpp = tl.load(base_ptr + jj, mask=jj < 2 * C, other=0.0)
-    zpp = acc_pp * rms[:, None] * tl.where(jj < C, s0, s1)[None, :] + bpp[None, :]
-    pre = _sigmoid(zpp) + hc_eps
-    post = post_mult * _sigmoid(zpp)
-    tl.store(pre_ptr + rows64[:, None] * C + jj[None, :], pre, mask=rmask[:, None] & (jj[None, :] < C))
-    tl.store(post_ptr + rows64[:, None] * C + (jj[None, :] - C), post,
-             mask=rmask[:, None] & (jj[None, :] >= C) & (jj[None, :] < 2 * C))
-    bm_ = tl.load(base_ptr + 2 * C + jj)
-    z = acc_m * rms[:, None] * s2 + bm_[None, :]
-    m3 = tl.reshape(z, [BM, C, C])
-    e = tl.exp(m3 - tl.max(m3, axis=2)[:, :, None])
-    m3 = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
-    m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
-    for _ in range(ITERS - 1):
-        m3 = m3 / (tl.sum(m3, axis=2)[:, :, None] + hc_eps)
-        m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
-    tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [BM, 16]), mask=rmask[:, None])
+    _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+              rows.to(tl.int64), rows < n, C, H, ITERS, BM, BK, SPLIT)
 
 
 @triton.jit

@@ -155,6 +155,20 @@ def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offse
     return q, s
 
 
+def _hc_mix_partials(r, fn, cfg, unused):
+    """With SPLIT > 1: the mix GEMM's per-K-range partials (hc_mix_split_kernel), which the main
+    kernel sums in split order; else `unused` (the main kernel does not read it)."""
+    n, c, h = r.shape
+    split = cfg.get("SPLIT", 1)
+    if split == 1:
+        return unused
+    part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
+    _k(hc_mix_split_kernel)[(triton.cdiv(n, cfg["BM"]), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=cfg["BM"],
+                                                                BK=cfg["BK"], num_warps=cfg["num_warps"],
+                                                                num_stages=cfg["num_stages"])
+    return part
+
+
 def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_eps, post_mult, cfg):
     n, c, h = r.shape
     x = torch.empty(n, h, dtype=r.dtype, device=r.device)
@@ -162,12 +176,7 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm, split = cfg["BM"], cfg.get("SPLIT", 1)
-    part = m  # not read when SPLIT == 1
-    if split > 1:
-        part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
-        _k(hc_mix_split_kernel)[(triton.cdiv(n, bm), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=bm,
-                                                             BK=cfg["BK"], num_warps=cfg["num_warps"],
-                                                             num_stages=cfg["num_stages"])
+    part = _hc_mix_partials(r, fn, cfg, m)
     _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
                                          hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
                                          BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
@@ -407,12 +416,7 @@ def launch_hc_mix(r, fn, scale, base, *, eps, copies, iters, hc_eps, post_mult, 
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm, split = cfg["BM"], cfg.get("SPLIT", 1)
-    part = m  # not read when SPLIT == 1
-    if split > 1:
-        part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
-        _k(hc_mix_split_kernel)[(triton.cdiv(n, bm), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=bm,
-                                                             BK=cfg["BK"], num_warps=cfg["num_warps"],
-                                                             num_stages=cfg["num_stages"])
+    part = _hc_mix_partials(r, fn, cfg, m)
     _k(hc_mix_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre, post, m, part, n, eps, hc_eps, post_mult, C=c,
                                              H=h, ITERS=iters, BM=bm, BK=cfg["BK"], SPLIT=split,
                                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

@@ -136,6 +136,17 @@ def _l_rope(spec, cfg):
     return [_launch("rope_kernel", args, ce, (shape[0] * heads,), cfg)]
 
 
+def _with_mix_partials(main: Launch, r, fn, cfg) -> list[Launch]:
+    """An mHC entry's launches: with SPLIT > 1, hc_mix_split_kernel's partials first."""
+    split = cfg.get("SPLIT", 1)
+    if split == 1:
+        return [main]
+    n, c, h = _ints(r.shape)
+    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
+                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
+    return [part, main]
+
+
 def _l_hc_pre(spec, cfg):
     r, fn, scale, base, pre_in, nw = spec.in_types
     n, c, h = _ints(r.shape)
@@ -146,11 +157,7 @@ def _l_hc_pre(spec, cfg):
     ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"],
           "SPLIT": split}
     main = _launch("hc_pre_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
-    if split == 1:
-        return [main]
-    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
-                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
-    return [part, main]
+    return _with_mix_partials(main, r, fn, cfg)
 
 
 def _l_hc_expand(spec, cfg):
@@ -436,11 +443,7 @@ def _l_hc_mix(spec, cfg):
             "hc_eps": "fp32", "post_mult": "fp32"}
     ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "SPLIT": split}
     main = _launch("hc_mix_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
-    if split == 1:
-        return [main]
-    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
-                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
-    return [part, main]
+    return _with_mix_partials(main, r, fn, cfg)
 
 
 def _l_hc_reduce(spec, cfg):
