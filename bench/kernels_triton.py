@@ -120,9 +120,11 @@ def main():
     if "hc_pre" in ops:
         base = triton_ops.default_config("hc_pre")
         for label, n in SIZES.items():
+            if n > 64:
+                continue
             for split in triton_ops.TEMPLATES_BY_OP["hc_pre"].knobs["SPLIT"]:
-                for bm in (16, 32, 64) if n <= 64 else (16,):
-                    cfg = dict(base, SPLIT=split, BM=bm)
+                for bk in (32, 64, 128):
+                    cfg = dict(base, SPLIT=split, BM=16, BK=bk)
                     try:
                         row = run_case("hc_pre", n, cfg, bench, ceil, check=not args.no_check)
                     except Exception as e:  # noqa: BLE001
@@ -167,12 +169,13 @@ def main():
             "%.1f" % r["floor_us"] if "floor_us" in r else "-",
             "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"))
     if splits:
-        print("\nsplit-K (op/case/split/BM/BN = us, floor/time):")
+        print("\nsplit-K (op/case/split/BM/BN/BK = us, floor/time):")
         for r in splits:
             c = r["config"]
-            print("  %s/%s/S%d/BM%d/BN%d = %s %s" % (r.get("op", "hc_pre"), r["case"], c["SPLIT"], c["BM"], c.get("BN", 0),
-                                                  "%.1f" % r["time_us"] if "time_us" in r else "ERR",
-                                                  "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"))
+            t = "%.1f" % r["time_us"] if "time_us" in r else "ERR"
+            f = "%.2f" % r["floor_over_time"] if "floor_over_time" in r else "-"
+            print("  %s/%s/S%d/BM%d/BN%d/BK%d = %s %s" % (r.get("op", "hc_pre"), r["case"], c["SPLIT"], c["BM"],
+                                                       c.get("BN", 0), c.get("BK", 0), t, f))
     for p in peers:
         print("peer:", p)
     print("copy ceiling %.2f TB/s" % (ceil["copy_bytes_per_s"] / 1e12))

@@ -27,8 +27,9 @@ def test_every_template_has_a_check_case():
 
 
 def test_hc_pre_with_split_k_matches_reference_interpreted():
-    """hc_pre's split-K path (the mix GEMM's K over 5 programs, the last one empty at these sizes,
-    partials summed in split order by the main kernel), against the same reference."""
+    """hc_pre's split path: H = 96 in 32-wide ranges over 5 programs (the last two empty), each
+    doing the mix GEMM's columns of every copy and hc_pre's collapse of its range; the main kernel
+    sums the partials in split order and normalises x in 32-wide chunks. Against the same reference."""
     dims = dict(triton_check.TINY)
     got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=5))
     assert got["hc_pre"] is None, got["hc_pre"]
@@ -160,7 +161,10 @@ def test_launch_metadata_matches_the_kernel_text(op, template, entries):
     else:
         split = launches[0]
         blocks = -(-8 // cfg["BM"])
-        assert cfg["SPLIT"] > 1 and split["grid"] == [blocks, cfg["SPLIT"]] and main["grid"] == [blocks]
+        # the split kernel collapses into the output, which the main kernel's programs (row block,
+        # chunk of H) normalise in place
+        assert cfg["SPLIT"] > 1 and split["grid"] == [blocks, cfg["SPLIT"]]
+        assert main["grid"] == [blocks, -(-256 // cfg["BH"])] and split["constexprs"]["COLLAPSE"] is True
         assert split["signature"]["part_ptr"] == main["signature"]["part_ptr"] == "*fp32"  # partials handed over
         assert src.meta["launch_attrs"] == {"eps": 1e-20, "copies": 4, "iters": 20, "hc_eps": 1e-06, "post_mult": 2.0}
 

@@ -252,25 +252,55 @@ def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.con
 
 
 @triton.jit
-def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, n, C: tl.constexpr, H: tl.constexpr, SPLIT: tl.constexpr,
-                        BM: tl.constexpr, BK: tl.constexpr):
-    """Program (row block, split s): the mix GEMM over the s-th K range, into part[s, row, 48]
-    (pre|post 0..15, mix 16..31, sum of squares 32). Few rows (decode) leave most SMs idle with
-    one program per row block; splitting K spreads the 2*C + C*C weight rows over the GPU."""
+def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.constexpr, H: tl.constexpr,
+                        SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, COLLAPSE: tl.constexpr):
+    """Program (row block, split s): for the s-th range of H and every copy c, the mix GEMM's K
+    columns c*H + h into part[s, row, 48] (pre|post 0..15, mix 16..31, sum of squares 32). With
+    COLLAPSE (hc_pre), also the collapse sum_c pre_in[c] * R[c, h] of the same loaded copies,
+    rounded to R's dtype, into xc, and that rounded value's sum of squares into part[s, row, 33]:
+    the RMSNorm's statistic. Few rows (decode) leave most SMs idle with one program per row block;
+    splitting H spreads the 2*C + C*C weight rows and the rows' copies over the GPU, and the
+    collapse no longer walks all of H in one program."""
     K: tl.constexpr = C * H
-    KS: tl.constexpr = (K + SPLIT * BK - 1) // (SPLIT * BK) * BK
+    HS: tl.constexpr = (H + SPLIT * BK - 1) // (SPLIT * BK) * BK
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rmask = rows < n
     rows64 = rows.to(tl.int64)
     s = tl.program_id(1)
-    k_lo = s * KS
-    k_hi = tl.minimum(k_lo + KS, K)
-    acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K, C, BM, BK)
+    h_lo = s * HS
+    h_hi = tl.minimum(h_lo + HS, H)
     jj = tl.arange(0, 16)
+    acc_pp = tl.zeros([BM, 16], tl.float32)
+    acc_m = tl.zeros([BM, 16], tl.float32)
+    ss = tl.zeros([BM], tl.float32)
+    ss2 = tl.zeros([BM], tl.float32)
+    for h0 in range(h_lo, h_hi, BK):
+        hh = h0 + tl.arange(0, BK)
+        hm = hh < h_hi
+        col = tl.zeros([BM, BK], tl.float32)
+        for c in tl.static_range(C):
+            kk = c * H + hh
+            x = tl.load(r_ptr + rows64[:, None] * K + kk[None, :], mask=rmask[:, None] & hm[None, :],
+                        other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, axis=1)
+            fpp = tl.load(fn_ptr + jj[None, :] * K + kk[:, None], mask=hm[:, None] & (jj[None, :] < 2 * C),
+                          other=0.0)
+            fm = tl.load(fn_ptr + (2 * C + jj[None, :]) * K + kk[:, None], mask=hm[:, None], other=0.0)
+            acc_pp += tl.dot(x, fpp, input_precision="ieee")
+            acc_m += tl.dot(x, fm, input_precision="ieee")
+            if COLLAPSE:
+                p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
+                col += p[:, None] * x
+        if COLLAPSE:
+            xc = _round_like(col, r_ptr.dtype.element_ty)
+            ss2 += tl.sum(xc * xc, axis=1)
+            tl.store(xc_ptr + rows64[:, None] * H + hh[None, :], xc.to(xc_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & hm[None, :])
     base = part_ptr + (s * n + rows64[:, None]) * 48
     tl.store(base + jj[None, :], acc_pp, mask=rmask[:, None])
     tl.store(base + 16 + jj[None, :], acc_m, mask=rmask[:, None])
     tl.store(part_ptr + (s * n + rows64) * 48 + 32, ss, mask=rmask)
+    tl.store(part_ptr + (s * n + rows64) * 48 + 33, ss2, mask=rmask)
 
 
 @triton.jit
@@ -321,37 +351,53 @@ def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
                   x_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
                   C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
                   BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, SPLIT: tl.constexpr):
-    """BM rows per program: the mixes (_hc_mixes), then collapse(R, pre_in) -> bf16 -> RMSNorm
-    (two passes over H)."""
+    """SPLIT == 1: BM rows per program, the mixes (_hc_mixes), then collapse(R, pre_in) -> bf16 ->
+    RMSNorm (two passes over H). SPLIT > 1: program (row block, chunk of H) after
+    hc_mix_split_kernel, which left the rounded collapse in x and the partials in part: the first
+    chunk's program finishes the mixes; every program normalises its chunk of x in place."""
     K: tl.constexpr = C * H
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rmask = rows < n
     rows64 = rows.to(tl.int64)
-    _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
-              rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
-    # collapse with the previous sub-layer's pre, then RMSNorm of the bf16 result
     hh = tl.arange(0, BH)
-    ss2 = tl.zeros([BM], tl.float32)
-    for h0 in range(0, H, BH):
+    if SPLIT > 1:
+        if tl.program_id(1) == 0:
+            _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps,
+                      post_mult, rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
+        ss2 = tl.zeros([BM], tl.float32)
+        for sp in tl.static_range(SPLIT):
+            ss2 += tl.load(part_ptr + (sp * n + rows64) * 48 + 33, mask=rmask, other=0.0)
+        rstd = tl.math.rsqrt(ss2 / H + eps)
+        h0 = tl.program_id(1) * BH
         hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
-        acc = tl.zeros([BM, BH], tl.float32)
-        for c in tl.static_range(C):
-            p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
-            rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
-            acc += p[:, None] * rc.to(tl.float32)
-        xc = _round_like(acc, r_ptr.dtype.element_ty)
-        ss2 += tl.sum(xc * xc, axis=1)
-    rstd = tl.math.rsqrt(ss2 / H + eps)
-    for h0 in range(0, H, BH):
-        hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
-        acc = tl.zeros([BM, BH], tl.float32)
-        for c in tl.static_range(C):
-            p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
-            rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
-            acc += p[:, None] * rc.to(tl.float32)
-        xc = _round_like(acc, r_ptr.dtype.element_ty)
+        xc = tl.load(x_ptr + rows64[:, None] * H + h0 + hh[None, :], mask=hm, other=0.0).to(tl.float32)
         w = tl.load(nw_ptr + h0 + hh, mask=(h0 + hh) < H, other=0.0).to(tl.float32)
         _store_as(x_ptr + rows64[:, None] * H + h0 + hh[None, :], w[None, :] * (xc * rstd[:, None]), hm)
+    else:
+        _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+                  rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
+        # collapse with the previous sub-layer's pre, then RMSNorm of the bf16 result
+        ss2 = tl.zeros([BM], tl.float32)
+        for h0 in range(0, H, BH):
+            hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
+            acc = tl.zeros([BM, BH], tl.float32)
+            for c in tl.static_range(C):
+                p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
+                rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
+                acc += p[:, None] * rc.to(tl.float32)
+            xc = _round_like(acc, r_ptr.dtype.element_ty)
+            ss2 += tl.sum(xc * xc, axis=1)
+        rstd = tl.math.rsqrt(ss2 / H + eps)
+        for h0 in range(0, H, BH):
+            hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
+            acc = tl.zeros([BM, BH], tl.float32)
+            for c in tl.static_range(C):
+                p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
+                rc = tl.load(r_ptr + rows64[:, None] * K + c * H + h0 + hh[None, :], mask=hm, other=0.0)
+                acc += p[:, None] * rc.to(tl.float32)
+            xc = _round_like(acc, r_ptr.dtype.element_ty)
+            w = tl.load(nw_ptr + h0 + hh, mask=(h0 + hh) < H, other=0.0).to(tl.float32)
+            _store_as(x_ptr + rows64[:, None] * H + h0 + hh[None, :], w[None, :] * (xc * rstd[:, None]), hm)
 
 
 @triton.jit

@@ -155,17 +155,19 @@ def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offse
     return q, s
 
 
-def _hc_mix_partials(r, fn, cfg, unused):
-    """With SPLIT > 1: the mix GEMM's per-K-range partials (hc_mix_split_kernel), which the main
-    kernel sums in split order; else `unused` (the main kernel does not read it)."""
+def _hc_mix_partials(r, fn, cfg, unused, pre_in=None, x=None):
+    """With SPLIT > 1: the mix GEMM's per-range partials (hc_mix_split_kernel), which the main
+    kernel sums in split order, and with `pre_in` (hc_pre) the rounded collapse left in `x`; else
+    `unused` (the main kernel does not read it)."""
     n, c, h = r.shape
     split = cfg.get("SPLIT", 1)
     if split == 1:
         return unused
     part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
-    _k(hc_mix_split_kernel)[(triton.cdiv(n, cfg["BM"]), split)](r, fn, part, n, C=c, H=h, SPLIT=split, BM=cfg["BM"],
-                                                                BK=cfg["BK"], num_warps=cfg["num_warps"],
-                                                                num_stages=cfg["num_stages"])
+    collapse = pre_in is not None
+    _k(hc_mix_split_kernel)[(triton.cdiv(n, cfg["BM"]), split)](
+        r, fn, part, pre_in if collapse else part, x if collapse else part, n, C=c, H=h, SPLIT=split, BM=cfg["BM"],
+        BK=cfg["BK"], COLLAPSE=collapse, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return part
 
 
@@ -176,11 +178,12 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm, split = cfg["BM"], cfg.get("SPLIT", 1)
-    part = _hc_mix_partials(r, fn, cfg, m)
-    _k(hc_pre_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
-                                         hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
-                                         BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
-                                         num_stages=cfg["num_stages"])
+    part = _hc_mix_partials(r, fn, cfg, m, pre_in, x)
+    grid = (triton.cdiv(n, bm),) if split == 1 else (triton.cdiv(n, bm), triton.cdiv(h, cfg["BH"]))
+    _k(hc_pre_kernel)[grid](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
+                            hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
+                            BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
+                            num_stages=cfg["num_stages"])
     return x, pre, post, m
 
 

@@ -136,14 +136,19 @@ def _l_rope(spec, cfg):
     return [_launch("rope_kernel", args, ce, (shape[0] * heads,), cfg)]
 
 
-def _with_mix_partials(main: Launch, r, fn, cfg) -> list[Launch]:
-    """An mHC entry's launches: with SPLIT > 1, hc_mix_split_kernel's partials first."""
+def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
+    """An mHC entry's launches: with SPLIT > 1, hc_mix_split_kernel's partials first (and, with
+    `pre_in`, hc_pre's collapse into its output)."""
     split = cfg.get("SPLIT", 1)
     if split == 1:
         return [main]
     n, c, h = _ints(r.shape)
-    part = _launch("hc_mix_split_kernel", {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32", "n": "i32"},
-                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"]}, (_cdiv(n, cfg["BM"]), split), cfg)
+    collapse = pre_in is not None
+    args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32",
+            "prein_ptr": _ptr(pre_in) if collapse else "*fp32", "xc_ptr": _ptr(r) if collapse else "*fp32", "n": "i32"}
+    part = _launch("hc_mix_split_kernel", args,
+                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"], "COLLAPSE": collapse},
+                   (_cdiv(n, cfg["BM"]), split), cfg)
     return [part, main]
 
 
@@ -156,8 +161,9 @@ def _l_hc_pre(spec, cfg):
             "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
     ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"],
           "SPLIT": split}
-    main = _launch("hc_pre_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
-    return _with_mix_partials(main, r, fn, cfg)
+    grid = (_cdiv(n, cfg["BM"]),) if split == 1 else (_cdiv(n, cfg["BM"]), _cdiv(h, cfg["BH"]))
+    main = _launch("hc_pre_kernel", args, ce, grid, cfg)
+    return _with_mix_partials(main, r, fn, cfg, pre_in)
 
 
 def _l_hc_expand(spec, cfg):
@@ -604,7 +610,7 @@ def _rope_attrs(op):
 
 
 def _hc_pre_by_rows(n: int) -> dict:
-    return {"SPLIT": 64, "BM": 16} if n <= HC_PRE_SPLIT_ROWS else {}
+    return {"SPLIT": 80, "BK": 64, "BM": 16} if n <= HC_PRE_SPLIT_ROWS else {}
 
 
 HC_PRE_SPLIT_ROWS = 256
@@ -637,13 +643,13 @@ OPS = [
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
         # SPLIT > 1 splits the mix GEMM's K over programs, partials summed in split order
         dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
-             SPLIT=(1, 8, 32, 64)),
+             SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
-        # H200, the decode sweep in bench/results/triton_tilekernels_h200.json: one program per
-        # 16 rows leaves decode batches with a handful of programs walking K = 20480 alone (959 us
-        # at batch 1); K split in 64 with 16-row blocks runs in 69 us (batch 1) and 95 us (batch
-        # 64), the fastest point at both (triton_h200.json repeats it; at 4K rows no split gains)
+        # one program per 16 rows leaves decode batches with a handful of programs walking
+        # K = 20480 alone; decode rows split H over programs (the mix columns of every copy and
+        # the collapse of that range), then normalise x in BH chunks. Default from the H200
+        # sweep of bench/kernels_triton.py --only hc_pre (SPLIT x BK at decode sizes)
         _hc_pre_by_rows),
     _Op("hc_expand", "launch_hc_expand", _l_hc_expand, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1)),
@@ -704,7 +710,7 @@ OPS = [
         dict(num_warps=4, num_stages=1), lambda a: {"ratio": a["ratio"], "eps": a["eps"]}),
     # hc_pre's mixes without its collapse (layer 0's attention); the same K split at decode rows
     _Op("hc_mix", "launch_hc_mix", _l_hc_mix,
-        dict(BM=(16, 32, 64), BK=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3), SPLIT=(1, 8, 32, 64)),
+        dict(BM=(16, 32, 64), BK=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3), SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
         _hc_pre_by_rows),
