@@ -89,8 +89,12 @@ class CompileCache:
                 names[art] = fname
             write_new_file(tmp / "meta.json", json.dumps(dict(meta, files=names), indent=1, sort_keys=True).encode())
 
-        replace_dir(self.path(key), write)
-        return self.get(key)
+        for _ in range(3):  # another process may be swapping in its copy of the same entry
+            replace_dir(self.path(key), write)
+            stored = self.get(key)
+            if stored is not None:
+                return stored
+        raise OSError(f"compile cache entry {self.path(key)} kept changing while it was written")
 
 
 # ---- toolchains -------------------------------------------------------------------------------
@@ -384,17 +388,30 @@ def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int =
     target = get_target(target) if isinstance(target, str) else target
     cache = cache or CompileCache()
     results: list[BuildResult | None] = [None] * len(sources)
-    todo = []
+    todo, same = [], {}  # sources with one cache key are built once: two workers must not write one entry
     for i, s in enumerate(sources):
-        hit = cache.get(cache_key(s, target))
+        key = cache_key(s, target)
+        if key in same:
+            same[key].append(i)
+            continue
+        same[key] = [i]
+        hit = cache.get(key)
         if hit is not None and not (check and check(s, None)):
             results[i] = build_one(s, target, cache, check)
         else:
             todo.append(i)
+    _build_todo(sources, target, todo, results, jobs, cache, check, backend_name)
+    for first, *rest in same.values():
+        for i in rest:
+            results[i] = results[first]
+    return results
+
+
+def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name) -> None:
     if jobs <= 1 or len(todo) <= 1:
         for i in todo:
             results[i] = build_one(sources[i], target, cache, check)
-        return results
+        return
     triton_idx = [i for i in todo if sources[i].language == "triton"]
     other_idx = [i for i in todo if sources[i].language != "triton"]
     with cf.ThreadPoolExecutor(max_workers=jobs) as tp:
@@ -412,7 +429,6 @@ def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int =
                 results[i] = build_one(sources[i], target, cache, check)
         for f in cf.as_completed(futs):
             results[futs[f]] = f.result()
-    return results
 
 
 def _source_json(s: KernelSource) -> dict:

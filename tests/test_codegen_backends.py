@@ -125,8 +125,12 @@ def test_parallel_triton_builds(cache):
     ops = [spec("moe_router", [tensor("f32", 64, 384), tensor("f32", 384)], {"k": 6, "scale": 1.5}),
            spec("hc_expand", [tensor("bf16", 64, 5120), tensor("bf16", 64, 4, 5120), tensor("f32", 64, 4),
                               tensor("f32", 64, 4, 4)], {})]
-    res = b.build([render(b.target, f"triton_{s.op}", s) for s in ops], jobs=2, cache=cache)
-    assert [r.status for r in res] == ["built", "built"], [r.reason for r in res]
+    srcs = [render(b.target, f"triton_{s.op}", s) for s in ops]
+    # the first source twice: two instances that render the same text share one cache entry, which
+    # one worker builds (two workers writing one entry raced, and one found it missing)
+    res = b.build(srcs + srcs[:1], jobs=2, cache=cache)
+    assert [r.status for r in res] == ["built", "built", "built"], [r.reason for r in res]
+    assert res[2] is res[0] and not res[0].cached
 
 
 CUDA_SRC = """extern "C" __global__ void scale_rows(const float* x, float* y, int n) {
