@@ -255,9 +255,26 @@ def _busy(ex, chunks, reps):
     return total / 1e6 / reps
 
 
+class _PageableLogits:
+    """The step result as it was before pinned copies (BENCH_PAGEABLE_LOGITS=1): a device copy of
+    the logits, then a blocking copy into pageable host memory when asked for. For the same-run
+    comparison only."""
+
+    def __init__(self, logits):
+        self.logits = logits.to(torch.float32, copy=True)
+
+    def result(self):
+        return self.logits.cpu()
+
+
 def medium(plan: str, seed: int = 0) -> dict:
     cfg = load_config("v4.1-flash-medium")
     out = {}
+    if os.environ.get("BENCH_PAGEABLE_LOGITS") == "1":
+        from deepinfer.runtime import cuda_executor
+
+        cuda_executor._Pending = _PageableLogits
+        out["logits_copy"] = "pageable"
     t = time.perf_counter()
     ex = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"), config_hash=cfg.config_hash)
     torch.cuda.synchronize()

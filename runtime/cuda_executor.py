@@ -43,13 +43,18 @@ def to_device(v, device):
 
 
 class _Pending:
-    """A submitted step: its logits on the device until asked for."""
+    """A submitted step: its logits on their way into pinned host memory, queued on the step's
+    stream behind the step (and ahead of the next step, which rewrites a graph's output buffer)."""
 
     def __init__(self, logits: torch.Tensor):
-        self.logits = logits
+        self.host = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+        self.host.copy_(logits, non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record()
 
     def result(self) -> torch.Tensor:
-        return self.logits.cpu()
+        self.done.synchronize()
+        return self.host
 
 
 class _TileLangKernels:
@@ -160,8 +165,7 @@ class CudaPlanExecutor:
         graph, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][graph][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
-        # a copy on the device: a graph's output buffer is rewritten by the bucket's next replay
-        return _Pending(self.run_bucket(graph, bucket, inputs)["logits"][:n].to(torch.float32, copy=True))
+        return _Pending(self.run_bucket(graph, bucket, inputs)["logits"][:n])
 
     def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
         """One step at a bucket's shape from host inputs; through its CUDA graph when it has one."""

@@ -94,14 +94,17 @@ def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
     """One token per row of `logits` [n, V]."""
     if logits.shape[0] != len(requests):
         raise ValueError(f"{logits.shape[0]} logits rows for {len(requests)} sample requests")
-    out = []
-    for row, req in zip(logits, requests):
+    greedy = [i for i, req in enumerate(requests) if req.params.greedy]
+    out = [0] * len(requests)
+    if greedy:  # one argmax over all greedy rows (first maximum = lowest id, as per row)
+        best = torch.argmax(logits[greedy] if len(greedy) < len(requests) else logits, dim=-1).tolist()
+        for i, t in zip(greedy, best):
+            out[i] = t
+    for i, (row, req) in enumerate(zip(logits, requests)):
         p = req.params
-        if p.greedy:
-            out.append(int(torch.argmax(row)))  # first maximum = lowest id
-            continue
-        filtered = filter_logits(row, p.temperature, p.top_p, p.top_k)
-        out.append(sample_from_logits(filtered, sample_uniform(req.seed, req.pos, FRESH)))
+        if not p.greedy:
+            filtered = filter_logits(row, p.temperature, p.top_p, p.top_k)
+            out[i] = sample_from_logits(filtered, sample_uniform(req.seed, req.pos, FRESH))
     return out
 
 

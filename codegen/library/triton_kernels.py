@@ -708,24 +708,24 @@ def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
-def _fp4_scaled(code, sbyte):
-    """e2m1 codes (int32 0..15, bit 3 the sign) times 2^(sbyte - 127), exact in fp32. The code's
-    three magnitude bits placed at fp16 bits 9..11 are the fp16 exponent and top mantissa bit of
-    value * 2^-14 (code 1, 0.5, lands on the subnormal 2^-15), so one conversion decodes it and
-    the 2^14 joins the scale. Scale bytes up to 240 (2^113; real ones sit near 2^-10)."""
+def _fp4_f16(code):
+    """e2m1 codes (int32 0..15, bit 3 the sign) -> fp16 value * 2^-14, exact: the code's three
+    magnitude bits placed at fp16 bits 9..11 are the fp16 exponent and top mantissa bit of
+    value * 2^-14 (code 1, 0.5, lands on the subnormal 2^-15)."""
     h = ((code & 7) << 9) | ((code & 8) << 12)
-    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return v * ((sbyte + 14) << 23).to(tl.float32, bitcast=True)
+    return h.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _e4m3_scaled(code, sbyte):
-    """e4m3fn bytes (int32, no NaN) times 2^(sbyte - 127), exact in fp32: the byte's exponent and
-    mantissa shifted into an fp16 are its value * 2^-8 (subnormals included). Scale bytes up to
-    246."""
-    h = ((code & 0x7F) << 7) | ((code & 0x80) << 8)
-    v = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return v * ((sbyte + 8) << 23).to(tl.float32, bitcast=True)
+def _e4m3_f16(code):
+    """e4m3fn bytes (int32, no NaN) -> their fp16 values, exact (4 significant bits, 2^-9..448)."""
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def _pow2(sbyte, bias: tl.constexpr):
+    """2^(sbyte - 127 + bias) in fp32 for ue8m0 bytes (int32), exact while it stays normal."""
+    return ((sbyte + bias) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -735,9 +735,11 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
     """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
     expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
     32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
-    Both are decoded in registers to their exact fp32 values with the scales applied (4 x 2
-    significant bits: every product is exact at tf32 precision), the even-K and the odd-K halves
-    of a K tile as two tf32 MMAs, fp32 accumulation, bf16 out.
+    The codes are widened in registers to fp16 (exact: e4m3 values, and e2m1 values * 2^-14), one
+    fp16 MMA pair (even K, odd K) per 32-deep scale block with fp32 accumulation (products of 4 x 2
+    significant bits are exact), and the block's partial sum scaled by its two power-of-two scales
+    into the fp32 accumulator; bf16 out. The fp16 operands take half the registers of fp32 ones
+    and run at twice the tf32 rate.
 
     Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
     from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
@@ -758,29 +760,29 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
         e = tl.sum(tl.where(pick, ee, 0), axis=0).to(tl.int64)
         start = tl.sum(tl.where(pick, lo, 0), axis=0)
         end = tl.sum(tl.where(pick, hi, 0), axis=0)  # start == end == 0: fewer than i + 1 busy
-        kb = tl.arange(0, NB)[None, :, None]
-        jj = tl.arange(0, 16)[None, None, :]
-        wrow = (e * N + cols).to(tl.int64)[:, None, None]
+        jj = tl.arange(0, 16)
+        wrow = (e * N + cols).to(tl.int64)
         for r0 in range(start, end, BM):
             rows = r0 + tl.arange(0, BM)
             rm = rows < end
-            xrow = rows.to(tl.int64)[:, None, None]
+            xrow = rows.to(tl.int64)
             acc = tl.zeros([BM, BN], tl.float32)
             for k0 in range(0, K, BK):
-                kbi = k0 // 32 + kb  # the tile's 32-deep scale blocks, 16 bytes / int16 pairs each
-                km = kbi < KB
-                wb = tl.load(w_ptr + wrow * (K // 2) + kbi * 16 + jj, mask=cm[:, None, None] & km, other=0)
-                sw = tl.load(sw_ptr + wrow * KB + kbi, mask=cm[:, None, None] & km, other=0).to(tl.int32)
-                wb = wb.to(tl.int32)
-                w_even = tl.reshape(_fp4_scaled(wb & 15, sw), [BN, BK // 2])
-                w_odd = tl.reshape(_fp4_scaled(wb >> 4, sw), [BN, BK // 2])
-                xm = rm[:, None, None] & km
-                xp = tl.load(x_ptr + xrow * (K // 2) + kbi * 16 + jj, mask=xm, other=0).to(tl.int32)
-                sx = tl.load(sx_ptr + xrow * KB + kbi, mask=xm, other=0).to(tl.int32)
-                x_even = tl.reshape(_e4m3_scaled(xp & 0xFF, sx), [BM, BK // 2])
-                x_odd = tl.reshape(_e4m3_scaled((xp >> 8) & 0xFF, sx), [BM, BK // 2])
-                acc = tl.dot(x_even, tl.trans(w_even), acc, input_precision="tf32")
-                acc = tl.dot(x_odd, tl.trans(w_odd), acc, input_precision="tf32")
+                for kk in tl.static_range(NB):
+                    kbi = k0 // 32 + kk  # one 32-deep scale block: 16 bytes / int16 pairs per row
+                    # (the block's bound joins the row masks as a vector: the interpreter takes no
+                    # scalar in a mask)
+                    wn = cm & ((cols * 0 + kbi) < KB)
+                    xn = rm & ((rows * 0 + kbi) < KB)
+                    wb = tl.load(w_ptr + wrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
+                                 mask=wn[:, None], other=0).to(tl.int32)
+                    sw = tl.load(sw_ptr + wrow * KB + kbi, mask=wn, other=0).to(tl.int32)
+                    xp = tl.load(x_ptr + xrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
+                                 mask=xn[:, None], other=0).to(tl.int32)
+                    sx = tl.load(sx_ptr + xrow * KB + kbi, mask=xn, other=0).to(tl.int32)
+                    part = tl.dot(_e4m3_f16(xp & 0xFF), tl.trans(_fp4_f16(wb & 15)))
+                    part = tl.dot(_e4m3_f16((xp >> 8) & 0xFF), tl.trans(_fp4_f16(wb >> 4)), part)
+                    acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 14)[None, :])
             _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, rm[:, None] & cm[None, :])
     else:
         zero = tl.zeros([BM, BN], tl.float32)
