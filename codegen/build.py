@@ -380,6 +380,15 @@ def _build_in_worker(src_json: dict, target_name: str, cache_dir: str, backend_n
     return build_one(src, target_name, CompileCache(Path(cache_dir).parent), get_manifest(backend_name).check).to_json()
 
 
+def build_for(manifest, sources: list[KernelSource], *, jobs: int = 1,
+              cache: CompileCache | None = None) -> list[BuildResult]:
+    """Build (or fetch from the compile cache) every source for a target manifest, each checked
+    against the target's capacities before and after. (Here, not a Manifest method: templates
+    import the manifests, and their render keys must not hash the build code.)"""
+    return build_many(list(sources), manifest.target, jobs=jobs, cache=cache, check=manifest.check,
+                      backend_name=manifest.name)
+
+
 def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int = 1,
                cache: CompileCache | None = None, check=None, backend_name: str | None = None) -> list[BuildResult]:
     """Build every source; cache hits are served at once, misses in parallel: a thread pool for

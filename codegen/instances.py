@@ -57,7 +57,7 @@ def _imports(module: str, src: ModuleText) -> list[tuple[str, list[str]]]:
     a plain `import m` takes no names."""
     package = module if src.is_package else module.rpartition(".")[0]
     out: list[tuple[str, list[str]]] = []
-    for node in ast.walk(ast.parse(src.text)):
+    for node in _runtime_nodes(ast.parse(src.text)):
         if isinstance(node, ast.Import):
             out.extend((a.name, []) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -69,6 +69,24 @@ def _imports(module: str, src: ModuleText) -> list[tuple[str, list[str]]]:
                 base = node.module
             out.append((base, [a.name for a in node.names]))
     return out
+
+
+def _runtime_nodes(tree: ast.AST):
+    """ast.walk without the bodies of `if TYPE_CHECKING:` blocks: their imports never run, and
+    following them put the build code into every template's key."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_closure(module: str, read: Callable[[str], ModuleText | None] = read_module_source) -> dict[str, str]:

@@ -191,6 +191,7 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     """Render (cached) and build every generated instance; their sources, binaries and resource
     reports go into the plan. Torch instances need neither."""
     from ..codegen.instances import render_many
+    from ..codegen.build import build_for
     from ..codegen.targets import get_manifest
 
     gen = [v for v in instances.values() if v[1] not in TORCH_TEMPLATES]
@@ -199,7 +200,7 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     if not gen:
         return out
     sources = render_many([(t, spec, cfg) for _, t, spec, cfg in gen], target, jobs, on_done)
-    results = get_manifest(target.name).build(sources, jobs=jobs)
+    results = build_for(get_manifest(target.name), sources, jobs=jobs)
     ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
     for (inst, t, spec, cfg), src, res in zip(gen, sources, results):
         files[f"kernels/{inst}.{ext.get(src.language, 'txt')}"] = src.text.encode()

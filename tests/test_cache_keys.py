@@ -50,6 +50,21 @@ def keys(names, spec_=ANY):
     return {t: I.render_key(t, spec_, {}, SM90) for t in names}
 
 
+def test_closure_skips_type_checking_imports():
+    """Imports under `if TYPE_CHECKING:` never run: the module they name is not in the closure
+    (the build code was in every template's key through one such import), an `else` branch is."""
+    fake = {
+        "deepinfer.fake2": I.ModuleText("from typing import TYPE_CHECKING\nimport typing\nif TYPE_CHECKING:\n"
+                                        "    from .hint import X\nif typing.TYPE_CHECKING:\n    from .hint2 import Y\n"
+                                        "else:\n    from .real import Z\n", True),
+        "deepinfer.fake2.hint": I.ModuleText("X = 1\n", False),
+        "deepinfer.fake2.hint2": I.ModuleText("Y = 1\n", False),
+        "deepinfer.fake2.real": I.ModuleText("Z = 1\n", False),
+    }
+    assert set(I.import_closure("deepinfer.fake2", fake.get)) == {"deepinfer.fake2", "deepinfer.fake2.real"}
+    assert "deepinfer.codegen.build" not in I.import_closure("deepinfer.codegen.library.tilelang_gemm")
+
+
 def test_closure_follows_transitive_relative_and_function_level_imports():
     fake = {
         "deepinfer.fake": I.ModuleText("from . import sub\n", True),

@@ -107,7 +107,7 @@ def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
     for name in ("sm90", "sm100"):
         b = get_manifest(name)
         srcs = [render(b.target, f"triton_{s.op}", s) for s in (NORM_Q, ROPE4)]
-        res = b.build(srcs, cache=cache)
+        res = B.build_for(b, srcs, cache=cache)
         for r in res:
             assert r.status == "built", r.reason
             (k,) = r.resources.values()
@@ -116,7 +116,7 @@ def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
             assert launches[0]["metadata"]["arch"] == name
             assert open(r.files["cubin0"], "rb").read()[:4] == b"\x7fELF"
         t0 = time.perf_counter()
-        again = b.build(srcs, cache=cache)
+        again = B.build_for(b, srcs, cache=cache)
         assert all(r.cached for r in again) and time.perf_counter() - t0 < 1.0
 
 
@@ -128,7 +128,7 @@ def test_parallel_triton_builds(cache):
     srcs = [render(b.target, f"triton_{s.op}", s) for s in ops]
     # the first source twice: two instances that render the same text share one cache entry, which
     # one worker builds (two workers writing one entry raced, and one found it missing)
-    res = b.build(srcs + srcs[:1], jobs=2, cache=cache)
+    res = B.build_for(b, srcs + srcs[:1], jobs=2, cache=cache)
     assert [r.status for r in res] == ["built", "built", "built"], [r.reason for r in res]
     assert res[2] is res[0] and not res[0].cached
 
@@ -146,11 +146,11 @@ CUDA_SRC = """extern "C" __global__ void scale_rows(const float* x, float* y, in
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_nvcc_cubin_with_ptxas_report(cache):
     b = get_manifest("sm90")
-    (r,) = b.build([KernelSource("cuda", "scale_rows", CUDA_SRC, grid=(4,), block=(256,))], cache=cache)
+    (r,) = B.build_for(b, [KernelSource("cuda", "scale_rows", CUDA_SRC, grid=(4,), block=(256,))], cache=cache)
     assert r.status == "built", r.reason
     assert r.resources["scale_rows"]["smem_bytes"] == 1024 and r.resources["scale_rows"]["registers"] > 0
     assert open(r.files["cubin"], "rb").read()[:4] == b"\x7fELF"
-    (bad,) = b.build([KernelSource("cuda", "broken", "__global__ void broken( {")], cache=cache)
+    (bad,) = B.build_for(b, [KernelSource("cuda", "broken", "__global__ void broken( {")], cache=cache)
     assert bad.status == "failed" and "nvcc failed on broken" in bad.reason and "\n" not in bad.reason
 
 
@@ -167,7 +167,7 @@ def test_ascend_render_capacity_checks_and_unbuilt_without_bisheng(cache):
     src = render(b.target, "ascend_rms_norm", norm)
     assert src.language == "ascendc" and "__global__" in src.text and "rms_norm_kernel" in src.text
     assert b.check(src, None) is None and src.grid == (64,)
-    (r,) = b.build([src], cache=cache)
+    (r,) = B.build_for(b, [src], cache=cache)
     if shutil.which("bisheng"):
         assert r.status == "built", r.reason
     else:
@@ -185,7 +185,7 @@ def test_ascend_render_capacity_checks_and_unbuilt_without_bisheng(cache):
 
 def test_cuda_invalid_build_is_reported_not_cached(cache):
     b = get_manifest("sm90")
-    (r,) = b.build([KernelSource("cuda", "k", "x", block=(128,), smem_bytes=10**6)], cache=cache)
+    (r,) = B.build_for(b, [KernelSource("cuda", "k", "x", block=(128,), smem_bytes=10**6)], cache=cache)
     assert r.status == "invalid" and "shared memory" in r.reason
     assert not cache.root.exists() or not any(cache.root.iterdir())
 

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
-    from ..build import BuildResult, CompileCache
     from ..template import KernelSource
 
 
@@ -54,12 +53,3 @@ class Manifest:
     @property
     def name(self) -> str:
         return self.target.name
-
-    def build(self, sources: list[KernelSource], *, jobs: int = 1,
-              cache: CompileCache | None = None) -> list[BuildResult]:
-        """Build (or fetch from the compile cache) every source, each checked against the target's
-        capacities before and after; see codegen.build."""
-        from .. import build  # codegen.build reads the registry of this package
-
-        return build.build_many(list(sources), self.target, jobs=jobs, cache=cache, check=self.check,
-                                backend_name=self.name)
