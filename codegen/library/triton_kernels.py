@@ -666,7 +666,7 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constex
     cm = cols < NG
     wrow = (g * NG + cols).to(tl.int64)
     xrow = rows.to(tl.int64) * (G * KG) + g * KG
-    acc = tl.zeros([BN, BM], tl.float32)  # y^T tile: W is the MMA's left operand (swap AB)
+    acc = tl.zeros([BM, BN], tl.float32)
     k_lo = ps * KS
     k_hi = tl.minimum(k_lo + KS, KG)
     for k0 in range(k_lo, k_hi, BK):
@@ -684,12 +684,12 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constex
             wt = tl.reshape(tl.reshape(_e4m3_value(code), [BN, NB, 32]) * scale[:, :, None], [BN, BK])
         else:
             wt = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :], mask=wm, other=0.0).to(tl.float32)
-        acc += tl.dot(wt, tl.trans(xt.to(tl.float32)), input_precision="tf32")
-    out = rows.to(tl.int64)[None, :] * (G * NG) + g * NG + cols[:, None]
+        acc += tl.dot(xt.to(tl.float32), tl.trans(wt), input_precision="tf32")
+    out = rows.to(tl.int64)[:, None] * (G * NG) + g * NG + cols[None, :]
     if SPLIT == 1:
-        _store_as(y_ptr + out, acc, cm[:, None] & rm[None, :])
+        _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
     else:
-        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=cm[:, None] & rm[None, :])
+        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=rm[:, None] & cm[None, :])
 
 
 @triton.jit
@@ -727,7 +727,7 @@ def gemm_fp8_rows_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, y_ptr, part_ptr, n, N: tl
     rows64 = rows.to(tl.int64)
     cols64 = cols.to(tl.int64)
     jj = tl.arange(0, 32)
-    acc = tl.zeros([BN, BM], tl.float32)
+    acc = tl.zeros([BM, BN], tl.float32)
     k_lo = ps * KS
     k_hi = tl.minimum(k_lo + KS, K)
     for k0 in range(k_lo, k_hi, BK):
@@ -740,15 +740,13 @@ def gemm_fp8_rows_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, y_ptr, part_ptr, n, N: tl
             sw = tl.load(sw_ptr + (cols64 // 32) * KB + kbi, mask=wn, other=0).to(tl.int32)
             x = tl.load(x_ptr + rows64[:, None] * K + kbi * 32 + jj[None, :], mask=xn[:, None], other=0)
             sx = tl.load(sx_ptr + rows64 * KB + kbi, mask=xn, other=0).to(tl.int32)
-            # W as the MMA's left operand (swap AB, acc is y^T): its codes are widened in the
-            # registers the MMA reads, and only the few rows of x go through shared memory
-            part = tl.dot(_e4m3_f16(w), tl.trans(_e4m3_f16(x)))
-            acc += part * (_pow2(sw, 0)[:, None] * _pow2(sx, 0)[None, :])
-    out = rows64[None, :] * N + cols64[:, None]
+            part = tl.dot(_e4m3_f16(x), tl.trans(_e4m3_f16(w)))
+            acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 0)[None, :])
+    out = rows64[:, None] * N + cols64[None, :]
     if SPLIT == 1:
-        _store_as(y_ptr + out, acc, cm[:, None] & rm[None, :])
+        _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
     else:
-        tl.store(part_ptr + ps * n * N + out, acc, mask=cm[:, None] & rm[None, :])
+        tl.store(part_ptr + ps * n * N + out, acc, mask=rm[:, None] & cm[None, :])
 
 
 # ---- grouped fp4 GEMM (MoE experts, decode) ----------------------------------------------------
@@ -813,7 +811,7 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
             rows = r0 + tl.arange(0, BM)
             rm = rows < end
             xrow = rows.to(tl.int64)
-            acc = tl.zeros([BN, BM], tl.float32)  # y^T tile
+            acc = tl.zeros([BM, BN], tl.float32)
             for k0 in range(0, K, BK):
                 for kk in tl.static_range(NB):
                     kbi = k0 // 32 + kk  # one 32-deep scale block: 16 bytes / int16 pairs per row
@@ -827,13 +825,10 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
                     xp = tl.load(x_ptr + xrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
                                  mask=xn[:, None], other=0).to(tl.int32)
                     sx = tl.load(sx_ptr + xrow * KB + kbi, mask=xn, other=0).to(tl.int32)
-                    # W as the MMA's left operand (swap AB): its codes are widened where the
-                    # MMA reads them, in registers, and only the few activation rows go through
-                    # shared memory
-                    part = tl.dot(_fp4_f16(wb & 15), tl.trans(_e4m3_f16(xp & 0xFF)))
-                    part = tl.dot(_fp4_f16(wb >> 4), tl.trans(_e4m3_f16((xp >> 8) & 0xFF)), part)
-                    acc += part * (_pow2(sw, 14)[:, None] * _pow2(sx, 0)[None, :])
-            _store_as(y_ptr + rows.to(tl.int64)[None, :] * N + cols[:, None], acc, cm[:, None] & rm[None, :])
+                    part = tl.dot(_e4m3_f16(xp & 0xFF), tl.trans(_fp4_f16(wb & 15)))
+                    part = tl.dot(_e4m3_f16((xp >> 8) & 0xFF), tl.trans(_fp4_f16(wb >> 4)), part)
+                    acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 14)[None, :])
+            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, rm[:, None] & cm[None, :])
     else:
         zero = tl.zeros([BM, BN], tl.float32)
         first = tl.load(off_ptr)
