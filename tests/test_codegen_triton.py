@@ -46,15 +46,6 @@ def test_block_linear_with_split_k_matches_reference_interpreted(split):
     assert got == {"grouped_linear": None, "linear": None}, got
 
 
-@pytest.mark.parametrize("split", [1, 3])
-def test_gemm_fp8_with_split_k_matches_reference_interpreted(split):
-    """The decode fp8 GEMM over K = 96 in 32-deep tiles: 3 splits give one scale block each, 1
-    walks all three; both against the same reference."""
-    dims = dict(triton_check.TINY)
-    got = triton_check.run_interpreted(["gemm_fp8"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=split))
-    assert got == {"gemm_fp8": None}, got
-
-
 def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is
     half masked; the other cases' tiles divide K."""

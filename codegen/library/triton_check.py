@@ -231,13 +231,6 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         G, kg, ng = dims["o_groups"], dims["o_in"], dims["o_rank"]
         w = quant_fp8_weight(torch.randn(G * ng, kg, generator=g) * 0.05)
         return [rn(n, G * kg), QTensor(w.data.to(device), w.scale.to(device))], {"groups": G, "weight_dtype": "bf16"}
-    if op == "gemm_fp8":  # fp8 rows (ue8m0 per 32) x fp8 weight (32x32 ue8m0 blocks), K = H
-        from deepinfer.ir.quant import quant_fp8_32, quant_fp8_weight
-
-        x = quant_fp8_32(torch.randn(n, H, generator=g) * 2)
-        w = quant_fp8_weight(torch.randn(dims["o_in"], H, generator=g) * 0.05)
-        return [QTensor(x.data.to(device), x.scale.to(device)), QTensor(w.data.to(device), w.scale.to(device))], \
-            {"out_dtype": "bf16"}
     if op == "linear":  # fp32 compute on a bf16 weight: the router's logits
         return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "f32", "compute": "f32"}
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
@@ -515,7 +508,6 @@ OUTPUT_KINDS = {
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
-    "gemm_fp8": "rounded",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
     "indexer_topk": "exact",

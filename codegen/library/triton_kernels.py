@@ -704,51 +704,6 @@ def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.cons
     _store_as(y_ptr + i, acc, m)
 
 
-@triton.jit
-def gemm_fp8_rows_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, y_ptr, part_ptr, n, N: tl.constexpr, K: tl.constexpr,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
-    """y = x . W^T at decode row counts: x fp8 e4m3 [n, K] with one ue8m0 per row and 32 K, W fp8
-    e4m3 [N, K] with one ue8m0 per 32x32 block. The codes are widened in registers to fp16
-    (exact), one fp16 MMA per 32-deep scale block with fp32 accumulation, and each block's sum is
-    scaled by its two power-of-two scales into the fp32 accumulator; out rounded to y's dtype.
-    Program (row tile, N tile, K split s): with SPLIT > 1 each program covers one K range and
-    writes its fp32 partial to part[s] (split_sum_kernel adds them in split order): a decode call
-    has one row tile, and the K split is what spreads its weight stream over the SMs."""
-    pm = tl.program_id(0)
-    pn = tl.program_id(1)
-    ps = tl.program_id(2)
-    KB: tl.constexpr = K // 32
-    NB: tl.constexpr = BK // 32
-    KS: tl.constexpr = (K + SPLIT * BK - 1) // (SPLIT * BK) * BK
-    rows = pm * BM + tl.arange(0, BM)
-    cols = pn * BN + tl.arange(0, BN)
-    rm = rows < n
-    cm = cols < N
-    rows64 = rows.to(tl.int64)
-    cols64 = cols.to(tl.int64)
-    jj = tl.arange(0, 32)
-    acc = tl.zeros([BM, BN], tl.float32)
-    k_lo = ps * KS
-    k_hi = tl.minimum(k_lo + KS, K)
-    for k0 in range(k_lo, k_hi, BK):
-        for kk in tl.static_range(NB):
-            kbi = k0 // 32 + kk
-            # (the block's bound joins the row masks as a vector: the interpreter takes no scalar in a mask)
-            wn = cm & ((cols * 0 + kbi) * 32 < k_hi)
-            xn = rm & ((rows * 0 + kbi) * 32 < k_hi)
-            w = tl.load(w_ptr + cols64[:, None] * K + kbi * 32 + jj[None, :], mask=wn[:, None], other=0)
-            sw = tl.load(sw_ptr + (cols64 // 32) * KB + kbi, mask=wn, other=0).to(tl.int32)
-            x = tl.load(x_ptr + rows64[:, None] * K + kbi * 32 + jj[None, :], mask=xn[:, None], other=0)
-            sx = tl.load(sx_ptr + rows64 * KB + kbi, mask=xn, other=0).to(tl.int32)
-            part = tl.dot(_e4m3_f16(x), tl.trans(_e4m3_f16(w)))
-            acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 0)[None, :])
-    out = rows64[:, None] * N + cols64[None, :]
-    if SPLIT == 1:
-        _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
-    else:
-        tl.store(part_ptr + ps * n * N + out, acc, mask=rm[:, None] & cm[None, :])
-
-
 # ---- grouped fp4 GEMM (MoE experts, decode) ----------------------------------------------------
 
 

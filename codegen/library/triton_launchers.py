@@ -19,7 +19,6 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
-from .triton_kernels import gemm_fp8_rows_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
@@ -376,26 +375,6 @@ def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
 def launch_linear(x, w, *, out_dtype, compute, cfg):
     """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
     return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
-
-
-def launch_gemm_fp8(x, w, *, out_dtype, cfg):
-    """fp8 x fp8 GEMM at decode row counts, 1x32 and 32x32 ue8m0 scales (gemm_fp8_rows_kernel),
-    K split summed in split order."""
-    xd, xs = x
-    wd, ws = w
-    k = xd.shape[-1]
-    x2, s2 = _u8(xd).reshape(-1, k), _u8(xs).reshape(-1, xs.shape[-1])
-    n, nout = x2.shape[0], wd.shape[0]
-    split = cfg.get("SPLIT", 1)
-    y = torch.empty(n, nout, dtype=_TORCH_DTYPES[out_dtype], device=xd.device)
-    part = torch.empty(split, n, nout, dtype=torch.float32, device=xd.device) if split > 1 else y
-    _k(gemm_fp8_rows_kernel)[(triton.cdiv(n, cfg["BM"]), triton.cdiv(nout, cfg["BN"]), split)](
-        x2, s2, _u8(wd), _u8(ws), y, part, n, N=nout, K=k, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if split > 1:
-        _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
-                                                             num_warps=4)
-    return y.view(*xd.shape[:-1], nout)
 
 
 def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):

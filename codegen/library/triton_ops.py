@@ -340,50 +340,6 @@ def _l_grouped_linear(spec, cfg):
                           {"SPLIT": split, "BLOCK": 1024}, (_cdiv(total, 1024),), {"num_warps": 4, "num_stages": 1})]
 
 
-def _l_gemm_fp8(spec, cfg):
-    x, w = spec.in_types
-    k = _ints(x.data.shape)[-1]
-    n, nout = _rows(x.data), _ints(w.data.shape)[0]
-    split = cfg.get("SPLIT", 1)
-    out = spec.out_types[0]
-    args = {"x_ptr": "*u8", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "y_ptr": _ptr(out),
-            "part_ptr": "*fp32" if split > 1 else _ptr(out), "n": "i32"}
-    ce = {"N": nout, "K": k, "BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT": split}
-    main = _launch("gemm_fp8_rows_kernel", args, ce, (_cdiv(n, cfg["BM"]), _cdiv(nout, cfg["BN"]), split), cfg)
-    if split == 1:
-        return [main]
-    return [main, _launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
-                          {"SPLIT": split, "BLOCK": 1024}, (_cdiv(n * nout, 1024),), {"num_warps": 4, "num_stages": 1})]
-
-
-GEMM_FP8_ROWS = 64  # decode row counts; more rows go to the TileLang GEMM (wgmma tiles of 64+ rows)
-
-
-def _gemm_fp8_supports(t, spec):
-    """fp8 rows with one ue8m0 per 32 against an fp8 weight with 32x32 ue8m0 blocks, at most
-    GEMM_FP8_ROWS rows, K a multiple of 32."""
-    x, w = spec.in_types
-    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
-        return False
-    if not all(isinstance(d, int) for d in (*x.data.shape, *w.data.shape)):
-        return False
-    return (x.data.dtype.name == w.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == w.scale.dtype.name == "e8m0"
-            and tuple(x.block)[-1] == 32 and tuple(w.block) == (32, 32) and x.data.shape[-1] % 32 == 0
-            and _rows(x.data) <= GEMM_FP8_ROWS and spec.out_types[0].dtype.name in ("bf16", "f32"))
-
-
-def _gemm_fp8_by_spec(target, spec) -> dict:
-    """Row tile to the call's rows; a K split (1..8, a power of two leaving at least one K tile per
-    program) until the N tiles times the split cover two waves of the target's cores."""
-    x, w = spec.in_types
-    n, nout, k = _rows(x.data), _ints(w.data.shape)[0], _ints(x.data.shape)[-1]
-    cfg = {"BM": min(GEMM_FP8_ROWS, max(16, _p2(n))), "BN": 64, "BK": 128}
-    tiles, split = _cdiv(nout, cfg["BN"]), 1
-    while split < 8 and tiles * split < 2 * target.cores and k >= 2 * split * cfg["BK"]:
-        split *= 2
-    return dict(cfg, SPLIT=split)
-
-
 def _l_grouped_gemm_fp4(spec, cfg):
     x, w, offs = spec.in_types
     mtot, k = _ints(x.shape)
@@ -638,7 +594,6 @@ class _Op:
     attrs: Callable[[dict], dict] = lambda a: dict(a)
     supports: Callable[[Any, KernelSpec], bool] = lambda t, s: True
     by_rows: Callable[[int], dict] = lambda n: {}  # default knobs that depend on the call's row count
-    by_spec: Callable[[Any, KernelSpec], dict] | None = None  # ... and on its other shapes and the target
 
 
 def _rope_attrs(op):
@@ -735,13 +690,8 @@ OPS = [
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
         supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS),
-    # decode row counts of the fp8 GEMMs (fp16 MMAs on the widened codes per 32-deep scale block;
-    # the K split by the call's N tiles); 64 rows and more go to TileLang's wgmma tiles
-    _Op("gemm_fp8", "launch_gemm_fp8", _l_gemm_fp8, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
-        lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_spec=_gemm_fp8_by_spec),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
-    # codes widened to fp16 in registers, an fp16 MMA pair per 32-deep scale block); prefill row
-    # counts go to TileLang
+    # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4)),
         # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
@@ -811,14 +761,10 @@ def _call_rows(spec: KernelSpec | None) -> int | None:
     return n if isinstance(n, int) else None
 
 
-def default_config(op: str, rows: int | None = None, target=None, spec: KernelSpec | None = None) -> dict:
-    """The op's default knobs for a call of `rows` rows (None: the row-independent default), and
-    with the call's spec and target, the knobs that depend on its other shapes."""
+def default_config(op: str, rows: int | None = None) -> dict:
+    """The op's default knobs for a call of `rows` rows (None: the row-independent default)."""
     o = _BY_OP[op]
-    cfg = {**o.default, **(o.by_rows(rows) if rows is not None else {})}
-    if o.by_spec is not None and spec is not None and target is not None:
-        cfg.update(o.by_spec(target, spec))
-    return cfg
+    return {**o.default, **(o.by_rows(rows) if rows is not None else {})}
 
 
 _BY_OP = {o.op: o for o in OPS}
@@ -826,8 +772,7 @@ TEMPLATES_BY_OP: dict[str, Template] = {}
 for _o in OPS:
     TEMPLATES_BY_OP[_o.op] = register(Template(
         name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
-        default_config=(lambda target, spec, _o=_o: default_config(_o.op, _call_rows(spec), target, spec)),
-        supports=_o.supports))
+        default_config=(lambda target, spec, _o=_o: default_config(_o.op, _call_rows(spec))), supports=_o.supports))
 _ATTRS = {o.op: o.attrs for o in OPS}
 LAUNCHERS = {o.op: o.launcher for o in OPS}
 
