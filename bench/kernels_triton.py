@@ -132,9 +132,9 @@ def main():
                     row["case"] = label
                     splits.append(row)
                     print({k: v for k, v in row.items() if k not in ("op",)}, flush=True)
-    # the block linears' and the decode fp8 GEMM's K split (wo_a, fp32-compute linears) at the decode sizes
-    if any(op in ops for op in ("grouped_linear", "linear", "gemm_fp8")):
-        for op in ("grouped_linear", "linear", "gemm_fp8"):
+    # the block linear's K split (wo_a, fp32-compute linears) at the decode sizes
+    if any(op in ops for op in ("grouped_linear", "linear")):
+        for op in ("grouped_linear", "linear"):
             if op not in ops:
                 continue
             for label, n in SIZES.items():
