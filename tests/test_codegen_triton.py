@@ -55,6 +55,15 @@ def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
     assert got == {c: None for c in cases}
 
 
+def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted():
+    """The MoE GEMM's K split: 32-deep tiles over K = 96 (w13) and 64 (w2) in 3 splits (w2's last
+    one empty), partials and the zeroed rows in part[s], summed in split order."""
+    dims = dict(triton_check.TINY)
+    cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
+    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3))
+    assert got == {c: None for c in cases}
+
+
 def test_grouped_gemm_fp4_selection_by_row_count():
     """Decode calls (up to 4 rows per expert on average) take the Triton template, each row count
     its own instance; prefill row counts stay on TileLang."""

@@ -729,9 +729,19 @@ def _pow2(sbyte, bias: tl.constexpr):
 
 
 @triton.jit
-def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: tl.constexpr, N: tl.constexpr,
-                            K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr, BM: tl.constexpr,
-                            BN: tl.constexpr, BK: tl.constexpr):
+def _moe_out(y_ptr, part_ptr, s, rows, cols, v, mask, MTOT: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr):
+    """A [BM, BN] tile of the grouped GEMM's output: y in bf16, or split s's fp32 partial."""
+    off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if SPLIT == 1:
+        _store_as(y_ptr + off, v, mask)
+    else:
+        tl.store(part_ptr + s * (MTOT * N) + off, v, mask=mask)
+
+
+@triton.jit
+def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_ptr, MTOT: tl.constexpr,
+                            N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
     """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
     expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
     32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
@@ -744,11 +754,16 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
     Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
     from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
     how many can be busy), walking its rows in tiles of BM; program (N tile, A) zeroes the rows
-    outside [off[0], off[E]), which no expert covers (the offsets are non-decreasing)."""
+    outside [off[0], off[E]), which no expert covers (the offsets are non-decreasing). With
+    SPLIT > 1 a third grid axis splits K: each program writes its fp32 partial (or zeroes) to
+    part[s], and split_sum_kernel adds them in split order: at a few rows per expert, the K split
+    is what gives a decode call enough programs."""
     pn = tl.program_id(0)
     i = tl.program_id(1)
-    KB: tl.constexpr = K // 32
+    ps = tl.program_id(2)
     NB: tl.constexpr = BK // 32
+    KS: tl.constexpr = (K + SPLIT * BK - 1) // (SPLIT * BK) * BK
+    KB = tl.minimum(ps * KS + KS, K) // 32  # the split's end, in scale blocks
     cols = pn * BN + tl.arange(0, BN)
     cm = cols < N
     if i < A:
@@ -767,7 +782,7 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
             rm = rows < end
             xrow = rows.to(tl.int64)
             acc = tl.zeros([BM, BN], tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(ps * KS, tl.minimum(ps * KS + KS, K), BK):
                 for kk in tl.static_range(NB):
                     kbi = k0 // 32 + kk  # one 32-deep scale block: 16 bytes / int16 pairs per row
                     # (the block's bound joins the row masks as a vector: the interpreter takes no
@@ -776,26 +791,24 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, MTOT: 
                     xn = rm & ((rows * 0 + kbi) < KB)
                     wb = tl.load(w_ptr + wrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
                                  mask=wn[:, None], other=0).to(tl.int32)
-                    sw = tl.load(sw_ptr + wrow * KB + kbi, mask=wn, other=0).to(tl.int32)
+                    sw = tl.load(sw_ptr + wrow * (K // 32) + kbi, mask=wn, other=0).to(tl.int32)
                     xp = tl.load(x_ptr + xrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
                                  mask=xn[:, None], other=0).to(tl.int32)
-                    sx = tl.load(sx_ptr + xrow * KB + kbi, mask=xn, other=0).to(tl.int32)
+                    sx = tl.load(sx_ptr + xrow * (K // 32) + kbi, mask=xn, other=0).to(tl.int32)
                     part = tl.dot(_e4m3_f16(xp & 0xFF), tl.trans(_fp4_f16(wb & 15)))
                     part = tl.dot(_e4m3_f16((xp >> 8) & 0xFF), tl.trans(_fp4_f16(wb >> 4)), part)
                     acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 14)[None, :])
-            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc, rm[:, None] & cm[None, :])
+            _moe_out(y_ptr, part_ptr, ps, rows, cols, acc, rm[:, None] & cm[None, :], MTOT, N, SPLIT)
     else:
         zero = tl.zeros([BM, BN], tl.float32)
         first = tl.load(off_ptr)
         last = tl.load(off_ptr + E)
         for r0 in range(0, first, BM):
             rows = r0 + tl.arange(0, BM)
-            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], zero,
-                      (rows < first)[:, None] & cm[None, :])
+            _moe_out(y_ptr, part_ptr, ps, rows, cols, zero, (rows < first)[:, None] & cm[None, :], MTOT, N, SPLIT)
         for r0 in range(last, MTOT, BM):
             rows = r0 + tl.arange(0, BM)
-            _store_as(y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], zero,
-                      (rows < MTOT)[:, None] & cm[None, :])
+            _moe_out(y_ptr, part_ptr, ps, rows, cols, zero, (rows < MTOT)[:, None] & cm[None, :], MTOT, N, SPLIT)
 
 
 # ---- per-sequence spans, compressor pooling + norm, the mHC pieces outside hc_pre ---------------

@@ -345,13 +345,25 @@ def _l_grouped_gemm_fp4(spec, cfg):
     mtot, k = _ints(x.shape)
     e, n, _ = _ints(w.shape)
     a = min(e, mtot)
+    split = cfg.get("SPLIT", 1)
+    out = spec.out_types[0]
     args = {"x_ptr": "*i16", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "off_ptr": _ptr(offs),
-            "y_ptr": _ptr(spec.out_types[0])}
+            "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out)}
     ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"]}
+          "BK": cfg["BK"], "SPLIT": split}
     # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
-    return [_launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1), cfg,
-                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))]
+    main = _launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1, split), cfg,
+                   aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))
+    if split == 1:
+        return [main]
+    return [main, _launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
+                          {"SPLIT": split, "BLOCK": 1024}, (_cdiv(mtot * n, 1024),), {"num_warps": 4, "num_stages": 1})]
+
+
+# The MoE GEMM's K split at few rows (rows = tokens x top-k: a decode batch of 8 is 48): one
+# program per N tile and busy expert is a few hundred programs, each walking all of K
+MOE_SPLIT_ROWS = 64
+MOE_DECODE_SPLIT = 4
 
 
 def _grouped_gemm_fp4_supports(t, spec):
@@ -693,10 +705,13 @@ OPS = [
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
     # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
-        dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4)),
+        dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
+             SPLIT=(1, 2, 4, 8)),
         # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
-        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs
-        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4), lambda a: {}, _grouped_gemm_fp4_supports),
+        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; few rows
+        # split K (MOE_SPLIT_ROWS)
+        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1), lambda a: {}, _grouped_gemm_fp4_supports,
+        by_rows=lambda n: {"SPLIT": MOE_DECODE_SPLIT} if n <= MOE_SPLIT_ROWS else {}),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
