@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "triton_h200.json"))
     ap.add_argument("--only", default="", help="comma-separated ops")
     ap.add_argument("--no-check", action="store_true", help="time only (tests/gpu/test_triton_ops.py checks)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated cases of: " + ", ".join(SIZES))
     ap.add_argument("--no-peer", action="store_true", help="skip the TileKernels comparison")
     ap.add_argument("--graphs", action="store_true",
                     help="time each launch replayed from a CUDA graph (as a plan's decode steps run), "
@@ -86,6 +87,7 @@ def main():
     ap.add_argument("--preset", default="v4.1-flash", help="grouped_gemm_fp4: the model preset giving the widths")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     args = ap.parse_args()
+    sizes = {k: SIZES[k] for k in args.sizes.split(",")}
     if args.only == "grouped_gemm_fp4":
         return moe_main(args)
     import triton
@@ -107,7 +109,7 @@ def main():
     ops = args.only.split(",") if args.only else triton_check.CASES
     rows = []
     for op in ops:
-        for label, n in SIZES.items():
+        for label, n in sizes.items():
             try:
                 row = run_case(op, n, None, bench, ceil, check=not args.no_check)
             except Exception as e:  # noqa: BLE001  (reported per case, the run goes on)
@@ -119,7 +121,7 @@ def main():
     splits = []
     if "hc_pre" in ops:
         base = triton_ops.default_config("hc_pre")
-        for label, n in SIZES.items():
+        for label, n in sizes.items():
             if n > 64:
                 continue
             for split in triton_ops.TEMPLATES_BY_OP["hc_pre"].knobs["SPLIT"]:
@@ -137,7 +139,7 @@ def main():
         for op in ("grouped_linear", "linear"):
             if op not in ops:
                 continue
-            for label, n in SIZES.items():
+            for label, n in sizes.items():
                 if n > 64:
                     continue
                 for split in triton_ops.TEMPLATES_BY_OP[op].knobs["SPLIT"]:

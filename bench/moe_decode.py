@@ -17,7 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (1, 8, 64)
-SWEEP = dict(BN=(32, 64, 128), BK=(128, 256), num_warps=(4, 8), num_stages=(2, 3, 4))
+SWEEP = dict(BN=(64, 128), BK=(128,), num_warps=(4, 8), num_stages=(3, 4), SPLIT=(1, 2, 4, 8))
 
 
 def preset_widths(preset: str) -> dict:
@@ -67,11 +67,12 @@ def _warm(job):
     mtot, n, k, e, cfg = job
     a = min(e, mtot)
     try:
+        split = cfg.get("SPLIT", 1)
         grouped_gemm_fp4_kernel.warmup(torch.int16, torch.uint8, torch.uint8, torch.uint8, torch.int32,
-                                       torch.bfloat16, MTOT=mtot, N=n, K=k, E=e, A=a,
-                                       EP=1 << (e - 1).bit_length(), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
-                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                                       grid=(-(-n // cfg["BN"]), a + 1))
+                                       torch.bfloat16, torch.float32 if split > 1 else torch.bfloat16, MTOT=mtot,
+                                       N=n, K=k, E=e, A=a, EP=1 << (e - 1).bit_length(), BM=cfg["BM"],
+                                       BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, num_warps=cfg["num_warps"],
+                                       num_stages=cfg["num_stages"], grid=(-(-n // cfg["BN"]), a + 1, split))
         return None
     except Exception as e:  # noqa: BLE001  (reported when the main process runs it)
         return f"{type(e).__name__}: {e}"[-200:]

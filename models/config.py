@@ -1,6 +1,8 @@
 """Model configuration: HF-style config.json -> a validated, frozen `ModelConfig` with its topology.
 
-`load_config(model)` takes a preset name (`v4.1-flash`, `v4.1-flash-medium`, `v4.1-flash-tiny`) or a
+`load_config(model)` takes a preset name (`v4.1-flash`, `v4.1-flash-medium`, `v4.1-flash-tiny`, and
+`v4.1-flash-smooth`: the tiny model with every expert active and top-k wider than any test context, so
+that no discrete choice can flip between kernels and the reference) or a
 directory holding a config.json, either the HF root layout (`text_config` + `vision_config`) or a
 flat text config. Every text key of spec §1.1 becomes a typed field; the optional DeepInfer keys of
 §1.2 take their defaults. The per-layer schedule of §2 is resolved into `LayerRole`s and checked
@@ -20,7 +22,7 @@ import warnings
 from typing import Any, get_args, get_type_hints
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-PRESETS = ("v4.1-flash", "v4.1-flash-medium", "v4.1-flash-tiny")
+PRESETS = ("v4.1-flash", "v4.1-flash-medium", "v4.1-flash-tiny", "v4.1-flash-smooth")
 
 MODES = ("W", "FULL", "REINDEX", "REUSE")
 

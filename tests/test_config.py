@@ -35,6 +35,19 @@ def test_tiny_preset_is_the_spec_text():
     assert tiny["engram_num_embeddings"] == [6126, 6332]
 
 
+def test_smooth_preset_has_no_discrete_choice():
+    """v4.1-flash-smooth is the tiny model where no selection can flip between kernels and the
+    reference on contexts of up to 256 tokens (tests/gpu/test_smooth_preset.py): every expert
+    active, in DSpark too; index top-k and the candidate blocks cover every compressed entry."""
+    tiny, smooth = preset_json("v4.1-flash-tiny"), preset_json("v4.1-flash-smooth")
+    changed = {k for k in tiny if tiny[k] != smooth[k]}
+    assert changed == {"num_experts_per_tok", "dspark_num_experts_per_tok", "index_topk", "candidate_topk_blocks"}
+    cfg = load_config("v4.1-flash-smooth")
+    assert cfg.num_experts_per_tok == cfg.n_routed_experts
+    assert cfg.dspark_num_experts_per_tok == cfg.dspark_n_routed_experts
+    assert cfg.index_topk >= 256 and cfg.candidate_topk_blocks * cfg.candidate_block_size >= 256
+
+
 def test_real_preset_root_keys():
     root = preset_json("v4.1-flash")
     assert root["quantization_config"] == {"quant_method": "fp8", "activation_scheme": "dynamic",
