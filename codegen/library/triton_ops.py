@@ -360,12 +360,6 @@ def _l_grouped_gemm_fp4(spec, cfg):
                           {"SPLIT": split, "BLOCK": 1024}, (_cdiv(mtot * n, 1024),), {"num_warps": 4, "num_stages": 1})]
 
 
-# The MoE GEMM's K split at few rows (rows = tokens x top-k: a decode batch of 8 is 48): one
-# program per N tile and busy expert is a few hundred programs, each walking all of K
-MOE_SPLIT_ROWS = 64
-MOE_DECODE_SPLIT = 4
-
-
 def _grouped_gemm_fp4_supports(t, spec):
     """Decode-sized calls (at most 4 rows per expert on average: a decode batch of 64 over the
     medium model's 96 experts is 4) of fp8 rows with ue8m0 per 32 and fp4 e2m1 experts with ue8m0
@@ -708,10 +702,10 @@ OPS = [
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
              SPLIT=(1, 2, 4, 8)),
         # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
-        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; few rows
-        # split K (MOE_SPLIT_ROWS)
-        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1), lambda a: {}, _grouped_gemm_fp4_supports,
-        by_rows=lambda n: {"SPLIT": MOE_DECODE_SPLIT} if n <= MOE_SPLIT_ROWS else {}),
+        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; with the
+        # fp16 MMAs the K split (SPLIT) gained nothing: unsplit was the fastest of 32 points in all
+        # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md)
+        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1), lambda a: {}, _grouped_gemm_fp4_supports),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
