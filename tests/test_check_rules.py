@@ -2,6 +2,7 @@
 through and what they must catch."""
 import torch
 
+from deepinfer.codegen.library import triton_check as tc
 from deepinfer.codegen.library.triton_check import ROW_FLOOR, compare_rounded
 
 
@@ -70,3 +71,17 @@ def test_a_rounded_intermediate_allows_one_more_step_and_no_more():
     assert compare_rounded(g, r, inner=1) is None
     g[1, i] = _next_up(r[1, i], 4)
     assert "1 rounded intermediate" in compare_rounded(g, r, inner=1)
+
+
+def test_router_rule_with_every_expert_selected():
+    """k == E (the smooth preset routes to every expert): the tie rule compares the k picked
+    scores alone; a swapped pair without a near tie still fails."""
+    from deepinfer.ir.registry import get_op
+
+    logits = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    bias = torch.zeros(8)
+    for k in (3, 8):
+        ref = get_op("moe_router").ref(logits, bias, k=k, scale=1.5, renorm=True)
+        assert tc.compare_router(ref, ref, logits, bias) is None
+        swapped = (ref[0][:, [1, 0] + list(range(2, k))], ref[1])
+        assert "without a near tie" in tc.compare_router(swapped, ref, logits, bias)

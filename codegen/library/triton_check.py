@@ -153,7 +153,8 @@ def compare_router(got, ref, logits, bias):
     s = torch.sqrt(nm.softplus32(logits.cpu().float())) + bias.cpu().float()
     srt = torch.sort(s, dim=-1, descending=True).values
     k = rsel.shape[1]
-    gaps = (srt[:, : k] - srt[:, 1: k + 1]).abs() <= 1e-5 * srt[:, : k + 1].abs().amax(-1, keepdim=True)
+    top = srt[:, : k + 1]  # the k picked and the first one left out (none when k is every expert)
+    gaps = (top[:, :-1] - top[:, 1:]).abs() <= 1e-5 * top.abs().amax(-1, keepdim=True)
     near = gaps.any(-1)
     same = (sel == rsel).all(-1)
     if (~same & ~near).any():
