@@ -55,6 +55,15 @@ def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
     assert got == {c: None for c in cases}
 
 
+def test_dspark_heads_over_several_tiles_matches_reference_interpreted():
+    """The draft heads with 16-wide vocabulary tiles (4 over V = 50, the last short), the Markov rank
+    in two 16-deep chunks and the tiles' maxima picked 2 at a time: the two-level argmax and the
+    step-to-step hand-over of the previous draft, against the sequential reference."""
+    dims = dict(triton_check.TINY)
+    got = triton_check.run_interpreted(["dspark_heads"], dims, dims["n"], dict(BV=16, BR=16, BT=2, BH=32))
+    assert got == {"dspark_heads": None}, got
+
+
 def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted():
     """The MoE GEMM's K split: 32-deep tiles over K = 96 (w13) and 64 (w2) in 3 splits (w2's last
     one empty), partials and the zeroed rows in part[s], summed in split order."""

@@ -165,12 +165,13 @@ def compare_router(got, ref, logits, bias):
 # ---- cases -------------------------------------------------------------------------------------
 
 TINY = dict(n=5, H=96, C=4, D=128, rope=64, heads=2, index_dim=128, E=24, k=3, F=64, ring=8, slots=3, pages=6, entries=4,
-            vocab=50, hc_iters=20, o_groups=2, o_in=128, o_rank=64, index_topk=16, topk_blocks=4, index_cap=160)
+            vocab=50, hc_iters=20, o_groups=2, o_in=128, o_rank=64, index_topk=16, topk_blocks=4, index_cap=160,
+            mrank=32, dblock=5)
 # real V4.1-Flash widths (spec §1); n is set per case (decode 1 / 64, prefill 4096). index_cap: the
 # indexer's compressed entries per row (32768: a 32K context at ratio 1, 4096 blocks > the 2048 kept)
 REAL = dict(H=5120, C=4, D=512, rope=64, heads=32, index_dim=128, E=384, k=6, F=2304, ring=128, slots=64, pages=512,
             entries=64, vocab=129280, hc_iters=20, o_groups=8, o_in=4096, o_rank=1024, index_topk=512,
-            topk_blocks=2048, index_cap=32768)
+            topk_blocks=2048, index_cap=32768, mrank=256, dblock=5)
 YARN = (16, 65536, 32, 1)
 
 
@@ -232,6 +233,11 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         G, kg, ng = dims["o_groups"], dims["o_in"], dims["o_rank"]
         w = quant_fp8_weight(torch.randn(G * ng, kg, generator=g) * 0.05)
         return [rn(n, G * kg), QTensor(w.data.to(device), w.scale.to(device))], {"groups": G, "weight_dtype": "bf16"}
+    if op == "dspark_heads":  # the draft block: n sequences of `dblock` rows, vocabulary-wide head
+        V, R, S = dims["vocab"], dims["mrank"], dims["dblock"]
+        first = torch.randint(0, V, (n,), generator=g).to(device)
+        return [rn(n * S, H, scale=3), first, rn(H), rn(V, H, scale=0.05), rn(V, R), rn(V, R, scale=0.2),
+                rn(1, H + R, scale=0.05)], {"block": S, "eps": 1e-20}
     if op == "linear":  # fp32 compute on a bf16 weight: the router's logits
         return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "f32", "compute": "f32"}
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
@@ -498,6 +504,8 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
         return compare_rounded(got, want, inner=INNER_ROUNDINGS.get(ref_op, {}).get(0, 0))
     if kind == "f32":
         return compare_f32(got, want)
+    if kind == "drafts":  # argmax tokens exactly (random logits leave no near tie), confidences in fp32
+        return compare_exact(got[0], want[0], "drafts") or compare_f32(got[1], want[1], "confidence")
     return compare_exact(tuple(got) if isinstance(got, tuple) else got, tuple(want) if isinstance(want, tuple) else want)
 
 
@@ -511,7 +519,7 @@ OUTPUT_KINDS = {
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
-    "indexer_topk": "exact",
+    "indexer_topk": "exact", "dspark_heads": "drafts",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",

@@ -811,6 +811,76 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
             _moe_out(y_ptr, part_ptr, ps, rows, cols, zero, (rows < MTOT)[:, None] & cm[None, :], MTOT, N, SPLIT)
 
 
+# ---- DSpark heads (the draft block's tokens) ----------------------------------------------------
+
+
+@triton.jit
+def dspark_step_kernel(a_ptr, first_ptr, drafts_ptr, memb_ptr, mhead_ptr, pv_ptr, pi_ptr, s, V: tl.constexpr,
+                       R: tl.constexpr, S: tl.constexpr, NT: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
+    """Draft step s of sequence `row`, over one tile of the vocabulary: logits = A[row * S + s] (the
+    head's fp32 logits of block row s, one GEMM for all rows beforehand) + markov_embed[prev] .
+    markov_head^T in fp32, where prev is t* at s = 0 and the draft of step s - 1 after; the tile's
+    maximum and its lowest id go to pv / pi[row, tile]."""
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1)
+    if s == 0:
+        prev = tl.load(first_ptr + row).to(tl.int64)
+    else:
+        prev = tl.load(drafts_ptr + row * S + s - 1).to(tl.int64)
+    v = t * BV + tl.arange(0, BV)
+    vm = v < V
+    v64 = v.to(tl.int64)
+    acc = tl.zeros([BV], tl.float32)
+    for r0 in tl.static_range(0, R, BR):
+        rr = r0 + tl.arange(0, BR)
+        rm = rr < R
+        m = tl.load(memb_ptr + prev * R + rr, mask=rm, other=0.0).to(tl.float32)
+        w = tl.load(mhead_ptr + v64[:, None] * R + rr[None, :], mask=vm[:, None] & rm[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * m[None, :], axis=1)
+    logit = tl.load(a_ptr + (row * S + s) * V + v64, mask=vm, other=0.0) + acc
+    logit = tl.where(vm, logit, float("-inf"))
+    best = tl.max(logit, axis=0)
+    tl.store(pv_ptr + row * NT + t, best)
+    tl.store(pi_ptr + row * NT + t, tl.min(tl.where(logit == best, v, 2147483647), axis=0))
+
+
+@triton.jit
+def dspark_pick_kernel(pv_ptr, pi_ptr, hb_ptr, first_ptr, drafts_ptr, memb_ptr, proj_ptr, conf_ptr, s,
+                       H: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, S: tl.constexpr, NT: tl.constexpr,
+                       BT: tl.constexpr, BH: tl.constexpr):
+    """Step s of sequence `row`: the draft is the tiles' maximum with the lowest id among equal
+    maxima (argmax's first index); its confidence logit is [hb_s ; markov_embed[prev]] . proj on
+    the pre-norm hidden, in fp32."""
+    row = tl.program_id(0).to(tl.int64)
+    if s == 0:
+        prev = tl.load(first_ptr + row).to(tl.int64)
+    else:
+        prev = tl.load(drafts_ptr + row * S + s - 1).to(tl.int64)
+    tt = tl.arange(0, BT)
+    best = tl.max(tl.full([BT], float("-inf"), tl.float32), axis=0)
+    idx = tl.min(tl.full([BT], 2147483647, tl.int32), axis=0)
+    for t0 in range(0, NT, BT):
+        tm = (t0 + tt) < NT
+        pv = tl.load(pv_ptr + row * NT + t0 + tt, mask=tm, other=float("-inf"))
+        pi = tl.load(pi_ptr + row * NT + t0 + tt, mask=tm, other=2147483647)
+        b = tl.max(pv, axis=0)
+        i = tl.min(tl.where(pv == b, pi, 2147483647), axis=0)
+        idx = tl.where(b > best, i, tl.where(b == best, tl.minimum(i, idx), idx))
+        best = tl.maximum(best, b)
+    tl.store(drafts_ptr + row * S + s, idx.to(tl.int64))
+    hh = tl.arange(0, BH)
+    acc = tl.zeros([BH], tl.float32)
+    for h0 in range(0, H, BH):
+        hm = (h0 + hh) < H
+        x = tl.load(hb_ptr + (row * S + s) * H + h0 + hh, mask=hm, other=0.0).to(tl.float32)
+        acc += x * tl.load(proj_ptr + h0 + hh, mask=hm, other=0.0).to(tl.float32)
+    rr = tl.arange(0, RP)
+    rm = rr < R
+    m = tl.load(memb_ptr + prev * R + rr, mask=rm, other=0.0).to(tl.float32)
+    mp = tl.load(proj_ptr + H + rr, mask=rm, other=0.0).to(tl.float32)
+    tl.store(conf_ptr + row * S + s, tl.sum(acc, axis=0) + tl.sum(m * mp, axis=0))
+
+
 # ---- per-sequence spans, compressor pooling + norm, the mHC pieces outside hc_pre ---------------
 
 

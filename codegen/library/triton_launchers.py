@@ -20,6 +20,7 @@ from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
+from .triton_kernels import dspark_pick_kernel, dspark_step_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
 
@@ -375,6 +376,29 @@ def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
 def launch_linear(x, w, *, out_dtype, compute, cfg):
     """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
     return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
+
+
+def launch_dspark_heads(hb, first, norm, head, markov_embed, markov_head, conf_proj, *, block, eps, cfg):
+    """The draft block's tokens (dspark_heads): RMSNorm of every block row and the head's logits of
+    all of them in one GEMM (rms_norm_kernel, the fp32-compute block linear), then per step s the
+    Markov term of the previous token and the argmax over vocabulary tiles, and the confidence."""
+    from .triton_ops import dspark_parts  # the sub-launches' configs the template rendered
+
+    n, h, v, r = first.shape[0], hb.shape[-1], head.shape[0], markov_embed.shape[1]
+    rms_cfg, lin_cfg = dspark_parts(n * block)
+    a = _block_linear(launch_rms_norm(hb, norm, eps=eps, cfg=rms_cfg), head, 1, torch.float32, lin_cfg)
+    nt = triton.cdiv(v, cfg["BV"])
+    pv = torch.empty(n, nt, dtype=torch.float32, device=hb.device)
+    pi = torch.empty(n, nt, dtype=torch.int32, device=hb.device)
+    drafts = torch.empty(n, block, dtype=torch.int64, device=hb.device)
+    conf = torch.empty(n, block, dtype=torch.float32, device=hb.device)
+    for s in range(block):
+        _k(dspark_step_kernel)[(n, nt)](a, first, drafts, markov_embed, markov_head, pv, pi, s, V=v, R=r, S=block,
+                                        NT=nt, BV=cfg["BV"], BR=cfg["BR"], num_warps=cfg["num_warps"],
+                                        num_stages=cfg["num_stages"])
+        _k(dspark_pick_kernel)[(n,)](pv, pi, hb, first, drafts, markov_embed, conf_proj, conf, s, H=h, R=r, RP=_p2(r),
+                                     S=block, NT=nt, BT=cfg["BT"], BH=cfg["BH"], num_warps=4, num_stages=1)
+    return drafts, conf
 
 
 def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):

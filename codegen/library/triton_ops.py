@@ -5,10 +5,8 @@ renders that module's source with the launch of one call: the kernels it runs, e
 signature, specialisation (constexprs), warps, stages and grid, so the Triton build compiles it
 ahead of time and a runtime launches it through the named launcher.
 
-Left as torch / other templates (and therefore not registered here): `dspark_heads` (a
-vocabulary-sized GEMV chain with an argmax per step: a GEMM template's job, not Triton's row
-kernels), and the `hc_mix_gemm` / `hc_sinkhorn` pieces (the fused `hc_pre` and `hc_mix` cover
-them). The sampler is not an IR op and is not here.
+Not registered here: the `hc_mix_gemm` / `hc_sinkhorn` pieces (the fused `hc_pre` and `hc_mix`
+cover them). The sampler is not an IR op and is not here.
 """
 from __future__ import annotations
 
@@ -17,7 +15,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...ir.types import QuantType
+from ...ir import dtypes as dt
+from ...ir.types import QuantType, TensorType
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
 
@@ -358,6 +357,42 @@ def _l_grouped_gemm_fp4(spec, cfg):
         return [main]
     return [main, _launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
                           {"SPLIT": split, "BLOCK": 1024}, (_cdiv(mtot * n, 1024),), {"num_warps": 4, "num_stages": 1})]
+
+
+def dspark_parts(rows: int) -> tuple[dict, dict]:
+    """dspark_heads' RMSNorm and head-GEMM configs for `rows` block rows: those ops' own defaults."""
+    return default_config("rms_norm", rows), default_config("linear", rows)
+
+
+def _l_dspark_heads(spec, cfg):
+    hb, first, norm, head, memb, mhead, proj = spec.in_types
+    rows, h = _ints(hb.shape)
+    n, block = _ints(first.shape)[0], spec.attr["block"]
+    v, r = _ints(head.shape)[0], _ints(memb.shape)[1]
+    rms_cfg, lin_cfg = dspark_parts(rows)
+    f32 = TensorType(dt.f32, (rows, v))
+    launches = _l_rms_norm(KernelSpec("rms_norm", (("eps", spec.attr["eps"]),), (hb, norm), (hb,)), rms_cfg)
+    launches += _l_grouped_linear(KernelSpec("linear", (("compute", "f32"), ("out_dtype", "f32")), (hb, head), (f32,)),
+                                  lin_cfg)
+    nt = _cdiv(v, cfg["BV"])
+    step = {"a_ptr": "*fp32", "first_ptr": _ptr(first), "drafts_ptr": "*i64", "memb_ptr": _ptr(memb),
+            "mhead_ptr": _ptr(mhead), "pv_ptr": "*fp32", "pi_ptr": "*i32", "s": "i32"}
+    pick = {"pv_ptr": "*fp32", "pi_ptr": "*i32", "hb_ptr": _ptr(hb), "first_ptr": _ptr(first), "drafts_ptr": "*i64",
+            "memb_ptr": _ptr(memb), "proj_ptr": _ptr(proj), "conf_ptr": "*fp32", "s": "i32"}
+    return launches + [
+        _launch("dspark_step_kernel", step, {"V": v, "R": r, "S": block, "NT": nt, "BV": cfg["BV"], "BR": cfg["BR"]},
+                (n, nt), cfg),
+        _launch("dspark_pick_kernel", pick, {"H": h, "R": r, "RP": _p2(r), "S": block, "NT": nt, "BT": cfg["BT"],
+                                             "BH": cfg["BH"]}, (n,), {"num_warps": 4, "num_stages": 1})]
+
+
+def _dspark_heads_supports(t, spec):
+    """bf16 hidden, head, Markov tables and confidence projection of static shapes."""
+    hb, first, norm, head, memb, mhead, proj = spec.in_types
+    if any(isinstance(x, QuantType) or not all(isinstance(d, int) for d in x.shape) for x in spec.in_types):
+        return False
+    return (all(x.dtype.name == "bf16" for x in (hb, norm, head, memb, mhead, proj))
+            and first.dtype.name in ("i32", "i64") and proj.shape[0] == 1)
 
 
 def _grouped_gemm_fp4_supports(t, spec):
@@ -706,6 +741,12 @@ OPS = [
         # fp16 MMAs the K split (SPLIT) gained nothing: unsplit was the fastest of 32 points in all
         # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md)
         dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1), lambda a: {}, _grouped_gemm_fp4_supports),
+    # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
+    # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
+    _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
+        dict(BV=(32, 64, 128), BR=(32, 64), BT=(256, 1024), BH=(512, 1024), num_warps=(2, 4, 8), num_stages=(1, 2)),
+        dict(BV=64, BR=64, BT=1024, BH=1024, num_warps=4, num_stages=1),
+        lambda a: {"block": a["block"], "eps": a["eps"]}, _dspark_heads_supports),
     _Op("swa_write", "launch_swa_write", _l_swa_write, dict(BLOCK=(128, 256, 512), **ROW),
         dict(BLOCK=512, num_warps=2, num_stages=1)),
     _Op("compress_state_write", "launch_compress_state_write", _l_state_write, dict(BLOCK=(128, 256, 512), **ROW),
