@@ -141,7 +141,8 @@ def cmd_compile(args) -> int:
 
     opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                           ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir,
-                          decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens)
+                          decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens,
+                          verify_batches=tuple(args.verify_batches))
     t = time.perf_counter()
     report = compile_model(args.model, opts, args.output, progress=sys.stderr.isatty())
     print(report.summary())
@@ -165,6 +166,9 @@ def add_compile(sub):
                    help="decode bucket sizes (default: powers of two up to --max-num-seqs)")
     p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...",
                    help="prefill bucket token budgets (default: 512,2048,8192)")
+    p.add_argument("--verify-batches", type=_int_list, metavar="B,B,...", default=(),
+                   help="verify bucket sizes for speculative decoding on a device plan: B sequences of 1 + the "
+                        "draft block's rows, logits for each (default: none; device plans then do not speculate)")
     p.set_defaults(func=cmd_compile)
 
 

@@ -33,6 +33,9 @@ class CompileOptions:
     dump_ir: str | None = None
     decode_batches: tuple[int, ...] | None = None
     prefill_tokens: tuple[int, ...] | None = None
+    # batch sizes of verify buckets (speculative decoding: 1 + the draft block's rows per sequence,
+    # logits for each); none by default, and only for a model with the DSpark draft head
+    verify_batches: tuple[int, ...] = ()
     num_slots: int | None = None  # state slots of the cache pool; default int(1.2 * max_num_seqs) + 1
     num_pages: int | None = None  # pages of the compressed caches; default room for max_num_seqs / 4 full contexts
 
@@ -43,8 +46,10 @@ class CompileOptions:
                             ep=self.ep, jobs=self.jobs)
         check_positive_ints(CompileOptionsError, **{k: getattr(self, k) for k in ("num_slots", "num_pages")
                                                     if getattr(self, k) is not None})
-        for name in ("decode_batches", "prefill_tokens"):
+        for name in ("decode_batches", "prefill_tokens", "verify_batches"):
             sizes = getattr(self, name)
+            if name == "verify_batches" and sizes == ():
+                continue
             if sizes is not None and (not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
                                                            for v in sizes)):
                 raise param_error(CompileOptionsError, name, f"must be positive integers, got {sizes!r}")
@@ -57,6 +62,9 @@ class CompileOptions:
         experts = {"n_routed_experts": cfg.n_routed_experts}
         if cfg.num_nextn_predict_layers:
             experts["dspark_n_routed_experts"] = cfg.dspark_n_routed_experts
+        if self.verify_batches and not cfg.num_nextn_predict_layers:
+            raise param_error(CompileOptionsError, "verify_batches", f"model {cfg.model_id} has no DSpark draft "
+                              "head to verify")
         for key, n in experts.items():
             if n % self.ep:  # every rank holds an equal share of the experts of each MoE layer
                 raise param_error(CompileOptionsError, "ep", f"{self.ep} does not divide the model's {n} routed "
@@ -248,10 +256,13 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     max_pages = -(-options.max_model_len // PAGE_TOKENS)
     decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
     buckets = default_buckets(options.max_num_seqs, decode=decode,
-                              prefill=options.prefill_tokens or (512, 2048, 8192))
+                              prefill=options.prefill_tokens or (512, 2048, 8192), verify=options.verify_batches,
+                              rows_per_seq=max_backtrack(cfg))
     pool = options.pool(max_pages)
-    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind == "decode")},
-            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind == "decode"},
+    # verify steps bring at most max_backtrack rows per sequence: the decode graph's rules hold
+    few = ("decode", "verify")
+    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
+            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
             "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
     files: dict[str, bytes] = {}
     instances: dict[str, str] = {}
@@ -304,7 +315,9 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
                     "page_tokens": PAGE_TOKENS, "max_pages": max_pages,
                     # the decode graph serves steps with at most this many rows per sequence
-                    "decode_rows_max": max_backtrack(cfg)} | pool,
+                    "decode_rows_max": max_backtrack(cfg),
+                    # drafts a verify bucket's sequence may carry (0: the plan has no verify bucket)
+                    "verify_drafts": max_backtrack(cfg) - 1 if options.verify_batches else 0} | pool,
         "buckets": {name: envs[name] for name in plan_graphs},
         "bucket_kinds": {b.name: b.kind for b in buckets},
         "state": {k: str(v) for k, v in program.state.items()},

@@ -24,11 +24,13 @@ def infer_shapes(g: Graph) -> Graph:
 class Bucket:
     """One shape a plan serves: every step symbol but the cache pool sizes gets a value.
 
-    decode: one row per sequence; prefill: a token budget shared by up to `seqs` sequences
-    (chunked prefill mixes prompt chunks and decode rows in one step)."""
+    decode: one row per sequence; verify: up to `rows_per_seq` rows per sequence with logits for
+    each ([t*, d_0 .. d_{k-1}] of speculative decoding, spec §5.5), one spare sequence for the
+    padding; prefill: a token budget shared by up to `seqs` sequences (chunked prefill mixes
+    prompt chunks and decode rows in one step)."""
 
     name: str
-    kind: str  # "decode" | "prefill"
+    kind: str  # "decode" | "verify" | "prefill"
     tokens: int
     seqs: int
     samples: int
@@ -42,8 +44,12 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PREFILL_TOKENS = (512, 2048, 8192)
 
 
-def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREFILL_TOKENS) -> list[Bucket]:
+def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREFILL_TOKENS, verify=(),
+                    rows_per_seq: int = 1) -> list[Bucket]:
     out = [Bucket(f"decode_b{b}", "decode", b, b, b) for b in decode if b <= max_num_seqs]
+    # b sequences of rows_per_seq rows each, all sampled, plus the padding's spare sequence and its row
+    out += [Bucket(f"verify_b{b}", "verify", b * rows_per_seq, b + 1, b * rows_per_seq + 1)
+            for b in verify if b <= max_num_seqs]
     for t in prefill:
         # one sequence more than the engine runs: a device step pads its rows up to the bucket's
         # token count with a dummy sequence, even when every real sequence is in the step

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from ..ir.quant import QTensor
-from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs
+from .batch import DraftSeq, SeqChunk, bucket_inputs
 from .cuda_driver import CubinFunction, c_arg
 from .host_recipe import HostRecipe
-from .plan_executor import LoadedPlan, choose_bucket, reference_call
+from .plan_executor import LoadedPlan, choose_bucket, draft_bucket_inputs, reference_call, verify_seqs
 from .plan_file import PlanError
 from .plan_runner import PlanRunner
 from .state import allocate_state
@@ -97,9 +97,10 @@ class CudaPlanExecutor:
         self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
-        # the plan's decode buckets take one row per sequence and sample as many rows as sequences:
-        # no bucket runs a verify chunk [t*, d_0 .. d_{m-1}] yet, so the engine does not speculate
-        self.max_draft_len = 0
+        # verify chunks [t*, d_0 .. d_{m-1}] run in the plan's verify buckets; without them (the
+        # compile's --verify-batches) the engine does not speculate on this plan
+        self.max_draft_len = self.plan["options"].get("verify_drafts", 0) if "draft" in lp.graphs else 0
+        self.max_verify_seqs = verify_seqs(self.plan)
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs
@@ -169,7 +170,7 @@ class CudaPlanExecutor:
 
     def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
         """One step at a bucket's shape from host inputs; through its CUDA graph when it has one."""
-        if self.cuda_graphs and self.plan["bucket_kinds"].get(bucket) == "decode":
+        if self.cuda_graphs and self.plan["bucket_kinds"].get(bucket) in ("decode", "verify"):
             cg = self._capture(graph, bucket, inputs)
             if cg is not None:
                 static_in, cuda_graph, static_out = cg
@@ -215,13 +216,7 @@ class CudaPlanExecutor:
         if "draft" not in self.loaded.graphs:
             raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
         b = len(seqs)
-        buckets = self.plan["buckets"]["draft"]
-        fits = sorted((e["num_seqs"], name) for name, e in buckets.items() if e["num_seqs"] >= b)
-        if not fits:
-            raise ValueError(f"{b} draft sequences exceed the plan's draft buckets")
-        size, bucket = fits[0]
-        pad = [DraftSeq(self.num_slots, self.cfg.pad_token_id, 1)] * (size - b)
-        inputs = draft_inputs(list(seqs) + pad, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
+        bucket, inputs = draft_bucket_inputs(self.plan, self.cfg, seqs, self.num_slots)
         outs = self.runner.run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
         return outs["drafts"][:b].cpu(), outs["confidence"][:b].float().cpu()
 

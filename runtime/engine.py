@@ -135,6 +135,7 @@ class LLMEngine:
         self.executor, self.tokenizer = executor, tokenizer
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
+        self.scheduler.verify_seqs = getattr(executor, "max_verify_seqs", None)
         self._seeds = random.Random(seed)  # seeds of requests that bring none
         self._ids = count()
         self._sequences: dict[str, Sequence] = {}

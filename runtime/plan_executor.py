@@ -95,9 +95,10 @@ class PlanExecutor:
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
         self.state_types = lp.state_types
-        # at its own shapes a step takes verify chunks; the plan's buckets hold one sampled row per
-        # sequence, so padded steps cannot (issue 11: verify buckets)
-        self.max_draft_len = self.cfg.dspark_block_size if "draft" in self.graphs and not self.pad else 0
+        # at its own shapes a step takes verify chunks; padded, it needs the plan's verify buckets
+        drafts = self.plan["options"].get("verify_drafts", 0) if self.pad else self.cfg.dspark_block_size
+        self.max_draft_len = drafts if "draft" in self.graphs else 0
+        self.max_verify_seqs = verify_seqs(self.plan) if self.pad else None
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:
@@ -114,16 +115,37 @@ class PlanExecutor:
         return self.runner.run(name, bucket, inputs)["logits"][:n]
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pad:
-            raise ValueError("drafts are not run at bucket shapes on the cpu plan")
         if "draft" not in self.graphs:
             raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
+        if self.pad:
+            bucket, inputs = draft_bucket_inputs(self.plan, self.cfg, seqs, self.num_slots)
+            outs = self.runner.run("draft", bucket, inputs)
+            return outs["drafts"][:len(seqs)], outs["confidence"][:len(seqs)]
         inputs = draft_inputs(seqs, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
         outs = self.runner.run("draft", None, inputs)
         return outs["drafts"], outs["confidence"]
 
     def reset_slot(self, slot: int) -> None:
         self.loaded.zero_slot(self.state, slot)
+
+
+def verify_seqs(plan: dict) -> int:
+    """The most sequences a verify bucket of the plan holds (its spare padding sequence aside)."""
+    kinds = plan["bucket_kinds"]
+    return max((e["num_seqs"] - 1 for g in plan["buckets"].values() for b, e in g.items()
+                if kinds.get(b) == "verify"), default=0)
+
+
+def draft_bucket_inputs(plan: dict, cfg, seqs: list[DraftSeq], scratch_slot: int) -> tuple[str, dict]:
+    """The smallest draft bucket holding `seqs`, and its inputs: dummy sequences (one row each, in
+    the scratch slot) fill it; their drafts are dropped."""
+    b = len(seqs)
+    fits = sorted((e["num_seqs"], name) for name, e in plan["buckets"]["draft"].items() if e["num_seqs"] >= b)
+    if not fits:
+        raise ValueError(f"{b} draft sequences exceed the plan's draft buckets")
+    size, bucket = fits[0]
+    pad = [DraftSeq(scratch_slot, cfg.pad_token_id, 1)] * (size - b)
+    return bucket, draft_inputs(list(seqs) + pad, cfg.dspark_block_size, cfg.dspark_noise_token_id)
 
 
 def reference_call(call: dict, bucket: str):
@@ -134,16 +156,35 @@ def reference_call(call: dict, bucket: str):
 
 
 def choose_bucket(plan: dict, chunks: list[SeqChunk]) -> tuple[str, str]:
-    """(graph, bucket) a step runs at: a decode bucket when every sequence brings one row, else the
-    smallest prefill bucket that holds its rows and sequences (one spare sequence for padding)."""
+    """(graph, bucket) a step runs at: a decode bucket when every sequence brings one row, else a
+    verify bucket when every sequence brings at most its rows (a speculative step: logits for the
+    verified rows), else the smallest prefill bucket that holds its rows and sequences (one spare
+    sequence for padding). Each must hold the step's sampled rows and its padding's."""
     rows, seqs = sum(len(c.tokens) for c in chunks), len(chunks)
-    if rows == seqs and "step_decode" in plan["buckets"]:
-        fits = [(e["num_tokens"], b) for b, e in plan["buckets"]["step_decode"].items() if e["num_seqs"] >= seqs]
+    sampled = sum(c.logit_rows for c in chunks if c.sample)
+    kinds = plan["bucket_kinds"]
+    few = "step_decode" if "step_decode" in plan["buckets"] else "step"  # where decode and verify buckets live
+    if rows == seqs:
+        fits = [(e["num_tokens"], b) for b, e in plan["buckets"][few].items()
+                if kinds.get(b) == "decode" and e["num_seqs"] >= seqs]
         if fits:
-            return "step_decode", min(fits)[1]
+            return few, min(fits)[1]
+    if max(len(c.tokens) for c in chunks) <= plan["options"]["decode_rows_max"]:
+        fits = [(e["num_tokens"], b) for b, e in plan["buckets"][few].items()
+                if kinds.get(b) == "verify" and _holds(e, rows, seqs, sampled)]
+        if fits:
+            return few, min(fits)[1]
     fits = [(e["num_tokens"], b) for b, e in plan["buckets"]["step"].items()
-            if e["num_tokens"] >= rows and (e["num_seqs"] > seqs or (e["num_seqs"] == seqs and e["num_tokens"] == rows))]
+            if kinds.get(b, "prefill") == "prefill" and _holds(e, rows, seqs, sampled)]
     if not fits:
         raise ValueError(f"a step of {rows} rows over {seqs} sequences fits no bucket of the plan "
                          f"({', '.join(plan['buckets']['step'])}); schedule smaller steps")
     return "step", min(fits)[1]
+
+
+def _holds(env: dict, rows: int, seqs: int, sampled: int) -> bool:
+    """A padded bucket holds the step: its rows, its sequences with a spare one for the padding
+    rows (unless the step fills the bucket exactly), and the sampled rows plus one per dummy."""
+    exact = env["num_seqs"] == seqs and env["num_tokens"] == rows
+    return (env["num_tokens"] >= rows and (env["num_seqs"] > seqs or exact)
+            and sampled + (env["num_seqs"] - seqs) <= env["num_samples"])

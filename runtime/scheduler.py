@@ -46,6 +46,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # an executor that runs steps at fixed shapes verifies in buckets of at most this many
+        # sequences, every one a decode row with its drafts (None: any step may carry drafts)
+        self.verify_seqs: int | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -53,15 +56,25 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _may_verify(self) -> bool:
+        """Whether this step may carry drafts: always, unless the executor verifies in buckets; then
+        only a step of decode rows alone that fits one, and not while a waiting request could be
+        admitted instead (speculating every step would otherwise keep the queue waiting)."""
+        if self.verify_seqs is None:
+            return True
+        return (len(self.running) <= self.verify_seqs and all(s.num_uncached == 1 for s in self.running)
+                and not (self.waiting and len(self.running) < self.max_num_seqs))
+
     def schedule(self) -> list[Scheduled]:
         budget, batch = self.max_num_batched_tokens, []
+        verify = self._may_verify()
         # 1. running sequences, oldest first: the next prompt chunk or one decode row each
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncached, budget)
             drafts = 0
-            if seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
+            if verify and seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
                 drafts = min(len(seq.drafts), budget - n)
                 while drafts and not self.cache.can_cover(seq.request_id, seq.num_cached + n + drafts):
                     drafts -= 1
@@ -74,8 +87,10 @@ class Scheduler:
             batch.append(Scheduled(seq, n + drafts, drafts))
             budget -= n + drafts
             i += 1
-        # 2. waiting sequences in order (preempted ones sit at the front) while room is left
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        # 2. waiting sequences in order (preempted ones sit at the front) while room is left; not
+        # beside drafts where a bucket must hold the verify step (a preemption may have queued one)
+        bucketed = self.verify_seqs is not None and any(s.num_drafts for s in batch)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not bucketed:
             seq = self.waiting[0]
             n = min(seq.num_uncached, budget)
             if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, n):

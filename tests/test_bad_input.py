@@ -178,6 +178,19 @@ def test_compile_options_check_api_callers_too():
         assert str(e.value).startswith(next(iter(kwargs)))
 
 
+def test_verify_batches_need_a_draft_head(tmp_path):
+    from deepinfer.models.config import load_config
+    from deepinfer.passes.driver import CompileOptions, CompileOptionsError
+
+    cfg = load_config(tiny_config_dir(tmp_path, num_nextn_predict_layers=0, compress_ratios=[0, 0, 2, 2, 2, 1, 1, 1, 1, 1],
+                                      dspark_target_layer_ids=[]))
+    with pytest.raises(CompileOptionsError, match=r"^verify_batches model .* has no DSpark draft head to verify$"):
+        CompileOptions("sm90", verify_batches=(1, 8)).check_model(cfg)
+    with pytest.raises(CompileOptionsError, match=r"^verify_batches must be positive integers"):
+        CompileOptions("sm90", verify_batches=(0,))
+    CompileOptions("sm90", verify_batches=(1, 8)).check_model(load_config(TINY))
+
+
 # ---- config.json ---------------------------------------------------------------------------------
 
 def tiny_config_dir(tmp_path, **changes) -> Path:

@@ -16,7 +16,8 @@ from deepinfer.runtime.plan_executor import PlanExecutor, choose_bucket
 def plan_and_weights(tmp_path_factory):
     root = tmp_path_factory.mktemp("pad")
     ckpt = make_checkpoint("v4.1-flash-tiny", root / "ckpt", seed=3)
-    opts = CompileOptions("cpu", max_model_len=512, max_num_seqs=4, decode_batches=(1, 2, 4), prefill_tokens=(64,))
+    opts = CompileOptions("cpu", max_model_len=512, max_num_seqs=4, decode_batches=(1, 2, 4), prefill_tokens=(64,),
+                          verify_batches=(1, 2))
     return compile_model("v4.1-flash-tiny", opts, root / "plan").plan_dir, ckpt
 
 
@@ -61,3 +62,60 @@ def test_a_step_that_fits_no_bucket_is_refused(plan_and_weights):
     plan = load_plan(plan_and_weights[0])
     with pytest.raises(ValueError, match="fits no bucket"):
         choose_bucket(plan, [SeqChunk(0, 0, list(range(70)), [0])])
+
+
+def test_verify_steps_padded_equal_unpadded(plan_and_weights):
+    """Speculative verify chunks ([t*, d_0 ..], logits for every row) run in the verify buckets:
+    up to 1 + the draft block's rows per sequence, one spare sequence for the padding rows."""
+    plan, ckpt = plan_and_weights
+    plain = PlanExecutor(plan, ckpt, num_slots=4, num_pages=8)
+    padded = PlanExecutor(plan, ckpt, num_slots=4, num_pages=8, pad_to_buckets=True)
+    assert padded.max_draft_len == 5 and plain.max_draft_len == 5
+    kinds = padded.plan["bucket_kinds"]
+    assert kinds["verify_b2"] == "verify" and padded.plan["buckets"]["step_decode"]["verify_b2"]["num_tokens"] == 12
+    a, b = list(range(100, 120)), list(range(500, 530))
+    prefill = [SeqChunk(0, 0, a, [0, 1]), SeqChunk(2, 0, b, [4, 5])]
+    steps = [
+        [SeqChunk(0, 20, [7, 8, 9, 10], [0, 1], logit_rows=4), SeqChunk(2, 30, [1, 2, 3, 4, 5, 6], [4, 5], logit_rows=6)],
+        [SeqChunk(0, 24, [11, 12], [0, 1], logit_rows=2)],  # one sequence, one draft: verify_b1 holds it
+        [SeqChunk(0, 26, [13], [0, 1]), SeqChunk(2, 36, [14, 15, 16], [4, 5], logit_rows=3)],
+    ]
+    assert torch.equal(plain.step(prefill), padded.step(prefill))
+    used = []
+    for chunks in steps:
+        used.append(choose_bucket(padded.plan, chunks))
+        want, got = plain.step(chunks), padded.step(chunks)
+        assert got.shape == want.shape == (sum(c.logit_rows for c in chunks), want.shape[1])
+        assert torch.equal(got, want)
+    assert used == [("step_decode", "verify_b2"), ("step_decode", "verify_b1"), ("step_decode", "verify_b2")]
+    # more drafts than the verify buckets' rows per sequence: a prefill bucket, sampled rows permitting
+    with pytest.raises(ValueError, match="fits no bucket"):
+        choose_bucket(padded.plan, [SeqChunk(0, 30, list(range(7)), [0, 1], logit_rows=7)])
+
+
+def test_speculation_through_the_padded_plan_gives_plain_tokens(plan_and_weights):
+    """The engine speculates on a padded plan (verify buckets, draft buckets padded with dummy
+    sequences) and its greedy tokens equal a run without speculation. Two sequences run at a time
+    (the largest verify bucket); the third waits, and is admitted in a step without drafts."""
+    from deepinfer.runtime.engine import LLMEngine
+    from deepinfer.runtime.sampling_params import SamplingParams
+
+    from test_runtime_scheduler import FakeTokenizer
+
+    plan, ckpt = plan_and_weights
+    prompts = [list(range(100, 120)), list(range(300, 307)), [5, 6, 7]]
+    outs = {}
+    for spec in (0, None):
+        ex = PlanExecutor(plan, ckpt, num_slots=4, num_pages=8, pad_to_buckets=True)
+        engine = LLMEngine(ex, FakeTokenizer(), max_num_seqs=2, max_num_batched_tokens=64, max_model_len=256,
+                           speculative=spec)
+        ids = [engine.add_request(params=SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                                  prompt_token_ids=p) for p in prompts]
+        done = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                done[o.request_id] = o.token_ids
+        outs[spec] = [done[i] for i in ids]
+        if spec is None:
+            assert engine.num_speculative == 5 and engine.spec_stats.verifies > 0
+    assert outs[None] == outs[0]

@@ -446,6 +446,30 @@ def test_speculative_load_gives_the_plain_tokens_and_leaks_nothing():
     assert again == spec
 
 
+def test_bucketed_verification_keeps_verify_steps_in_their_buckets():
+    """An executor that verifies in buckets of at most 2 sequences (a device plan's verify
+    buckets): under a random load with aborts and preemption, a step carries drafts only when it
+    is decode rows alone of at most 2 sequences and no waiting request could be admitted instead;
+    the tokens are the plain run's, and nothing leaks."""
+    specs = [(p, SamplingParams(temperature=0, max_tokens=m.max_tokens))
+             for p, m in load_specs(random.Random(5), 80)]
+    kw = dict(num_slots=6, num_pages=10, page_tokens=4, max_num_batched_tokens=12, max_model_len=24)
+    plain_engine, _ = make_engine(**kw)
+    plain = random_load(plain_engine, random.Random(2), specs)
+    engine, ex = make_spec_engine(**kw, speculative=3)
+    engine.scheduler.verify_seqs = 2
+    spec = random_load(engine, random.Random(2), specs, check_pages_exact)
+    with_drafts = [c for c in ex.chunks if any(len(x.tokens) > 1 and x.logit_rows > 1 for x in c)]
+    assert with_drafts and engine.spec_stats.verifies > 0
+    for chunks in with_drafts:
+        assert len(chunks) <= 2 and all(x.logit_rows == len(x.tokens) for x in chunks), chunks
+    assert any(len(c) > 2 for c in ex.chunks)  # wider steps ran, without drafts
+    for i, o in spec.items():
+        if o.finish_reason != "abort" and plain[i].finish_reason != "abort":
+            assert o.token_ids == plain[i].token_ids, i
+    engine.cache.check_no_leak()
+
+
 def test_stops_inside_accepted_drafts_emit_nothing_past_them():
     """Drafts always right: a verify accepts all 3 and the stop lands inside them. Stop token,
     stop string, max_tokens and max_model_len end the request exactly where a plain run does."""
