@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 import warnings
 
 # The errors that are about the user's input, not a bug: (module, class names). They are looked up
@@ -25,6 +26,7 @@ _USER_ERRORS = {
     "runtime.sampling_params": ("SamplingParamsError",),
     "codegen.targets": ("UnknownTargetError",),
     "passes.driver": ("CompileOptionsError",),
+    "autotune.tuner": ("TuneError",),
 }
 # OSErrors about the user's paths and disks (a read-only or full disk, permissions, missing paths).
 _USER_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EEXIST, errno.EISDIR, errno.ENOTDIR,
@@ -142,7 +144,7 @@ def cmd_compile(args) -> int:
     opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                           ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir,
                           decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens,
-                          verify_batches=tuple(args.verify_batches))
+                          verify_batches=tuple(args.verify_batches), tuning_db=args.tuning_db)
     t = time.perf_counter()
     report = compile_model(args.model, opts, args.output, progress=sys.stderr.isatty())
     print(report.summary())
@@ -166,6 +168,9 @@ def add_compile(sub):
                    help="decode bucket sizes (default: powers of two up to --max-num-seqs)")
     p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...",
                    help="prefill bucket token budgets (default: 512,2048,8192)")
+    p.add_argument("--tuning-db", metavar="PATH",
+                   help="tuning database to take kernel configs from (default: the one shipped for the target, "
+                        "where it exists; 'none': template defaults)")
     p.add_argument("--verify-batches", type=_int_list, metavar="B,B,...", default=(),
                    help="verify bucket sizes for speculative decoding on a device plan: B sequences of 1 + the "
                         "draft block's rows, logits for each (default: none; device plans then do not speculate)")
@@ -306,7 +311,48 @@ def add_generate(sub):
     p.set_defaults(func=cmd_generate)
 
 
-COMMANDS = [add_inspect, add_compile, add_make_checkpoint, add_generate]
+# ---- autotune -----------------------------------------------------------------------------------
+
+def cmd_autotune(args) -> int:
+    from .autotune.db import TuningDB, shipped_db
+    from .autotune.tuner import TuneError, table, tune
+    from .runtime.plan_file import load_plan
+
+    target = load_plan(Path(args.plan))["target"]["name"]
+    db_path = Path(args.db) if args.db else shipped_db(target)
+    if not args.cost_model_only:
+        # the tuner takes any timer (tests give it a fake one); the device timer over the plan's
+        # own step inputs is the part not written yet (issue 12)
+        raise TuneError("measured tuning (a device timer over the plan's own inputs) is not available yet: "
+                        "run with --cost-model-only")
+    db = TuningDB.load(db_path)
+
+    def progress(i, n, name):
+        if sys.stderr.isatty():
+            print(f"\r[{i + 1}/{n}] {name[:50]:<50}", end="", file=sys.stderr, flush=True)
+
+    run = tune(args.plan, db, budget_s=args.budget_s, only=args.only, progress=progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not run.results:
+        raise TuneError(f"nothing to tune in {args.plan}" + (f" for {args.only}" if args.only else ""))
+    print(table(run))
+    print(f"wrote {db_path} ({len(db.rows)} rows) in {run.seconds:.1f} s")
+    return 0
+
+
+def add_autotune(sub):
+    p = sub.add_parser("autotune", help="tune a compiled plan's kernels into a tuning database")
+    p.add_argument("plan", help="plan directory (deepinfer compile -o)")
+    p.add_argument("--db", help="tuning database to update (default: the shipped one for the plan's target)")
+    p.add_argument("--budget-s", type=float, help="stop after this many seconds (what was tuned is kept)")
+    p.add_argument("--cost-model-only", action="store_true",
+                   help="rank candidates by the analytic cost model (no hardware); rows are marked measured: false")
+    p.add_argument("--only", metavar="TEMPLATE", help="tune this template's instances only")
+    p.set_defaults(func=cmd_autotune)
+
+
+COMMANDS = [add_inspect, add_compile, add_make_checkpoint, add_generate, add_autotune]
 
 
 def build_parser() -> argparse.ArgumentParser:

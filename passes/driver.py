@@ -36,6 +36,9 @@ class CompileOptions:
     # batch sizes of verify buckets (speculative decoding: 1 + the draft block's rows per sequence,
     # logits for each); none by default, and only for a model with the DSpark draft head
     verify_batches: tuple[int, ...] = ()
+    # the tuning database configs come from (autotune/db.py); None: the one shipped for the target
+    # where it exists; "" or "none": template defaults only
+    tuning_db: str | None = None
     num_slots: int | None = None  # state slots of the cache pool; default int(1.2 * max_num_seqs) + 1
     num_pages: int | None = None  # pages of the compressed caches; default room for max_num_seqs / 4 full contexts
 
@@ -157,9 +160,58 @@ def _step_graph_record(g: Graph, load: set[int]) -> dict:
             "state_updates": g.state_updates(), "outputs": list(g.outputs)}
 
 
-def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict) -> list:
+class Tuning:
+    """Configs for a compile: the tuning database's row for a call where one fits (its rung of
+    the lookup ladder recorded with the instance), else the template's default. The compiling
+    machine has no device: rows measured elsewhere are borrowed, never exact."""
+
+    def __init__(self, path: str | None, target):
+        from ..autotune.db import TuningDB, shipped_db
+
+        self.target, self.db, self._fp = target, None, {}
+        if path is None:
+            shipped = shipped_db(target.name)
+            path = str(shipped) if shipped.exists() else ""
+        if path and path.lower() != "none":
+            if not Path(path).is_file():
+                raise param_error(CompileOptionsError, "tuning_db", f"{path}: no such file")
+            self.db = TuningDB.load(path)
+        self.stale = 0
+
+    def config(self, t, spec) -> tuple[dict, dict | None]:
+        """(config, provenance or None for the default)."""
+        default = t.default_config(self.target, spec)
+        if self.db is None:
+            return default, None
+        from ..autotune.tuner import fingerprint
+
+        if t.name not in self._fp:
+            self._fp[t.name] = fingerprint(self.target, t.name)
+        match, stale = self.db.lookup(self._fp[t.name], t.name, spec)
+        self.stale += stale
+        if match is None:
+            return default, None
+        cfg = dict(default, **match.row["config"])
+        if match.rung == "nearest":  # another row count: only a config that renders and fits
+            from ..codegen.targets import get_manifest
+
+            try:
+                src = t.render(self.target, spec, cfg)
+            except Exception:  # noqa: BLE001
+                return default, None
+            check = get_manifest(self.target.name).check
+            if check and check(src, None):
+                return default, None
+        row = match.row
+        return cfg, {"rung": match.rung, "measured": row["measured"], "bucket": row["bucket"],
+                     "device": row["fingerprint"].get("device"), "date": row["provenance"].get("date")}
+
+
+def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict,
+           tuning: Tuning | None = None) -> list:
     """The plan's call list; every non-view call gets, per bucket, its static shapes and the
-    kernel instance that serves it (`instances`: key -> (id, template, spec, config), filled here)."""
+    kernel instance that serves it (`instances`: key -> (id, template, spec, config, provenance),
+    filled here)."""
     from ..codegen.template import select
 
     calls = []
@@ -184,10 +236,10 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
                 t = select(target, spec)  # per bucket: decode and prefill shapes may want different templates
                 if t.canonical:
                     spec = t.canonical(target, spec)
-                config = t.default_config(target, spec)
+                config, tuned = tuning.config(t, spec) if tuning else (t.default_config(target, spec), None)
                 key = json.dumps([t.name, spec.key(), config], sort_keys=True, default=str)
                 if key not in instances:
-                    instances[key] = (f"k{len(instances):05d}", t.name, spec, config)
+                    instances[key] = (f"k{len(instances):05d}", t.name, spec, config, tuned)
                 entry["template"] = t.name
                 entry["kernel"] = instances[key][0]
             call["launch"][bname] = entry
@@ -204,13 +256,13 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
 
     gen = [v for v in instances.values() if v[1] not in TORCH_TEMPLATES]
     out = {inst: {"template": t, "spec": spec.key(), "config": cfg, "language": "torch"}
-           for inst, t, spec, cfg in instances.values() if t in TORCH_TEMPLATES}
+           for inst, t, spec, cfg, _ in instances.values() if t in TORCH_TEMPLATES}
     if not gen:
         return out
-    sources = render_many([(t, spec, cfg) for _, t, spec, cfg in gen], target, jobs, on_done)
+    sources = render_many([(t, spec, cfg) for _, t, spec, cfg, _ in gen], target, jobs, on_done)
     results = build_for(get_manifest(target.name), sources, jobs=jobs)
     ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
-    for (inst, t, spec, cfg), src, res in zip(gen, sources, results):
+    for (inst, t, spec, cfg, tuned), src, res in zip(gen, sources, results):
         files[f"kernels/{inst}.{ext.get(src.language, 'txt')}"] = src.text.encode()
         built = {}
         for art, path in res.files.items():
@@ -223,6 +275,8 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
                      "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,
                      "meta": src.meta, "build": {"status": res.status, "reason": res.reason, "files": built,
                                                  "resources": res.resources, "cached": res.cached}}
+        if tuned:  # the config came from the tuning database: which row, by which rung of the ladder
+            out[inst]["tuning"] = tuned
     return out
 
 
@@ -265,7 +319,8 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
             "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
             "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
     files: dict[str, bytes] = {}
-    instances: dict[str, str] = {}
+    instances: dict[str, tuple] = {}
+    tuning = Tuning(options.tuning_db, target) if target.name != "cpu" else None
     plan_graphs, memory, load_program = {}, {}, []
     seen_load = set()
     for name, g in graphs.items():
@@ -281,7 +336,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                                      "types": [str(g.types[o]) for o in n.outputs]})
         files[f"ir/{name}.ir"] = print_graph(g).encode()
         plan_graphs[name] = dict(_step_graph_record(g, load), ir=f"ir/{name}.ir",
-                                 calls=_calls(g, load, envs[name], target, instances))
+                                 calls=_calls(g, load, envs[name], target, instances, tuning))
         resident = {o for i in load for o in g.nodes[i].outputs}
         memory[name] = {b: plan_memory(g, env, resident) for b, env in envs[name].items()}
     timings["specialize"] = time.perf_counter() - t

@@ -1,0 +1,46 @@
+"""A call's search space: its template's knobs (codegen/template.py `Template.knobs`: tiles,
+stages, warps or threads, splits and the template's own), rendered one config at a time and
+pruned by static legality before anything is built: a config the template cannot render, or
+whose render the target's capacity check refuses (threads per block, shared memory on NVIDIA;
+buffer capacities, 32-byte alignment and AI cores on Ascend: codegen/targets/capacity.py), never
+reaches a build. Registers are checked after a build, from the ptxas report (the same check with
+the build's resources)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass
+class Candidate:
+    config: dict
+    source: object  # the rendered KernelSource
+
+
+def candidates(manifest, template, spec, limit: int = 64, seed: int = 0) -> tuple[list[Candidate], int]:
+    """The legal configs of `template` for `spec` (the default first), at most `limit` of them (a
+    seeded sample of larger spaces), and how many the legality checks pruned."""
+    target = manifest.target
+    default = dict(template.default_config(target, spec))
+    points = [dict(default, **c) for c in template.configs(target, spec)]
+    unique, seen = [], set()
+    for c in [default] + points:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    if len(unique) > limit:
+        rest = random.Random(seed).sample(unique[1:], limit - 1)
+        unique = [unique[0]] + rest
+    out, pruned = [], 0
+    for cfg in unique:
+        try:
+            src = template.render(target, spec, cfg)
+        except Exception:  # noqa: BLE001  (a config the template cannot render is not legal)
+            pruned += 1
+            continue
+        if manifest.check and manifest.check(src, None):
+            pruned += 1
+            continue
+        out.append(Candidate(cfg, src))
+    return out, pruned

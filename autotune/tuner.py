@@ -1,0 +1,197 @@
+"""Tuning a compiled plan: every generated instance's legal configs (autotune/space.py), ranked by
+the cost model (autotune/cost.py), the top-k timed by a `timer` where hardware is present, the
+best written to the tuning database after each instance (an interrupted run keeps what it
+measured, and a rerun skips what it holds), and a table of what changed.
+
+A timer is `timer(template, spec, config, source) -> {"p20", "p50", "p80", "repeats"}` in
+microseconds, raising for a candidate that fails (a wrong result, a crash, a timeout): it is
+recorded as failed and never wins. In CI a fake timer stands in for the GPU.
+"""
+from __future__ import annotations
+
+import ast
+import datetime
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..ir.text import parse_type
+from . import cost
+from .db import TuningDB, structure_key
+from .space import candidates
+
+
+class TuneError(ValueError):
+    """A tuning run that cannot start: one line naming the problem."""
+
+
+def parse_spec(key: str):
+    """A KernelSpec from its key (`op(type, type, ...){attrs}`, as plans record instances): the
+    output types follow from the op's rule."""
+    from ..codegen.template import KernelSpec
+    from ..ir.registry import get_op
+
+    op, rest = key.split("(", 1)
+    depth, i = 1, 0
+    while depth:
+        depth += {"(": 1, ")": -1}.get(rest[i], 0)
+        i += 1
+    args, attrs = rest[:i - 1], ast.literal_eval(rest[i:] or "{}")
+    parts, depth, cur = [], 0, ""
+    for ch in args:
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    ins = tuple(parse_type(p) for p in parts)
+    outs = tuple(get_op(op).infer_types(list(ins), attrs))
+    return KernelSpec(op, tuple(sorted(attrs.items())), ins, outs)
+
+
+def language_of(template: str) -> str:
+    return {"triton": "triton", "tilelang": "cuda", "ascend": "ascendc"}.get(template.split("_", 1)[0], "torch")
+
+
+def fingerprint(target, template: str, device: dict | None = None) -> dict:
+    """What a measurement depends on: the device (None where none is present: rows can then only
+    be borrowed), the toolchain that builds the template's language, and the template's code."""
+    from ..codegen.build import toolchain_versions
+    from ..codegen.instances import _template_code
+
+    lang = language_of(template)
+    tool = dict(toolchain_versions(lang, int("".join(ch for ch in target.arch if ch.isdigit()) or 0)))
+    tool["template_code"] = _template_code(template)
+    d = device or {}
+    return {"target": target.name, "arch": target.arch, "device": d.get("name"), "cores": d.get("cores", target.cores),
+            "driver": d.get("driver"), "runtime": d.get("runtime"), "toolchain": tool}
+
+
+@dataclass
+class Result:
+    instance: str
+    template: str
+    spec: str
+    calls: int  # calls per step, over the plan's buckets
+    default_us: float
+    tuned_us: float
+    config: dict
+    measured: bool
+    pruned: int = 0
+    failed: int = 0
+    skipped: bool = False  # the database already held an exact row
+
+    @property
+    def speedup(self) -> float:
+        return self.default_us / self.tuned_us if self.tuned_us else 1.0
+
+
+@dataclass
+class TuneRun:
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def calls_per_instance(plan: dict) -> Counter:
+    n: Counter = Counter()
+    for g in plan["graphs"].values():
+        for c in g["calls"]:
+            for launch in c["launch"].values():
+                if launch.get("kernel"):
+                    n[launch["kernel"]] += 1
+    return n
+
+
+def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budget_s: float | None = None,
+         only: str | None = None, top_k: int = 8, limit: int = 64, progress=None) -> TuneRun:
+    from ..codegen.targets import get_manifest
+    from ..codegen.template import templates
+    from ..runtime.plan_file import load_plan
+
+    plan = load_plan(Path(plan_dir))
+    manifest = get_manifest(plan["target"]["name"])
+    target = manifest.target
+    known = templates()
+    if only and only not in known:
+        raise TuneError(f"--only: no template {only!r} (templates: {', '.join(sorted(known))})")
+    calls = calls_per_instance(plan)
+    todo = [(inst, k) for inst, k in sorted(plan["kernels"].items())
+            if k["template"] in known and language_of(k["template"]) != "torch" and (not only or k["template"] == only)]
+    run, t0 = TuneRun(), time.perf_counter()
+    for n, (inst, k) in enumerate(todo):
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            break
+        if progress:
+            progress(n, len(todo), k["template"])
+        tpl, spec = known[k["template"]], parse_spec(k["spec"])
+        fp = fingerprint(target, tpl.name, device)
+        held, _ = db.lookup(fp, tpl.name, spec)
+        if held and held.rung == "exact" and (held.row["measured"] or timer is None):
+            run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], _us(held.row), _us(held.row),
+                                      held.row["config"], held.row["measured"], skipped=True))
+            continue
+        cands, pruned = candidates(manifest, tpl, spec, limit=limit)
+        if not cands:
+            continue
+        ranked = cost.rank(target, spec, [(c.config, c.source) for c in cands])
+        by_cfg = {_cfg_key(c.config): c for c in cands}
+        default = cands[0]  # space.candidates puts the default first
+        failed = 0
+        if timer is None:
+            modelled = {_cfg_key(cfg): s * 1e6 for s, cfg in ranked}
+            best_cfg, best = ranked[0][1], {"p50": ranked[0][0] * 1e6}
+            default_us = modelled[_cfg_key(default.config)]
+        else:
+            timed = {}
+            pick = [cfg for _, cfg in ranked[:top_k]]
+            if _cfg_key(default.config) not in {_cfg_key(c) for c in pick}:
+                pick.append(default.config)
+            for cfg in pick:
+                try:
+                    timed[_cfg_key(cfg)] = (cfg, timer(tpl, spec, cfg, by_cfg[_cfg_key(cfg)].source))
+                except Exception:  # noqa: BLE001  (a failing candidate is recorded, never wins)
+                    failed += 1
+            if not timed:
+                continue
+            best_cfg, best = min(timed.values(), key=lambda t: t[1]["p50"])
+            d = timed.get(_cfg_key(default.config))
+            default_us = d[1]["p50"] if d else float("nan")
+        structure, bucket = structure_key(spec)
+        db.add({"fingerprint": fp, "template": tpl.name, "structure": structure, "spec": k["spec"], "bucket": bucket,
+                "config": best_cfg, "timings": best, "status": "ok", "measured": timer is not None,
+                "provenance": {"host": socket.gethostname(), "date": datetime.date.today().isoformat(),
+                               "source": "measured" if timer is not None else "cost model"}})
+        if db.path:
+            db.save()  # after each instance: an interrupted run keeps what it measured
+        run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], default_us, best["p50"], best_cfg,
+                                  timer is not None, pruned, failed))
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def _us(row) -> float:
+    return float(row["timings"]["p50"]) if row.get("timings") else float("nan")
+
+
+def _cfg_key(cfg: dict) -> str:
+    return repr(sorted(cfg.items()))
+
+
+def table(run: TuneRun) -> str:
+    """kernel, calls per step, default and tuned time, speed-up, and the step time each saves
+    (weighted by its calls)."""
+    lines = [f"{'kernel':<34} {'calls':>5} {'default us':>11} {'tuned us':>9} {'speed-up':>8} {'step gain us':>12}"]
+    total = 0.0
+    for r in sorted(run.results, key=lambda r: -(r.default_us - r.tuned_us) * r.calls):
+        gain = (r.default_us - r.tuned_us) * r.calls
+        total += gain if gain == gain else 0.0
+        lines.append(f"{r.template[:34]:<34} {r.calls:>5} {r.default_us:>11.2f} {r.tuned_us:>9.2f} "
+                     f"{r.speedup:>7.2f}x {gain:>12.2f}")
+    kind = "measured" if any(r.measured for r in run.results) else "modelled (cost model, no hardware)"
+    lines.append(f"{len(run.results)} instances, {kind}; step time saved {total:.1f} us per step over all buckets")
+    return "\n".join(lines)
