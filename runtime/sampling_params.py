@@ -106,8 +106,9 @@ class SamplingParams:
     @property
     def depends_on_history(self) -> bool:
         """Its logits processing reads the tokens before each row (penalties, min_tokens, bad_words).
-        Such a request does not speculate: a verify row's history holds drafts not yet accepted
-        when the step is prepared, and the processing is computed from the sequence as it stands."""
+        Such a request does not speculate: verify row j would need that processing redone with the
+        drafts d_0 .. d_{j-1} as history, and the simpler correct choice is one row per step,
+        processed from the sequence as it stands (the engine proposes it no drafts)."""
         return self.has_penalties or self.min_tokens > 0 or bool(self.bad_words)
 
 
