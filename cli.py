@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 import warnings
 
+from .version import VERSION
+
 # The errors that are about the user's input, not a bug: (module, class names). They are looked up
 # in sys.modules when an error is caught instead of imported then: a module that never loaded raised
 # nothing, and importing torch inside an except clause, after a Ctrl-C cut its first import short,
@@ -358,6 +360,7 @@ COMMANDS = [add_inspect, add_compile, add_make_checkpoint, add_generate, add_aut
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deepinfer", description="DeepInfer: compile a model graph into a plan of generated kernels and run it.")
+    parser.add_argument("--version", action="version", version=f"deepinfer {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

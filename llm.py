@@ -33,6 +33,7 @@ from .validate import param_error
 __all__ = ["LLM", "SamplingParams", "RequestOutput"]
 
 INTERPRETER_TARGETS = ("cpu",)
+PROMPT_KEYS = ("prompt", "prompt_token_ids")  # of vLLM's prompt dicts, those a text model takes
 # Limits of the graph interpreter's engine; a plan's own limits are the defaults of LLM(plan=...).
 DEFAULT_MAX_NUM_SEQS = 16
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -45,7 +46,7 @@ class LLM:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
-                 verify_budget: int | None = None):
+                 verify_budget: int | None = None, tensor_parallel_size: int = 1):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
         values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
@@ -56,7 +57,12 @@ class LLM:
         `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`.
         `speculative`: DSpark drafts per sequence and step; None = the model's draft block where
         the executor can verify drafts (else off), 0 / False = off. `verify_budget`: verify rows
-        per step shared out by draft confidence (§5.6); None = verify every draft."""
+        per step shared out by draft confidence (§5.6); None = verify every draft.
+        `tensor_parallel_size`: vLLM's; only 1 (one device) runs here."""
+        check_limits(tensor_parallel_size=tensor_parallel_size)
+        if tensor_parallel_size != 1:
+            raise param_error(EngineConfigError, "tensor_parallel_size",
+                              f"{tensor_parallel_size} is not supported: the runtime runs a model on one device")
         check_speculative(speculative)
         if verify_budget is not None:
             check_limits(verify_budget=verify_budget)
@@ -161,36 +167,61 @@ class LLM:
                                     f"({loaded['options']['num_pages'] - 1} usable pages)")
         return CudaPlanExecutor(plan, weights)
 
-    def generate(self, prompts: str | list[str] | None = None,
+    def get_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    def generate(self, prompts: str | Mapping | list[str | Mapping] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[int] | list[list[int]] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run the prompts (text, which gets BOS, or token ids) to completion; outputs in input order.
-        With both given, `prompt_token_ids` are the prompts and `prompts` their display text.
+        A prompt is a string, {"prompt": text} or {"prompt_token_ids": ids} (vLLM's prompt dicts; with
+        both keys the ids are the prompt and the text its display form), alone or in a list.
+        With both arguments given, `prompt_token_ids` are the prompts and `prompts` their display text.
         Text prompts are raw: spellings of control tokens in them (`<｜User｜>`) are those tokens;
         `chat` renders the chat format and keeps them plain text."""
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         if prompts is not None:
             _check_list("prompts", prompts)
-            for i, p in enumerate(prompts):
-                if not isinstance(p, str):
-                    raise RequestError(f"prompt {i} must be a string, got {type(p).__name__}")
-        if prompt_token_ids is not None:
-            _check_list("prompt_token_ids", prompt_token_ids)
-            if prompt_token_ids and isinstance(prompt_token_ids[0], int):
-                prompt_token_ids = [prompt_token_ids]
         if prompt_token_ids is None:
             if prompts is None:
                 raise RequestError("generate needs prompts or prompt_token_ids")
-            prompt_token_ids = [self.tokenizer.encode(p, add_bos=True) if p else [] for p in prompts]
-        else:
-            for i, ids in enumerate(prompt_token_ids):
-                _check_list(f"prompt_token_ids[{i}]", ids)
-            if prompts is not None and len(prompts) != len(prompt_token_ids):
+            texts, ids = zip(*(self._prompt(i, p) for i, p in enumerate(prompts))) if prompts else ((), ())
+            return self._run(list(texts), list(ids), sampling_params, use_tqdm)
+        _check_list("prompt_token_ids", prompt_token_ids)
+        if prompt_token_ids and isinstance(prompt_token_ids[0], int):
+            prompt_token_ids = [prompt_token_ids]
+        for i, ids in enumerate(prompt_token_ids):
+            _check_list(f"prompt_token_ids[{i}]", ids)
+        if prompts is not None:
+            for i, p in enumerate(prompts):
+                if not isinstance(p, str):  # the display text of prompt_token_ids[i]
+                    raise RequestError(f"prompt {i} must be a string beside prompt_token_ids, got {type(p).__name__}")
+            if len(prompts) != len(prompt_token_ids):
                 raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
         texts = list(prompts) if prompts is not None else [None] * len(prompt_token_ids)
         return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm)
+
+    def _prompt(self, i: int, prompt: str | Mapping) -> tuple[str | None, list[int]]:
+        """(display text, token ids) of prompt i, a string or a prompt dict."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_bos=True) if prompt else []
+        if not isinstance(prompt, Mapping):
+            raise RequestError(f"prompt {i} must be a string or a prompt dict, got {type(prompt).__name__}")
+        unknown = [k for k in prompt if k not in PROMPT_KEYS]
+        if unknown:
+            raise RequestError(f"prompt {i}: unknown keys {', '.join(map(repr, unknown))} (a prompt dict takes "
+                               f"{' and/or '.join(PROMPT_KEYS)})")
+        text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+        if text is None and ids is None:
+            raise RequestError(f"prompt {i}: a prompt dict needs {' or '.join(PROMPT_KEYS)}")
+        if text is not None and not isinstance(text, str):
+            raise RequestError(f"prompt {i}: prompt must be a string, got {type(text).__name__}")
+        if ids is None:
+            return text, self.tokenizer.encode(text, add_bos=True) if text else []
+        _check_list(f"prompt {i}: prompt_token_ids", ids)
+        return text, list(ids)
 
     def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,

@@ -21,7 +21,13 @@ positions before anything reads them; the pages grown for rejected rows go back 
 With a budget of verify rows (`verify_budget`), each sequence verifies the prefix of its drafts
 that §5.6's confidence ranking gives it; without one (no measured step-time curve exists yet)
 every draft is verified. Overlap is off while speculating: the next step's chunks depend on how
-many drafts this step accepts.
+many drafts this step accepts. A request whose logits processing reads its own tokens (penalties,
+min_tokens, bad_words: `SamplingParams.depends_on_history`) gets no drafts: each of its steps
+processes its one row from the sequence as it stands. min_p and logprobs need no history and
+speculate (verification filters with min_p; logprobs are taken from the row each token came from).
+
+A request with n samples runs as n sequences (seeds `sampler.sample_seed`); its output comes when
+the last of them finishes.
 """
 from __future__ import annotations
 
@@ -37,10 +43,10 @@ from ..models.tokenizer import Tokenizer
 from .batch import DraftSeq, SeqChunk
 from .cache import CacheManager
 from .executor import Executor
-from .sampler import SampleRequest, sample, verify_drafts
+from .sampler import SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
-from .sequence import RequestOutput, Sequence, SeqStatus
+from .sequence import Logprob, RequestOutput, Sequence, SeqStatus
 from .speculative import SpecStats, confidence_rates, split_by_confidence
 
 
@@ -138,7 +144,8 @@ class LLMEngine:
         self.scheduler.verify_seqs = getattr(executor, "max_verify_seqs", None)
         self._seeds = random.Random(seed)  # seeds of requests that bring none
         self._ids = count()
-        self._sequences: dict[str, Sequence] = {}
+        self._sequences: dict[str, Sequence] = {}  # by sequence (Sequence.request_id)
+        self._requests: dict[str, list[Sequence]] = {}  # by request: its unfinished or unreported samples
         self._aborted: list[Sequence] = []  # finished by abort_request, reported by the next step()
         self.num_steps = 0
         self.overlap = hasattr(executor, "submit") and not self.num_speculative if overlap is None else overlap
@@ -172,23 +179,44 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
-        if request_id in self._sequences:
+        seq_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        if request_id in self._requests or any(s in self._sequences for s in seq_ids):
             raise RequestError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
-        seq = Sequence(request_id, prompt, prompt_token_ids, params, seed, time.time())
-        self._sequences[request_id] = seq
-        self.scheduler.add(seq)
+        bad_word_ids = self._bad_word_ids(params.bad_words or [])
+        now, group = time.time(), []
+        for i, seq_id in enumerate(seq_ids):
+            seq = Sequence(seq_id, prompt, prompt_token_ids, params, sample_seed(seed, i), now, group_id=request_id,
+                           index=i, bad_word_ids=bad_word_ids)
+            if params.logprobs is not None:
+                seq.logprobs, seq.cumulative_logprob = [], 0.0
+            self._sequences[seq_id] = seq
+            self.scheduler.add(seq)
+            group.append(seq)
+        self._requests[request_id] = group
         return request_id
+
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """vLLM's tokenization of bad words: each word alone and after a space (a word inside text
+        is usually its spaced token), without BOS; duplicates once."""
+        out = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_bos=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
 
     def abort_request(self, request_id: str) -> bool:
         """End a waiting or running request now; its output (reason "abort") comes with the next step.
         Returns False for an unknown or already finished request."""
-        seq = self.scheduler.abort(str(request_id))
-        if seq is None:
-            return False
-        self._finish(seq, "abort")
-        self._aborted.append(seq)
-        return True
+        aborted = False
+        for seq in self._requests.get(str(request_id), []):
+            if self.scheduler.abort(seq.request_id) is not None:  # (None: this sample already finished)
+                self._finish(seq, "abort")
+                self._aborted.append(seq)
+                aborted = True
+        return aborted
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
@@ -206,7 +234,7 @@ class LLMEngine:
             if not batch:
                 if self.scheduler.has_unfinished():
                     raise RuntimeError("the scheduler found nothing to run while requests are pending")
-                return [RequestOutput.of(s) for s in finished]
+                return self._outputs(finished)
             self._submit(self.prepare_inputs(batch))
         prepared, handle = self._inflight
         self._inflight = None
@@ -218,7 +246,9 @@ class LLMEngine:
                     seq.token_ids.append(PLACEHOLDER)
             planned = self.scheduler.schedule()
         logits = handle.result()
-        finished += self.accept(prepared, self.sample(prepared, logits), replace=self.overlap)
+        emitted = self.sample(prepared, logits)
+        finished += self.accept(prepared, emitted, replace=self.overlap,
+                                logprobs=self._logprobs(prepared, logits, emitted))
         if planned:
             planned = [s for s in planned if not s.seq.finished]
             if planned:
@@ -226,7 +256,17 @@ class LLMEngine:
         if self.num_speculative:
             self._propose([seq for seq in prepared.sampled if seq.status is SeqStatus.RUNNING])
         self.spec_stats.step_seconds += time.perf_counter() - t0
-        return [RequestOutput.of(s) for s in finished]
+        return self._outputs(finished)
+
+    def _outputs(self, finished: list[Sequence]) -> list[RequestOutput]:
+        """The requests whose last sample is among `finished`, each once."""
+        outs = []
+        for seq in finished:
+            group = self._requests.get(seq.group_id)
+            if group is not None and all(s.finished for s in group):
+                del self._requests[seq.group_id]
+                outs.append(RequestOutput.of(group))
+        return outs
 
     def _submit(self, prepared: PreparedStep) -> None:
         submit = getattr(self.executor, "submit", None)
@@ -245,10 +285,19 @@ class LLMEngine:
             if s.samples:
                 # §10: the sample position is the position the new token takes (seqlen_k); a verify
                 # chunk's row j predicts (and samples at) that position + j
-                samples.append(SampleRequest(seq.params, seq.seed, len(seq.token_ids)))
+                samples.append(self._sample_request(seq))
                 sampled.append(seq)
                 drafts.append(seq.drafts[:s.num_drafts])
         return PreparedStep(batch, chunks, samples, sampled, drafts)
+
+    def _sample_request(self, seq: Sequence) -> SampleRequest:
+        req = SampleRequest(seq.params, seq.seed, len(seq.token_ids))
+        p = seq.params
+        if p.depends_on_history:
+            req.prompt_ids, req.output_ids = list(seq.prompt_token_ids), seq.output_token_ids
+            stop_ids = ([] if p.ignore_eos else [self.tokenizer.eos_id]) + (p.stop_token_ids or [])
+            req.banned = banned_tokens(req.output_ids, p.min_tokens, stop_ids, seq.bad_word_ids)
+        return req
 
     def sample(self, prepared: PreparedStep, logits) -> list[list[int]]:
         """The tokens each sampled chunk emits: one, or a verify chunk's accepted drafts and one
@@ -273,13 +322,35 @@ class LLMEngine:
         st.spec_steps += 1
         return out
 
-    def accept(self, prepared: PreparedStep, emitted: list[list[int]], replace: bool = False) -> list[Sequence]:
+    def _logprobs(self, prepared: PreparedStep, logits, emitted: list[list[int]]) -> list[list[dict] | None]:
+        """Per sampled chunk that asks for logprobs: per emitted token, {id: Logprob} of the top-N
+        and the token itself, from the row it came from (emitted token i of a verify chunk is
+        sampled from its row i: an accepted draft's row, then the row that drew the last)."""
+        out, row = [], 0
+        for req, drafts, tokens in zip(prepared.samples, prepared.drafts, emitted):
+            top = req.params.logprobs
+            if top is None:
+                out.append(None)
+            else:
+                entries = []
+                for token, (lp, rank, ids, lps) in zip(tokens, token_logprobs(logits[row:row + len(tokens)], tokens,
+                                                                             top)):
+                    entry = {t: Logprob(v, r, self.tokenizer.decode([t])) for r, (t, v) in enumerate(zip(ids, lps), 1)}
+                    entry[token] = Logprob(lp, rank, self.tokenizer.decode([token]))
+                    entries.append(entry)
+                out.append(entries)
+            row += 1 + len(drafts)
+        return out
+
+    def accept(self, prepared: PreparedStep, emitted: list[list[int]], replace: bool = False,
+               logprobs: list[list[dict] | None] | None = None) -> list[Sequence]:
         """Each sampled sequence's emitted tokens in order (`replace`: the first in place of the
         placeholder), with the stop checks after each: nothing past a stop is kept. A sequence
         that verified drafts then counts the accepted ones as cached and gives back the pages of
         the rejected rows. Returns the sequences that finished."""
         now, finished = time.time(), []
-        for seq, tokens, drafts in zip(prepared.sampled, emitted, prepared.drafts):
+        logprobs = logprobs or [None] * len(emitted)
+        for seq, tokens, drafts, entries in zip(prepared.sampled, emitted, prepared.drafts, logprobs):
             if seq.finished:
                 continue  # aborted while its step ran: the tokens are dropped
             seq.drafts, seq.draft_rates = [], []  # spent: the next step verifies new ones
@@ -288,6 +359,9 @@ class LLMEngine:
                     seq.token_ids[-1] = token
                 else:
                     seq.token_ids.append(token)
+                if entries is not None:
+                    seq.logprobs.append(entries[i])
+                    seq.cumulative_logprob += entries[i][token].logprob
                 if seq.first_token_time is None:
                     seq.first_token_time = now
                 reason = self._check_stop(seq, token)
@@ -311,6 +385,8 @@ class LLMEngine:
         tokens it may still emit after the next one (max_tokens, max_model_len)."""
         want = []
         for seq in seqs:
+            if seq.params.depends_on_history:
+                continue  # its processing is computed per step from the sequence as it stands (module doc)
             room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq.token_ids))
             if room > 1:
                 if seq.num_cached != len(seq.token_ids) - 1:
@@ -341,6 +417,12 @@ class LLMEngine:
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
+        if len(seq.output_token_ids) < p.min_tokens:  # (EOS and the stop ids were masked)
+            return "length" if len(seq.token_ids) >= self.max_model_len else None
+        if len(seq.output_token_ids) == p.min_tokens and p.min_tokens > 1:
+            # a stop string must end in the tokens from min_tokens on (vLLM checks none before)
+            seq.stop_text_from = len(self.tokenizer.decode(seq.output_token_ids[:-1],
+                                                           skip_special_tokens=p.skip_special_tokens))
         if not p.ignore_eos and token == self.tokenizer.eos_id:
             seq.stop_reason = token
             return "stop"
@@ -349,10 +431,12 @@ class LLMEngine:
             return "stop"
         if p.stop:
             text = self._detokenize(seq)
-            hits = [(text.find(s), s) for s in p.stop if s in text]
+            hits = [(at, s) for s in p.stop if (at := text.find(s, max(0, seq.stop_text_from - len(s) + 1))) >= 0]
             if hits:
                 at, s = min(hits)
-                seq.text, seq.stop_reason = text[:at], s  # like vLLM, the stop string is not emitted
+                # like vLLM, the stop string is not emitted unless include_stop_str_in_output
+                seq.text = text[:at + len(s)] if p.include_stop_str_in_output else text[:at]
+                seq.stop_reason = s
                 return "stop"
         if len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             return "length"

@@ -1,6 +1,8 @@
 """Token sampling with DeepInfer's semantics (spec §10): temperature, top-p then top-k, and a
 counter-based SplitMix64 RNG, so a request's tokens depend only on its seed, its logits and the
-positions it samples at, never on which other requests share the step.
+positions it samples at, never on which other requests share the step. vLLM's extras keep that
+property: masks (min_tokens, bad words) and penalties first, each from the request's own tokens,
+then temperature and min_p before top-p / top-k (vLLM's order; min_p is not in §10).
 
 One deliberate difference from DeepInfer: below the temperature clamp (1e-5) DeepInfer samples at
 T = 1e-5; here that case is an exact argmax (lowest id on ties), so greedy decoding equals the
@@ -8,7 +10,7 @@ reference model's argmax even where the top two logits are within a few 1e-5 of 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,10 +48,21 @@ def sample_uniform(seed: int, pos: int, case: int = FRESH, draft: bool = False) 
     return uniform((base + (s ^ ((s << 13) & MASK64))) & MASK64)
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
-    """One row's logits / T with the tokens top-p and then top-k drop set to -inf (fp32)."""
+def sample_seed(seed: int, index: int) -> int:
+    """The sequence seed of sample `index` of a request: the request's seed for sample 0 (so n = 1
+    samples as ever), else output `index` of a SplitMix64 stream started at it; distinct per
+    sample (splitmix64 is a bijection) and fixed by the request's seed alone."""
+    return seed & MASK64 if index == 0 else splitmix64((seed + (index - 1) * GOLD) & MASK64)
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                  min_p: float = 0.0) -> torch.Tensor:
+    """One row's logits / T with the tokens min_p, top-p and then top-k drop set to -inf (fp32)."""
     scaled = logits.float() / temperature
     vocab = scaled.shape[-1]
+    if min_p > 0:
+        probs = torch.softmax(scaled, -1)
+        scaled = scaled.masked_fill(probs < min_p * probs.max(), float("-inf"))
     if top_p < 1:  # at 1 every token stays (fp32 rounding of the cumsum could otherwise cut the far tail)
         probs = torch.softmax(scaled, -1)
         # stable descending sort: among equal probabilities the lower id ranks first
@@ -88,23 +101,77 @@ class SampleRequest:
     params: SamplingParams
     seed: int  # the request's 64-bit sequence seed
     pos: int  # the sample position (§10): the position the new token will take
+    # for a request whose processing reads its history (SamplingParams.depends_on_history):
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    banned: list[int] = field(default_factory=list)  # ids masked at this row (banned_tokens)
+
+    @property
+    def processed(self) -> bool:
+        return bool(self.banned) or self.params.has_penalties
+
+
+def banned_tokens(output_ids: list[int], min_tokens: int, stop_ids: list[int],
+                  bad_words: list[list[int]]) -> list[int]:
+    """The ids vLLM masks at the next row: the stop ids (EOS, stop_token_ids) while fewer than
+    min_tokens tokens are out; the last token of each bad word whose other tokens end the output."""
+    banned = list(stop_ids) if len(output_ids) < min_tokens else []
+    for word in bad_words:
+        prefix = word[:-1]
+        if len(output_ids) >= len(prefix) and output_ids[len(output_ids) - len(prefix):] == prefix:
+            banned.append(word[-1])
+    return banned
+
+
+def process_logits(row: torch.Tensor, req: SampleRequest) -> torch.Tensor:
+    """One row (fp32) with vLLM's history-dependent processing: the banned ids at -inf, then the
+    repetition penalty (prompt and output tokens), then frequency and presence (output tokens)."""
+    p, row = req.params, row.float().clone()
+    if req.banned:
+        row[req.banned] = float("-inf")
+    vocab = row.shape[-1]
+    if p.repetition_penalty != 1:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        seen[torch.tensor(req.prompt_ids + req.output_ids, dtype=torch.long, device=row.device)] = True
+        penalized = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+        row = torch.where(seen, penalized, row)
+    if (p.frequency_penalty or p.presence_penalty) and req.output_ids:
+        ids = torch.tensor(req.output_ids, dtype=torch.long, device=row.device)
+        counts = torch.bincount(ids, minlength=vocab).float()
+        row = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+    return row
 
 
 def sample(logits: torch.Tensor, requests: list[SampleRequest]) -> list[int]:
     """One token per row of `logits` [n, V]."""
     if logits.shape[0] != len(requests):
         raise ValueError(f"{logits.shape[0]} logits rows for {len(requests)} sample requests")
-    greedy = [i for i, req in enumerate(requests) if req.params.greedy]
+    processed = {i: process_logits(logits[i], req) for i, req in enumerate(requests) if req.processed}
+    greedy = [i for i, req in enumerate(requests) if req.params.greedy and i not in processed]
     out = [0] * len(requests)
-    if greedy:  # one argmax over all greedy rows (first maximum = lowest id, as per row)
+    if greedy:  # one argmax over all plain greedy rows (first maximum = lowest id, as per row)
         best = torch.argmax(logits[greedy] if len(greedy) < len(requests) else logits, dim=-1).tolist()
         for i, t in zip(greedy, best):
             out[i] = t
-    for i, (row, req) in enumerate(zip(logits, requests)):
-        p = req.params
-        if not p.greedy:
-            filtered = filter_logits(row, p.temperature, p.top_p, p.top_k)
+    for i, req in enumerate(requests):
+        p, row = req.params, processed.get(i, logits[i])
+        if p.greedy and i in processed:
+            out[i] = int(torch.argmax(row))
+        elif not p.greedy:
+            filtered = filter_logits(row, p.temperature, p.top_p, p.top_k, p.min_p)
             out[i] = sample_from_logits(filtered, sample_uniform(req.seed, req.pos, FRESH))
+    return out
+
+
+def token_logprobs(rows: torch.Tensor, tokens: list[int], top: int) -> list[tuple[float, int, list[int], list[float]]]:
+    """Per row [m, V] and the token emitted from it: (its logprob, its rank (1 = most likely), the
+    ids and logprobs of the `top` most likely tokens), of the raw distribution log_softmax(row)."""
+    lps = torch.log_softmax(rows.float(), -1)
+    out = []
+    for row, token in zip(lps, tokens):
+        lp = float(row[token])
+        best_lps, best = torch.sort(row, descending=True, stable=True)
+        out.append((lp, int((row > lp).sum()) + 1, best[:top].tolist(), best_lps[:top].tolist()))
     return out
 
 
@@ -125,6 +192,8 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -
     if logits.shape[0] != len(drafts) + 1:
         raise ValueError(f"{logits.shape[0]} verify rows for {len(drafts)} drafts (want drafts + 1)")
     p = req.params
+    if p.depends_on_history:  # row j's history would hold d_0 .. d_{j-1}: such requests do not speculate
+        raise ValueError("verify_drafts does not apply penalties, min_tokens or bad_words")
     out = []
     for j, x in enumerate(drafts):
         row, pos = logits[j], req.pos + j
@@ -134,7 +203,7 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -
                 return out + [best], j
             out.append(x)
             continue
-        q = probs64(filter_logits(row, p.temperature, p.top_p, p.top_k))
+        q = probs64(filter_logits(row, p.temperature, p.top_p, p.top_k, p.min_p))
         qx, total = float(q[x]), float(q.sum())
         # (nothing but x left in fp64: the residual is empty and x is the only outcome)
         if sample_uniform(req.seed, pos, VERIFY) < qx / total or total - qx <= 0:
@@ -146,4 +215,4 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -
     if p.greedy:
         return out + [int(torch.argmax(last))], len(drafts)
     u = sample_uniform(req.seed, req.pos + len(drafts), FRESH)
-    return out + [sample_from_logits(filter_logits(last, p.temperature, p.top_p, p.top_k), u)], len(drafts)
+    return out + [sample_from_logits(filter_logits(last, p.temperature, p.top_p, p.top_k, p.min_p), u)], len(drafts)

@@ -1,4 +1,5 @@
-"""Per-request sampling and stopping parameters, validated when they are made (vLLM habits)."""
+"""Per-request sampling and stopping parameters, validated when they are made (vLLM habits and
+vLLM's meanings: penalties, min_p, min_tokens, bad_words and logprobs as vLLM defines them)."""
 from __future__ import annotations
 
 import math
@@ -26,6 +27,21 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # ids that end the request besides EOS (kept in token_ids)
     ignore_eos: bool = False
     skip_special_tokens: bool = True  # leave control tokens out of the output text
+    n: int = 1  # independent samples of the request; sample i draws with sampler.sample_seed(seed, i)
+    # top-N logprobs of each position, with the sampled token's own; of the model's raw distribution
+    # (vLLM's default "raw_logprobs": before penalties, temperature and the filters)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # refused: see __post_init__
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (after temperature)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings unchecked, until this many tokens
+    include_stop_str_in_output: bool = False
+    bad_words: list[str] | None = None  # words never completed: each one's last token is masked after the rest
+    # vLLM options this runtime does not have: refused unless left at their "off" value
+    best_of: int | None = None
+    use_beam_search: bool = False
 
     def __post_init__(self):
         def bad(param: str, what: str):
@@ -53,7 +69,52 @@ class SamplingParams:
             if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
                 bad("stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}")
             object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
+        if not _is_int(self.n) or self.n < 1:
+            bad("n", f"must be an integer >= 1, got {self.n!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            bad("logprobs", f"must be None or an integer >= 0, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None:
+            bad("prompt_logprobs", "is not supported: the executors return logits of the sampled rows only "
+                "(a prompt's last row and verify rows), not of every prompt row")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                bad(name, f"must be in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", f"must be an integer in [0, max_tokens {self.max_tokens}], got {self.min_tokens!r}")
+        if self.bad_words is not None:
+            if isinstance(self.bad_words, str) or not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+                bad("bad_words", f"must be a list of non-blank strings, got {self.bad_words!r}")
+            object.__setattr__(self, "bad_words", list(self.bad_words))
+        if self.best_of is not None and self.best_of != self.n:
+            bad("best_of", f"{self.best_of!r} is not supported (no ranking of extra samples); ask for n samples")
+        if self.use_beam_search is not False:
+            bad("use_beam_search", "is not supported: this runtime samples (or takes the argmax), it has no beam search")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def depends_on_history(self) -> bool:
+        """Its logits processing reads the tokens before each row (penalties, min_tokens, bad_words).
+        Such a request does not speculate: verify row j would need that processing redone with the
+        drafts d_0 .. d_{j-1} as history, and the simpler correct choice is one row per step,
+        processed from the sequence as it stands (the engine proposes it no drafts)."""
+        return self.has_penalties or self.min_tokens > 0 or bool(self.bad_words)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

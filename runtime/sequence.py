@@ -34,10 +34,19 @@ class Sequence:
     # cumulative confidences (§5.6 rates); the next step verifies a prefix of them
     drafts: list[int] = field(default_factory=list)
     draft_rates: list[float] = field(default_factory=list)
+    # sample `index` of request `group_id`: a request with n samples runs n sequences, whose
+    # request_id (the scheduler's and the caches' key) is "{group_id}#{index}" when n > 1
+    group_id: str = ""
+    index: int = 0
+    bad_word_ids: list[list[int]] = field(default_factory=list)  # the params' bad_words, tokenized
+    logprobs: list[dict[int, "Logprob"]] | None = None  # per output token, when the params ask for them
+    cumulative_logprob: float | None = None
+    stop_text_from: int = 0  # stop strings count from this character on (the text before min_tokens)
 
     def __post_init__(self):
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        self.group_id = self.group_id or self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -66,19 +75,59 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    logprob: float
+    rank: int  # 1 = the most likely token of the position
+    decoded_token: str
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's n samples (vLLM's CompletionOutput)."""
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None  # None unless the params ask for logprobs
+    logprobs: list[dict[int, Logprob]] | None  # per token: the top-N and the sampled token
+    finish_reason: str  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop", "length" or "abort"
-    stop_reason: int | str | None
+    outputs: list[CompletionOutput]
+    finished: bool
     metrics: RequestMetrics
 
+    # the fields of one sample, as before n: sample 0's
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+    @property
+    def stop_reason(self) -> int | str | None:
+        return self.outputs[0].stop_reason
+
     @classmethod
-    def of(cls, seq: Sequence) -> "RequestOutput":
-        return cls(seq.request_id, seq.prompt, list(seq.prompt_token_ids), seq.text, list(seq.output_token_ids),
-                   seq.finish_reason, seq.stop_reason,
-                   RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finish_time,
-                                  seq.num_preemptions))
+    def of(cls, samples: list[Sequence]) -> "RequestOutput":
+        """The output of a request from its samples' sequences (index order)."""
+        first = samples[0]
+        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.cumulative_logprob, s.logprobs,
+                                    s.finish_reason, s.stop_reason) for s in samples]
+        first_tokens = [s.first_token_time for s in samples if s.first_token_time is not None]
+        finishes = [s.finish_time for s in samples if s.finish_time is not None]
+        metrics = RequestMetrics(first.arrival_time, min(first_tokens, default=None), max(finishes, default=None),
+                                 sum(s.num_preemptions for s in samples))
+        return cls(first.group_id, first.prompt, list(first.prompt_token_ids), outputs,
+                   all(s.finished for s in samples), metrics)

@@ -260,8 +260,12 @@ def llm(tiny_plan_and_weights):
 
 USER = {"role": "user", "content": "x"}
 API_PROMPTS = [
-    (lambda llm: llm.generate({"prompt": "hi"}), "prompts must be a list, got dict"),  # was: the key ran as a prompt
-    (lambda llm: llm.generate([{"prompt": "hi"}]), "prompt 0 must be a string, got dict"),  # was: "cannot be cast"
+    # vLLM's prompt dicts run (tests/test_runtime_engine.py); other keys are named
+    (lambda llm: llm.generate({"prompt": "hi", "multi_modal_data": {}}), "prompt 0: unknown keys 'multi_modal_data'"),
+    (lambda llm: llm.generate(["ok", {"text": "hi"}]), "prompt 1: unknown keys 'text'"),
+    (lambda llm: llm.generate([{}]), "prompt 0: a prompt dict needs prompt or prompt_token_ids"),
+    (lambda llm: llm.generate([{"prompt_token_ids": "ab"}]), "prompt 0: prompt_token_ids must be a list, got str"),
+    (lambda llm: llm.generate(["ok", 3]), "prompt 1 must be a string or a prompt dict, got int"),
     (lambda llm: llm.generate(5), "prompts must be a list, got int"),
     (lambda llm: llm.generate(prompt_token_ids=5), "prompt_token_ids must be a list, got int"),
     (lambda llm: llm.generate(prompt_token_ids=[[1], "ab"]), "prompt_token_ids[1] must be a list, got str"),

@@ -376,11 +376,59 @@ def test_bad_engine_arguments_fail_in_one_line(ckpt, tmp_path):
         (dict(model=MODEL, weights=ckpt, speculative=-2), EngineConfigError, "speculative must be"),
         (dict(model=MODEL, weights=ckpt, speculative=6), EngineConfigError, "exceeds the draft block (5 drafts)"),
         (dict(model=MODEL, weights=ckpt, verify_budget=0), EngineConfigError, "verify_budget"),
+        (dict(model=MODEL, weights=ckpt, tensor_parallel_size=2), EngineConfigError, "tensor_parallel_size 2 is not"),
     ]
     for kwargs, error, needle in cases:
         with pytest.raises(error) as e:
             LLM(**kwargs)
         assert needle in str(e.value) and "\n" not in str(e.value), kwargs
+
+
+def test_vllm_outputs_logprobs_and_the_tokenizer(small_llm, ref, prompts):
+    """RequestOutput.outputs of CompletionOutputs (the flat fields are sample 0's); logprobs of the
+    sampled tokens, speculated (the default), equal the reference model's log_softmax at each row."""
+    llm = small_llm
+    assert llm.get_tokenizer() is llm.tokenizer
+    prompt = prompts[2][:12]
+    spec_before = llm.engine.spec_stats.drafts_verified
+    (out,) = llm.generate(prompt_token_ids=prompt, use_tqdm=False,
+                          sampling_params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3))
+    assert llm.engine.spec_stats.drafts_verified > spec_before  # the logprobs came through verify rows
+    (c,) = out.outputs
+    assert out.finished and c.index == 0 and c.finish_reason == "length" and c.stop_reason is None
+    assert (out.text, out.token_ids, out.finish_reason, out.stop_reason) == (c.text, c.token_ids, "length", None)
+    assert c.text == llm.tokenizer.decode(c.token_ids, skip_special_tokens=True) and len(c.token_ids) == 6
+    want = torch.log_softmax(ref.prefill(ref.new_sequence(), prompt + c.token_ids[:-1], all_logits=True)[
+        len(prompt) - 1:].float(), -1)
+    for j, (token, entry) in enumerate(zip(c.token_ids, c.logprobs)):
+        top = torch.sort(want[j], descending=True, stable=True).indices[:3].tolist()
+        assert list(entry) == top and entry[token].rank == 1  # greedy: the sampled token is the top one
+        for t, lp in entry.items():
+            assert lp.logprob == pytest.approx(float(want[j, t]), abs=2e-3)
+            assert lp.decoded_token == llm.tokenizer.decode([t])
+    assert c.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs)))
+
+
+def test_n_samples_on_the_model(small_llm):
+    llm = small_llm
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=4, ignore_eos=True)
+    (out,) = llm.generate("The sky is", params, use_tqdm=False)
+    assert [c.index for c in out.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in out.outputs}) == 3
+    assert llm.generate("The sky is", params, use_tqdm=False)[0].outputs == out.outputs
+    one = SamplingParams(temperature=1.0, seed=11, max_tokens=4, ignore_eos=True)
+    assert llm.generate("The sky is", one, use_tqdm=False)[0].token_ids == out.outputs[0].token_ids
+
+
+def test_prompt_dicts(small_llm):
+    llm = small_llm
+    ids = llm.tokenizer.encode("Hello there", add_bos=True)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([{"prompt": "Hello there"}, "Hello there", {"prompt_token_ids": ids},
+                         {"prompt": "shown", "prompt_token_ids": ids}], params, use_tqdm=False)
+    assert len({tuple(o.token_ids) for o in outs}) == 1 and all(o.prompt_token_ids == ids for o in outs)
+    assert [o.prompt for o in outs] == ["Hello there", "Hello there", None, "shown"]
+    (alone,) = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)
+    assert alone.token_ids == outs[0].token_ids
 
 
 def test_executor_draft_matches_the_reference(small_llm, ref, prompts):
@@ -422,3 +470,11 @@ def test_cli_generate(ckpt, tmp_path, capsys):
         assert rc == 2 and err.startswith("deepinfer: error:") and needle in err and "\n" not in err, err
     rc = cli_main(["generate", "--model", "no-such-model", "--weights", str(ckpt), "--prompt", "x"])
     assert rc == 2 and "unknown model" in capsys.readouterr().err
+
+
+def test_cli_version(capsys):
+    from deepinfer.version import VERSION
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"deepinfer {VERSION}\n"

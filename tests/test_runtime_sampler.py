@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from deepinfer.runtime.sampler import (
-    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, filter_logits, probs64, sample,
-    sample_from_logits, sample_uniform, splitmix64, uniform, verify_drafts,
+    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, banned_tokens, filter_logits, probs64,
+    process_logits, sample, sample_from_logits, sample_seed, sample_uniform, splitmix64, token_logprobs, uniform,
+    verify_drafts,
 )
 from deepinfer.runtime.sampling_params import SamplingParams, SamplingParamsError
 
@@ -135,6 +136,20 @@ def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     ({"seed": -1}, "seed"),
     ({"stop": [""]}, "stop"),
     ({"stop_token_ids": [-3]}, "stop_token_ids"),
+    ({"n": 0}, "n"),
+    ({"n": 2.0}, "n"),
+    ({"logprobs": -1}, "logprobs"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 17}, "min_tokens"),  # above max_tokens (16)
+    ({"bad_words": ["ok", " "]}, "bad_words"),
+    ({"bad_words": "word"}, "bad_words"),
+    ({"best_of": 2}, "best_of"),
+    ({"use_beam_search": True}, "use_beam_search"),
 ])
 def test_sampling_params_reject_bad_values_in_one_line(kwargs, needle):
     with pytest.raises(SamplingParamsError) as e:
@@ -148,6 +163,77 @@ def test_sampling_params_accept_edges():
     assert SamplingParams(top_k=10 ** 9).top_k == 10 ** 9
     assert SamplingParams(stop="###").stop == ["###"]
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-5).greedy
+    SamplingParams(n=3, best_of=3, logprobs=0, presence_penalty=-2, frequency_penalty=2, repetition_penalty=2,
+                   min_p=1, min_tokens=16, bad_words=["x"])
+    assert not SamplingParams(min_p=0.5, logprobs=5, n=2).depends_on_history  # these speculate
+    assert all(SamplingParams(**kw).depends_on_history for kw in (
+        {"presence_penalty": 0.1}, {"frequency_penalty": -0.1}, {"repetition_penalty": 1.1}, {"min_tokens": 1},
+        {"bad_words": ["x"]}))
+
+
+# ---- vLLM's extras: n seeds, penalties, masks, min_p, logprobs ------------------------------------
+
+def test_sample_seeds_are_the_request_seed_then_a_splitmix_stream():
+    assert sample_seed(42, 0) == 42  # n = 1 samples exactly as before
+    seeds = [sample_seed(42, i) for i in range(8)]
+    assert len(set(seeds)) == 8 and seeds == [sample_seed(42, i) for i in range(8)]
+    assert seeds[1:3] == [splitmix64(42), splitmix64(42 + GOLD)]
+    assert sample_seed(2 ** 64 - 1, 3) < 2 ** 64
+
+
+def test_penalties_follow_vllm():
+    """repetition: logits of prompt and output tokens divided (> 0) or multiplied (<= 0) by it;
+    then frequency per output occurrence and presence once per output token, subtracted."""
+    row = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0])
+    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    req = SampleRequest(p, 0, 9, prompt_ids=[0, 4], output_ids=[1, 3, 3])
+    want = torch.tensor([2.0 / 2, -1.0 * 2 - 0.5 - 0.25, 0.5, 3.0 / 2 - 1.0 - 0.25, -2.0 * 2, 1.0])
+    assert torch.allclose(process_logits(row, req), want)
+    assert torch.equal(row, torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0]))  # the executor's logits stay
+    banned = process_logits(row, SampleRequest(SamplingParams(min_tokens=1), 0, 9, banned=[3, 5]))
+    assert banned[3] == banned[5] == NEG_INF and banned[0] == 2.0
+    # greedy takes the argmax of the processed row; plain greedy rows keep today's argmax
+    logits = torch.stack([row, row])
+    greedy = SamplingParams(temperature=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    assert sample(logits, [SampleRequest(greedy, 0, 9, prompt_ids=[0, 4], output_ids=[1, 3, 3]),
+                           SampleRequest(SamplingParams(temperature=0), 0, 9)]) == [0, 3]  # (0 and 5 tie)
+
+
+def test_banned_tokens_mask_stops_before_min_tokens_and_complete_bad_words():
+    stops = [1, 7]
+    assert banned_tokens([5, 6], 3, stops, []) == stops
+    assert banned_tokens([5, 6, 8], 3, stops, []) == []
+    words = [[9], [4, 5], [6, 4, 5]]
+    assert banned_tokens([], 0, stops, words) == [9]  # a one-token word: always
+    assert banned_tokens([2, 4], 0, stops, words) == [9, 5]  # [4, 5]'s prefix ends the output
+    assert banned_tokens([6, 4], 0, stops, words) == [9, 5, 5]
+    assert banned_tokens([4, 2], 0, stops, words) == [9]
+
+
+def test_min_p_drops_tokens_below_min_p_times_the_top_probability():
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.06, 0.04])
+    kept = filter_logits(probs.log(), 1.0, 1.0, -1, min_p=0.19) > NEG_INF  # keeps p >= 0.095
+    assert kept.tolist() == [True, True, True, False, False]
+    hot = filter_logits(probs.log(), 2.0, 1.0, -1, min_p=0.2) > NEG_INF  # after temperature: flatter
+    assert hot.tolist() == [True] * 5
+    # verification filters with min_p too: a draft min_p drops is never accepted
+    p = SamplingParams(temperature=1.0, min_p=0.2)
+    logits = torch.stack([probs.log(), probs.log()])
+    for seed in range(30):
+        out, accepted = verify_drafts(logits, [4], SampleRequest(p, seed, 3))
+        assert accepted == 0 and out[0] in (0, 1, 2)
+    with pytest.raises(ValueError, match="penalties"):
+        verify_drafts(logits, [0], SampleRequest(SamplingParams(presence_penalty=1.0), 0, 3))
+
+
+def test_token_logprobs_of_the_raw_distribution():
+    rows = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 5.0, -1.0]])
+    lps = torch.log_softmax(rows, -1)
+    (lp0, rank0, ids0, top0), (lp1, rank1, ids1, top1) = token_logprobs(rows, [2, 2], 2)
+    assert lp0 == pytest.approx(float(lps[0, 2])) and rank0 == 3  # behind the two tied 3.0s
+    assert ids0 == [1, 3] and top0 == pytest.approx(lps[0, [1, 3]].tolist())  # ties: the lower id first
+    assert rank1 == 1 and ids1 == [2, 0] and lp1 == pytest.approx(top1[0])
+    assert token_logprobs(rows, [0, 3], 0)[1][1:3] == (4, [])
 
 
 # ---- draft verification (spec §5.5) ---------------------------------------------------------------

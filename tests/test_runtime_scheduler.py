@@ -576,3 +576,138 @@ def test_speculation_settings():
     off, ex = make_spec_engine(speculative=0)
     rid = off.add_request(prompt_token_ids=[5, 6], params=SamplingParams(temperature=0, max_tokens=5))
     assert run_all(off)[rid].token_ids == expected([5, 6], 5) and not ex.proposed
+
+
+# ---- vLLM's sampling extras through the engine ------------------------------------------------------
+
+def char_of(token: int) -> str:
+    """A character FakeTokenizer encodes as `token` (3 <= token < VOCAB)."""
+    return chr(VOCAB - 3 + token - 3)
+
+
+def test_n_samples_are_seeded_per_sample_and_reported_together():
+    from deepinfer.runtime.sampler import sample_seed
+
+    params = SamplingParams(temperature=2.0, seed=77, max_tokens=8)
+    engine, _ = make_engine(num_slots=2, num_pages=40)  # 3 samples on 2 slots: one waits
+    rid = engine.add_request(prompt_token_ids=[7, 8, 9], params=SamplingParams(n=3, temperature=2.0, seed=77,
+                                                                              max_tokens=8), request_id="r")
+    singles = [engine.add_request(prompt_token_ids=[7, 8, 9], params=SamplingParams(
+        temperature=2.0, seed=sample_seed(77, i), max_tokens=8)) for i in range(3)]
+    with pytest.raises(RequestError, match="already in use"):
+        engine.add_request(prompt_token_ids=[3], request_id="r")
+    outs = run_all(engine)
+    out = outs[rid]
+    assert out.finished and [c.index for c in out.outputs] == [0, 1, 2]
+    assert [c.token_ids for c in out.outputs] == [outs[s].token_ids for s in singles]
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 3
+    engine2, _ = make_engine(num_slots=4, num_pages=40)
+    alone = engine2.add_request(prompt_token_ids=[7, 8, 9], params=params)
+    assert run_all(engine2)[alone].token_ids == out.outputs[0].token_ids == out.token_ids  # sample 0: as n=1
+    engine.cache.check_no_leak()
+    # aborting a request aborts each of its samples; one output comes back
+    rid = engine.add_request(prompt_token_ids=[5], params=SamplingParams(n=2, max_tokens=8))
+    engine.step()
+    assert engine.abort_request(rid) and not engine.abort_request(rid)
+    (o,) = [o for o in engine.step() if o.request_id == rid]
+    assert [c.finish_reason for c in o.outputs] == ["abort", "abort"]
+    assert not engine.has_unfinished_requests()
+
+
+def test_min_tokens_masks_eos_and_stop_ids_and_defers_stop_strings():
+    prompt = [4, 5, 6]
+    gen = expected(prompt, 9)
+    text = FakeTokenizer().decode(gen)
+    engine, ex = make_engine(num_pages=40)
+    real_step = ex.step
+
+    def eos_always(chunks):  # EOS is the most likely token from the first sample on
+        logits = real_step(chunks)
+        logits[:, EOS] = 9.0
+        return logits
+
+    ex.step = eos_always
+    stops = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=9))
+    later = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=9,
+                                                                              min_tokens=3))
+    outs = run_all(engine)
+    assert outs[stops].token_ids == [EOS]
+    assert outs[later].token_ids == gen[:3] + [EOS] and outs[later].finish_reason == "stop"
+    ex.step = real_step
+    cases = {"id": SamplingParams(temperature=0, max_tokens=9, min_tokens=4, stop_token_ids=[gen[0]]),
+             "str": SamplingParams(temperature=0, max_tokens=9, min_tokens=4, stop=[text[1:3]]),
+             "str_after": SamplingParams(temperature=0, max_tokens=9, min_tokens=4, stop=[text[2:4]])}
+    ids = {k: engine.add_request(prompt_token_ids=prompt, params=p) for k, p in cases.items()}
+    outs = run_all(engine)
+    toks = outs[ids["id"]].token_ids
+    assert len(toks) > 4 and gen[0] not in toks[:4]
+    assert gen[0] not in toks[:-1] and (toks[-1] == gen[0]) == (outs[ids["id"]].finish_reason == "stop")
+    # (one character per token) a stop string that ends in the first 3 tokens is never matched there;
+    # one that ends in token 4 stops the request
+    at = text.find(text[1:3], 2)
+    assert (outs[ids["str"]].finish_reason, outs[ids["str"]].text) == (("stop", text[:at]) if at >= 0
+                                                                       else ("length", text))
+    assert outs[ids["str_after"]].finish_reason == "stop" and outs[ids["str_after"]].text == text[:2]
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string():
+    prompt = [4, 5, 6]
+    text = FakeTokenizer().decode(expected(prompt, 9))
+    engine, _ = make_engine(num_pages=40)
+    kept = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(
+        temperature=0, max_tokens=9, stop=[text[3:5]], include_stop_str_in_output=True))
+    cut = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=9,
+                                                                            stop=[text[3:5]]))
+    outs = run_all(engine)
+    at = text.find(text[3:5])
+    assert outs[kept].text == text[:at + 2] and outs[cut].text == text[:at]
+    assert outs[kept].stop_reason == outs[cut].stop_reason == text[3:5]
+
+
+def test_bad_words_are_never_completed():
+    prompt = [4, 5, 6]
+    gen = expected(prompt, 6)
+    assert min(gen[:3]) >= 3  # (FakeTokenizer spells tokens from 3 on)
+    engine, _ = make_engine(num_pages=40)
+    one = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(
+        temperature=0, max_tokens=6, bad_words=[char_of(gen[0])]))
+    two = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(
+        temperature=0, max_tokens=6, bad_words=[char_of(gen[0]) + char_of(gen[1])]))
+    outs = run_all(engine)
+    assert gen[0] not in outs[one].token_ids
+    assert outs[two].token_ids[0] == gen[0] and outs[two].token_ids[1] != gen[1]  # the word's prefix is allowed
+
+
+def test_history_dependent_requests_do_not_speculate_and_logprobs_do():
+    """Penalties, min_tokens and bad_words: no drafts are proposed for the request, and its tokens
+    are a plain engine's. logprobs and min_p speculate, and the logprobs of the verified tokens are
+    those of a plain run, row for row."""
+    prompt = [4, 5, 6]
+    history = [SamplingParams(temperature=0, max_tokens=9, presence_penalty=1.0),
+               SamplingParams(temperature=0, max_tokens=9, min_tokens=2),
+               SamplingParams(temperature=0, max_tokens=9, bad_words=[char_of(3)])]
+    speculated = [SamplingParams(temperature=0, max_tokens=9, logprobs=2),
+                  SamplingParams(temperature=1.0, seed=3, max_tokens=9, min_p=0.05, logprobs=0)]
+    for group in (history, speculated):
+        results = []
+        for spec in (False, True):
+            engine, ex = make_spec_engine(wrong=0.0, num_pages=40) if spec else make_engine(num_pages=40)
+            ids = [engine.add_request(prompt_token_ids=prompt, params=p) for p in group]
+            outs = run_all(engine)
+            results.append([outs[r].outputs[0] for r in ids])
+            if spec and group is history:
+                assert not ex.proposed and engine.spec_stats.verifies == 0
+            elif spec:
+                assert engine.spec_stats.drafts_accepted > 0
+        plain, spec = results
+        assert [o.token_ids for o in plain] == [o.token_ids for o in spec]
+    for p, s in zip(plain, spec):
+        assert s.logprobs == p.logprobs and s.cumulative_logprob == p.cumulative_logprob
+        assert len(s.logprobs) == len(s.token_ids)
+        assert s.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(s.token_ids, s.logprobs)))
+    assert all(len(e) == 2 and e[t].rank == 1 for t, e in zip(spec[0].token_ids, spec[0].logprobs))
+    assert all(len(e) == 1 for e in spec[1].logprobs)
+    engine, _ = make_engine(num_pages=40)
+    rid = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=3))
+    out = run_all(engine)[rid].outputs[0]
+    assert out.logprobs is None and out.cumulative_logprob is None  # not asked for
