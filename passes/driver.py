@@ -320,7 +320,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
             "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
     files: dict[str, bytes] = {}
     instances: dict[str, tuple] = {}
-    tuning = Tuning(options.tuning_db, target) if target.name != "cpu" else None
+    tuning = Tuning(options.tuning_db, target)
     plan_graphs, memory, load_program = {}, {}, []
     seen_load = set()
     for name, g in graphs.items():
