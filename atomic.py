@@ -8,6 +8,7 @@ import errno
 import functools
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -94,6 +95,52 @@ def _fsync_tree(root: Path) -> None:
         fsync_dir(d)
 
 
+def _temp_prefix(path: Path, kind: str) -> str:
+    """The name every temporary of `path` starts with; it names the writer (host and pid) so that a
+    later writer can tell the temporaries of a killed one (SIGKILL runs no cleanup) from those of a
+    live one."""
+    return f".{path.name}.{kind}-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
+    """Remove the temporaries that killed writers of `path` left beside it: a half-built
+    directory is deleted; an old directory renamed aside (only where the system cannot exchange
+    paths) is put back when `path` is missing, since it is then the only copy."""
+    path = Path(path)
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(path.parent))
+    except FileNotFoundError:
+        return
+    for e in entries:
+        for kind in ("tmp", "old"):
+            head = f".{path.name}.{kind}-{host}-"
+            if not e.name.startswith(head):
+                continue
+            pid = e.name[len(head):].split("-", 1)[0]
+            # another host's writer, or a pid that runs again (reused), is left alone: only a
+            # temporary whose writer is certainly gone is touched
+            if not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            if kind == "old" and not path.exists():
+                try:
+                    os.rename(e.path, path)
+                    continue
+                except OSError:
+                    pass
+            shutil.rmtree(e.path, ignore_errors=True)
+
+
 def _swap_in(new: Path, path: Path) -> Path | None:
     """Put directory `new` at `path`. Returns where the directory it displaced now is (to be
     removed), or None."""
@@ -107,7 +154,7 @@ def _swap_in(new: Path, path: Path) -> Path | None:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
         # no exchange here: the old directory is renamed aside, so `path` is briefly absent
-        aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+        aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(path, "old"), dir=path.parent))
         try:
             os.rename(path, aside)
         except OSError as e:
@@ -131,12 +178,14 @@ def replace_dir(path: str | os.PathLike, write: Callable[[Path], T]) -> T:
     """Build a directory with `write(tmp)` (writing its files with `write_new_file`) beside
     `path`, fsync it, and swap it in for `path`; returns what `write` returned. A reader sees the
     old directory or the new one, and where the system can exchange two paths (Linux) `path`
-    exists throughout a replace. A failure leaves `path` as it was and no temporary behind."""
+    exists throughout a replace. A failure leaves `path` as it was and no temporary behind; a
+    writer killed outright leaves its temporary, which the next replace of `path` removes."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path}: exists and is not a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    remove_stale_temporaries(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path, "tmp"), dir=path.parent))
     displaced = None
     try:
         result = write(tmp)

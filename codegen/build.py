@@ -423,21 +423,44 @@ def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name
         return
     triton_idx = [i for i in todo if sources[i].language == "triton"]
     other_idx = [i for i in todo if sources[i].language != "triton"]
-    with cf.ThreadPoolExecutor(max_workers=jobs) as tp:
+    tp = cf.ThreadPoolExecutor(max_workers=jobs)
+    pp = None
+    try:
         futs = {tp.submit(build_one, sources[i], target, cache, check): i for i in other_idx}
         if triton_idx and backend_name:
             import multiprocessing as mp
 
-            with cf.ProcessPoolExecutor(max_workers=min(jobs, len(triton_idx)), mp_context=mp.get_context("spawn")) as pp:
-                pf = {pp.submit(_build_in_worker, _source_json(sources[i]), target.name, str(cache.root), backend_name): i
-                      for i in triton_idx}
-                for f in cf.as_completed(pf):
-                    results[pf[f]] = BuildResult(**f.result())
+            pp = cf.ProcessPoolExecutor(max_workers=min(jobs, len(triton_idx)), mp_context=mp.get_context("spawn"))
+            pf = {pp.submit(_build_in_worker, _source_json(sources[i]), target.name, str(cache.root), backend_name): i
+                  for i in triton_idx}
+            for f in cf.as_completed(pf):
+                results[pf[f]] = BuildResult(**f.result())
         else:
             for i in triton_idx:
                 results[i] = build_one(sources[i], target, cache, check)
         for f in cf.as_completed(futs):
             results[futs[f]] = f.result()
+    except BaseException:
+        # Ctrl-C or a failed build: a `with` block would run every queued build before letting
+        # the error through (minutes on a device compile). Queued builds are dropped, the worker
+        # processes end now; a thread's build in flight runs out (threads cannot be stopped).
+        tp.shutdown(wait=False, cancel_futures=True)
+        if pp is not None:
+            _end_process_pool(pp)
+        raise
+    tp.shutdown()
+    if pp is not None:
+        pp.shutdown()
+
+
+def _end_process_pool(pp: cf.ProcessPoolExecutor) -> None:
+    workers = list((pp._processes or {}).values())  # no public handle before Python 3.14's terminate_workers
+    pp.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        if w.is_alive():
+            w.terminate()
+    for w in workers:
+        w.join(timeout=1)
 
 
 def _source_json(s: KernelSource) -> dict:

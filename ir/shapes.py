@@ -65,16 +65,25 @@ def shape(dims: Iterable) -> tuple[Dim, ...]:
     return tuple(dim(d) for d in dims)
 
 
+_DIM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+-*/%(), ")
+
+
 @lru_cache(maxsize=65536)
 def parse_dim(text: str) -> Dim:
     """Parse `4*num_tokens` etc.; unknown names become positive-integer symbols."""
     text = text.strip()
     if text.isdigit():
         return int(text)
+    # sympify evaluates its text: only the characters of integer arithmetic on names reach it (no
+    # '.', so no attribute access: `n.um_tokens` raised AttributeError from inside the evaluation)
+    if not _DIM_CHARS.issuperset(text):
+        raise ValueError(f"bad dim expression {text!r}")
     try:
         expr = sympy.sympify(text, locals=_symbol_table(text), rational=True)
-    except (sympy.SympifyError, SyntaxError, TypeError) as e:
-        raise ValueError(f"bad dim expression {text!r}: {e}") from None
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, AttributeError):
+        # not sympy's message: it spans lines (the tokenizer's error after a preamble), and the
+        # parser's errors are one line naming the place
+        raise ValueError(f"bad dim expression {text!r}") from None
     if expr.free_symbols - set(_SYMBOLS.values()):
         raise ValueError(f"bad dim expression {text!r}")
     return dim(expr)
@@ -84,7 +93,9 @@ def _symbol_table(text: str) -> dict:
     import re
 
     names = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text))
-    allowed_funcs = {"Max": sympy.Max, "Min": sympy.Min, "floor": sympy.floor, "ceiling": sympy.ceiling}
+    # Mod too: sympy prints `a % b` as Mod(a, b), and printed shapes must parse back
+    allowed_funcs = {"Max": sympy.Max, "Min": sympy.Min, "floor": sympy.floor, "ceiling": sympy.ceiling,
+                     "Mod": sympy.Mod}
     table = {n: sym(n) for n in names if n not in allowed_funcs}
     table.update({n: f for n, f in allowed_funcs.items() if n in names})
     return table

@@ -73,16 +73,31 @@ def load_plan(plan_dir: str | os.PathLike, target: str | None = None) -> dict:
     # the plan's calls name ops and templates of the DeepInfer that wrote it; the kernels inside are
     # binaries, so the torch that runs them need not be the one that compiled them
     mine = versions()["deepinfer-compiler"]
-    theirs = body.get("versions", {}).get("deepinfer-compiler")
+    theirs = _field(root, body, "versions", dict).get("deepinfer-compiler")
     if theirs != mine:
         raise PlanError(f"plan {root}: written by DeepInfer {theirs}, this is {mine}; compile it again")
-    for rel, digest in body.get("files", {}).items():
+    for rel, digest in _field(root, body, "files", dict).items():
+        # a file outside the plan directory is no part of the plan (hashes only cover what is inside)
         p = root / rel
-        if not p.is_file():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise PlanError(f"plan {root}: {rel} is outside the plan directory")
+        if not isinstance(digest, str) or not p.is_file():
             raise PlanError(f"plan {root}: {rel} is missing")
         if sha256(p.read_bytes()) != digest:
             raise PlanError(f"plan {root}: {rel} does not match its hash (damaged)")
-    if target is not None and body["target"]["name"] != target:
-        raise PlanError(f"plan {root}: compiled for {body['target']['name']}, not {target}")
+    name = _field(root, body, "target", dict).get("name")
+    if not isinstance(name, str):
+        raise PlanError(f"plan {root}: plan.json names no target")
+    if target is not None and name != target:
+        raise PlanError(f"plan {root}: compiled for {name}, not {target}")
     return body
+
+
+def _field(root: Path, body: dict, key: str, kind: type):
+    """A field the format requires, of its type: a hash-consistent plan.json can still be malformed
+    (written by hand, or by a broken writer), and that is a PlanError, not a TypeError later."""
+    value = body.get(key)
+    if not isinstance(value, kind):
+        raise PlanError(f"plan {root}: plan.json field {key!r} is missing or malformed")
+    return value
 

@@ -158,3 +158,25 @@ def test_compile_cache_replaces_a_damaged_entry(tmp_path):
     m = cache.put(key, {"status": "built"}, {"cubin": ("k.cubin", b"two")})  # was kept damaged, put returned None
     assert m is not None and open(m["files"]["cubin"], "rb").read() == b"two"
     assert [p.name for p in cache.root.iterdir()] == [key]
+
+
+def test_temporaries_of_killed_writers_are_removed_and_a_live_writers_kept(tmp_path):
+    """SIGKILL runs no cleanup: the next replace removes a killed writer's half-built directory,
+    puts back an old directory it had renamed aside while `path` is missing (the only copy), and
+    leaves alone the temporaries of a writer still running (this process) and of other hosts."""
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    host = socket.gethostname()
+    for name in (f".out.tmp-{host}-{dead}-a", f".out.old-{host}-{dead}-b", f".out.tmp-{host}-{os.getpid()}-c",
+                 f".out.tmp-elsewhere-{dead}-d"):
+        (tmp_path / name).mkdir()
+        write_new_file(tmp_path / name / "f", name.encode())
+    atomic.remove_stale_temporaries(tmp_path / "out")
+    assert tree(tmp_path / "out") == {"f": f".out.old-{host}-{dead}-b"}
+    replace_dir(tmp_path / "out", fill({"g": "new"}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".out.tmp-{host}-{os.getpid()}-c",
+                                                                 f".out.tmp-elsewhere-{dead}-d", "out"])

@@ -8,6 +8,9 @@ import random
 
 import pytest
 import torch
+from fuzzing import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 
 from deepinfer.runtime.cache import CacheFull, CacheManager
 from deepinfer.runtime.engine import EngineConfigError, LLMEngine, RequestError
@@ -711,3 +714,69 @@ def test_history_dependent_requests_do_not_speculate_and_logprobs_do():
     rid = engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=3))
     out = run_all(engine)[rid].outputs[0]
     assert out.logprobs is None and out.cumulative_logprob is None  # not asked for
+
+
+# ---- random request streams (issue #17, Build 4) -------------------------------------------------
+
+@st.composite
+def request_stream(draw):
+    """An engine shape (pool, budget, speculation, verify buckets) and a stream of requests, each
+    arriving at a step with a random prompt and length, some aborted at a later step."""
+    page_tokens = draw(st.sampled_from([1, 2, 4]))
+    max_model_len = draw(st.integers(4, 24))
+    shape = dict(num_slots=draw(st.integers(1, 6)), page_tokens=page_tokens, max_model_len=max_model_len,
+                 num_pages=-(-max_model_len // page_tokens) + draw(st.integers(0, 8)),
+                 max_num_batched_tokens=draw(st.integers(1, 20)), speculative=draw(st.sampled_from([0, 1, 3])),
+                 verify_seqs=draw(st.sampled_from([None, 1, 2])))
+    requests = draw(st.lists(st.tuples(
+        st.integers(0, 30),  # arrival step
+        st.lists(st.integers(3, VOCAB - 1), min_size=1, max_size=max_model_len - 1),
+        st.integers(1, 10),  # max_tokens
+        st.none() | st.integers(0, 15),  # aborted this many steps after arriving
+        st.booleans(),  # sampled (seeded) or greedy
+    ), min_size=1, max_size=12))
+    return shape, requests
+
+
+@fuzz_settings(300, 1_000)
+@given(request_stream())
+def test_random_request_streams_end_every_request_and_leak_nothing(stream):
+    """CI 300 streams, 1,000 with DEEPINFER_FUZZ_FULL=1 (scripts/fuzz.sh): every request ends
+    finished (length: max_tokens or max_model_len; EOS only when sampled) or aborted, greedy ones
+    with the fake model's tokens; between steps every running sequence holds exactly its cached
+    tokens' pages; at the end every slot and page is free."""
+    shape, requests = stream
+    verify_seqs, spec = shape.pop("verify_seqs"), shape.pop("speculative")
+    kw = dict(shape, max_num_seqs=shape["num_slots"])
+    if spec:
+        engine, _ = make_spec_engine(**kw, speculative=spec)
+        engine.scheduler.verify_seqs = verify_seqs
+    else:
+        engine, _ = make_engine(**kw)
+    ids, outs, step = {}, {}, 0
+    while len(ids) < len(requests) or engine.has_unfinished_requests():
+        for k, (arrive, prompt, max_tokens, abort_after, sampled) in enumerate(requests):
+            if arrive == step:
+                params = (SamplingParams(temperature=0.9, seed=k, max_tokens=max_tokens) if sampled
+                          else SamplingParams(temperature=0, max_tokens=max_tokens))
+                ids[k] = engine.add_request(prompt_token_ids=prompt, params=params)
+            if abort_after is not None and k in ids and arrive + abort_after == step:
+                engine.abort_request(ids[k])
+        for o in engine.step():
+            outs[o.request_id] = o
+        check_pages_exact(engine)
+        step += 1
+        assert step < 5_000, "the engine did not finish"
+    assert sorted(outs) == sorted(ids.values())
+    for k, (arrive, prompt, max_tokens, abort_after, sampled) in enumerate(requests):
+        o = outs[ids[k]]
+        # a sampled request may draw EOS (the fake model never picks it greedily)
+        assert o.finish_reason in (("length", "abort", "stop") if sampled else ("length", "abort")), (k, o)
+        n = min(max_tokens, shape["max_model_len"] - len(prompt))
+        if o.finish_reason == "length":
+            assert len(o.token_ids) == n
+        if not sampled:
+            assert o.token_ids == expected(prompt, n)[:len(o.token_ids)]
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    engine.cache.check_no_leak()
+    assert (engine.cache.free_pages, engine.cache.free_slots) == (shape["num_pages"], shape["num_slots"])
