@@ -357,11 +357,19 @@ def add_autotune(sub):
 COMMANDS = [add_inspect, add_compile, add_make_checkpoint, add_generate, add_autotune]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as DeepInfer's: one line naming the problem and exit 2, without the usage
+    text (`deepinfer COMMAND --help` prints that)."""
+
+    def error(self, message):
+        self.exit(2, f"deepinfer: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="deepinfer", description="DeepInfer: compile a model graph into a plan of generated kernels and run it.")
     parser.add_argument("--version", action="version", version=f"deepinfer {VERSION}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for add in COMMANDS:
         add(sub)
     return parser

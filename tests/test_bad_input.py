@@ -169,6 +169,22 @@ def test_compile_flags(tmp_path, capsys, flags, error):
     assert not (tmp_path / "plan").exists()
 
 
+@pytest.mark.parametrize("argv,error", [
+    (["compile", "--model", TINY, "--target", "cpu", "-o", "x", "--decode-batches", "0,2"],
+     "argument --decode-batches: expected positive integers, got '0,2'"),
+    (["compile", "--model", TINY], "the following arguments are required: --target, -o/--output"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    (["generate", "--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
+])
+def test_argparse_errors_are_one_line(capsys, argv, error):
+    """The parser's own errors (a malformed value, a missing or unknown argument) print one line
+    and exit 2 like every other input error, without the usage text."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert one_error_line(capsys).startswith(f"deepinfer: error: {error}")
+
+
 def test_compile_options_check_api_callers_too():
     from deepinfer.passes.driver import CompileOptions, CompileOptionsError
 
