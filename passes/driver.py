@@ -176,7 +176,6 @@ class Tuning:
             if not Path(path).is_file():
                 raise param_error(CompileOptionsError, "tuning_db", f"{path}: no such file")
             self.db = TuningDB.load(path)
-        self.stale = 0
 
     def config(self, t, spec) -> tuple[dict, dict | None]:
         """(config, provenance or None for the default)."""
@@ -187,8 +186,7 @@ class Tuning:
 
         if t.name not in self._fp:
             self._fp[t.name] = fingerprint(self.target, t.name)
-        match, stale = self.db.lookup(self._fp[t.name], t.name, spec)
-        self.stale += stale
+        match, _ = self.db.lookup(self._fp[t.name], t.name, spec)
         if match is None:
             return default, None
         cfg = dict(default, **match.row["config"])

@@ -62,3 +62,15 @@ def tok_with_system(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     return tokenizer_module.Tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The tiny model's ops are too small to gain from intra-op threads, and on a shared 2-core
+    machine two spinning torch threads per process made its steps ~10x slower (measured)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,16 +17,7 @@ PKG_PARENT = str(Path(deepinfer.__file__).parent.parent)
 TINY = "v4.1-flash-tiny"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # as tests/test_runtime_engine.py: the tiny model gains nothing from intra-op threads, and on a
-    # shared machine spinning threads made its steps several times slower
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fresh_env() -> dict:

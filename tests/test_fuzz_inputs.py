@@ -95,16 +95,22 @@ def key_paths(d, prefix=()):
             yield from key_paths(v, prefix + (k,))
 
 
+def parent_dict(data: dict, path: tuple):
+    """The dict holding `path`'s last key (None where an earlier mutation left no dict there)."""
+    parent = data
+    for k in path[:-1]:
+        parent = parent.get(k) if isinstance(parent, dict) else None
+    return parent if isinstance(parent, dict) else None
+
+
 @st.composite
 def mutated_config(draw):
     data = json.loads(json.dumps(TINY))
     paths = list(key_paths(data))
     for _ in range(draw(st.integers(1, 4))):
         path = draw(st.sampled_from(paths))
-        parent = data
-        for k in path[:-1]:
-            parent = parent.get(k) if isinstance(parent, dict) else None
-        if not isinstance(parent, dict):
+        parent = parent_dict(data, path)
+        if parent is None:
             continue
         kind = draw(st.sampled_from(["delete", "set", "nudge"]))
         if kind == "delete":
@@ -159,10 +165,8 @@ def mutated_plan_body(draw, body: dict):
     paths = list(key_paths(body))
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(paths))
-        parent = body
-        for k in path[:-1]:
-            parent = parent.get(k) if isinstance(parent, dict) else None
-        if isinstance(parent, dict):
+        parent = parent_dict(body, path)
+        if parent is not None:
             if draw(st.booleans()):
                 parent.pop(path[-1], None)
             else:

@@ -28,14 +28,7 @@ ARRIVAL_STEP = [0, 0, 1, 2, 4, 7, 11, 16]  # engine step before which each promp
 GEN_TOKENS = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The tiny model's ops are too small to gain from intra-op threads, and on a shared 2-core
-    # machine two spinning torch threads per process made steps ~10x slower (measured).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
