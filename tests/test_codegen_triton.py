@@ -46,12 +46,14 @@ def test_block_linear_with_split_k_matches_reference_interpreted(split):
     assert got == {"grouped_linear": None, "linear": None}, got
 
 
-def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted():
+@pytest.mark.parametrize("words", [0, 1], ids=["bytes", "words"])
+def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words):
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is
-    half masked; the other cases' tiles divide K."""
+    half masked; the other cases' tiles divide K. Both widenings of the fp4 codes (bytes, and
+    32-bit words two codes at a time, which reorders K inside each block)."""
     dims = dict(triton_check.TINY)
     cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
-    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=64))
+    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words))
     assert got == {c: None for c in cases}
 
 
@@ -69,7 +71,7 @@ def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted():
     one empty), partials and the zeroed rows in part[s], summed in split order."""
     dims = dict(triton_check.TINY)
     cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
-    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3))
+    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3, WORDS=1))
     assert got == {c: None for c in cases}
 
 
@@ -94,6 +96,8 @@ def test_grouped_gemm_fp4_selection_by_row_count():
             assert chosen.name == "triton_grouped_gemm_fp4" and chosen.canonical is None
             launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"][0]
             assert launch["constexprs"]["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
+            # a few rows per call widen bytewise; from 16 rows, words (the faster there on the H200)
+            assert launch["constexprs"]["WORDS"] == (rows >= 16)
         assert select(t, spec(65)).name == "tilelang_grouped_gemm_fp4"
 
 

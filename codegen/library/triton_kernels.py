@@ -723,6 +723,63 @@ def _e4m3_f16(code):
 
 
 @triton.jit
+def _fp4_pair_f16(w, C: tl.constexpr):
+    """Nibbles C and C + 4 of each 32-bit word of e2m1 codes, two at a time: the fp16x2 bits
+    (int32) of value * 2^-14 as `_fp4_f16` gives it, nibble C in the low half. One shift and mask
+    per two codes where the byte-wise widening takes one per code: the MoE GEMM at decode is bound
+    by these integer ops, not by memory."""
+    if C == 3:
+        h = ((w >> 3) & 0x0E000E00) | (w & -0x7FFF8000)
+    else:
+        h = ((w << (9 - 4 * C)) & 0x0E000E00) | ((w << (12 - 4 * C)) & -0x7FFF8000)
+    return h
+
+
+@triton.jit
+def _f16_lo(h):
+    return h.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _f16_hi(h):
+    return (h >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _fp4_block_bytes(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K: tl.constexpr):
+    """One 32-deep scale block's x . W^T (fp32 [BM, BN], unscaled): x as int16 pairs and W as
+    bytes, split into even and odd K, one fp16 MMA each."""
+    jj = tl.arange(0, 16)
+    wb = tl.load(w_ptr + wrow[:, None] * (K // 2) + kbi * 16 + jj[None, :], mask=wn[:, None], other=0).to(tl.int32)
+    xp = tl.load(x_ptr + xrow[:, None] * (K // 2) + kbi * 16 + jj[None, :], mask=xn[:, None], other=0).to(tl.int32)
+    part = tl.dot(_e4m3_f16(xp & 0xFF), tl.trans(_fp4_f16(wb & 15)))
+    return tl.dot(_e4m3_f16((xp >> 8) & 0xFF), tl.trans(_fp4_f16(wb >> 4)), part)
+
+
+@triton.jit
+def _fp4_block_words(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The same block from W's 4 words of 8 codes per row (`_fp4_pair_f16`): tile A holds the
+    nibbles 0..3 of each word (K = 8j + 0..3), tile B the nibbles 4..7; x is read in that K order
+    (the first and second 4 bytes of each 8). tl.join puts its new axis last, so joining (0, 2)
+    with (1, 3) lays nibble c of word j at 4j + c."""
+    wp = w_ptr.to(tl.pointer_type(tl.int32))
+    xb_ptr = x_ptr.to(tl.pointer_type(tl.uint8))
+    jw = tl.arange(0, 4)
+    w = tl.load(wp + wrow[:, None] * (K // 8) + kbi * 4 + jw[None, :], mask=wn[:, None], other=0)
+    xq = xb_ptr + xrow[:, None, None] * K + kbi * 32 + 8 * jw[None, :, None] + jw[None, None, :]
+    xa = tl.reshape(tl.load(xq, mask=xn[:, None, None], other=0), [BM, 16]).to(tl.int32)
+    xb = tl.reshape(tl.load(xq + 4, mask=xn[:, None, None], other=0), [BM, 16]).to(tl.int32)
+    h0 = _fp4_pair_f16(w, 0)
+    h1 = _fp4_pair_f16(w, 1)
+    h2 = _fp4_pair_f16(w, 2)
+    h3 = _fp4_pair_f16(w, 3)
+    wa = tl.reshape(tl.join(tl.join(_f16_lo(h0), _f16_lo(h2)), tl.join(_f16_lo(h1), _f16_lo(h3))), [BN, 16])
+    wb = tl.reshape(tl.join(tl.join(_f16_hi(h0), _f16_hi(h2)), tl.join(_f16_hi(h1), _f16_hi(h3))), [BN, 16])
+    part = tl.dot(_e4m3_f16(xa), tl.trans(wa))
+    return tl.dot(_e4m3_f16(xb), tl.trans(wb), part)
+
+
+@triton.jit
 def _pow2(sbyte, bias: tl.constexpr):
     """2^(sbyte - 127 + bias) in fp32 for ue8m0 bytes (int32), exact while it stays normal."""
     return ((sbyte + bias) << 23).to(tl.float32, bitcast=True)
@@ -741,7 +798,8 @@ def _moe_out(y_ptr, part_ptr, s, rows, cols, v, mask, MTOT: tl.constexpr, N: tl.
 @triton.jit
 def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_ptr, MTOT: tl.constexpr,
                             N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr,
-                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                            WORDS: tl.constexpr):
     """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
     expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
     32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
@@ -749,7 +807,8 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
     fp16 MMA pair (even K, odd K) per 32-deep scale block with fp32 accumulation (products of 4 x 2
     significant bits are exact), and the block's partial sum scaled by its two power-of-two scales
     into the fp32 accumulator; bf16 out. The fp16 operands take half the registers of fp32 ones
-    and run at twice the tf32 rate.
+    and run at twice the tf32 rate. WORDS widens W's codes two at a time from 32-bit words
+    (`_fp4_block_words`, the same values and sums); bytes one at a time otherwise.
 
     Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
     from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
@@ -775,7 +834,6 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
         e = tl.sum(tl.where(pick, ee, 0), axis=0).to(tl.int64)
         start = tl.sum(tl.where(pick, lo, 0), axis=0)
         end = tl.sum(tl.where(pick, hi, 0), axis=0)  # start == end == 0: fewer than i + 1 busy
-        jj = tl.arange(0, 16)
         wrow = (e * N + cols).to(tl.int64)
         for r0 in range(start, end, BM):
             rows = r0 + tl.arange(0, BM)
@@ -789,14 +847,12 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
                     # scalar in a mask)
                     wn = cm & ((cols * 0 + kbi) < KB)
                     xn = rm & ((rows * 0 + kbi) < KB)
-                    wb = tl.load(w_ptr + wrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
-                                 mask=wn[:, None], other=0).to(tl.int32)
                     sw = tl.load(sw_ptr + wrow * (K // 32) + kbi, mask=wn, other=0).to(tl.int32)
-                    xp = tl.load(x_ptr + xrow[:, None] * (K // 2) + kbi * 16 + jj[None, :],
-                                 mask=xn[:, None], other=0).to(tl.int32)
                     sx = tl.load(sx_ptr + xrow * (K // 32) + kbi, mask=xn, other=0).to(tl.int32)
-                    part = tl.dot(_e4m3_f16(xp & 0xFF), tl.trans(_fp4_f16(wb & 15)))
-                    part = tl.dot(_e4m3_f16((xp >> 8) & 0xFF), tl.trans(_fp4_f16(wb >> 4)), part)
+                    if WORDS:
+                        part = _fp4_block_words(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K, BM, BN)
+                    else:
+                        part = _fp4_block_bytes(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K)
                     acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 14)[None, :])
             _moe_out(y_ptr, part_ptr, ps, rows, cols, acc, rm[:, None] & cm[None, :], MTOT, N, SPLIT)
     else:

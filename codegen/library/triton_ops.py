@@ -349,7 +349,7 @@ def _l_grouped_gemm_fp4(spec, cfg):
     args = {"x_ptr": "*i16", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "off_ptr": _ptr(offs),
             "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out)}
     ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"], "SPLIT": split}
+          "BK": cfg["BK"], "SPLIT": split, "WORDS": cfg.get("WORDS", 0)}
     # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
     main = _launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1, split), cfg,
                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))
@@ -734,13 +734,16 @@ OPS = [
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
     # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
-        dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
-             SPLIT=(1, 2, 4, 8)),
+        dict(BM=(16, 32, 64), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
+             SPLIT=(1, 2, 4, 8), WORDS=(0, 1)),
         # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
         # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; with the
         # fp16 MMAs the K split (SPLIT) gained nothing: unsplit was the fastest of 32 points in all
-        # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md)
-        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1), lambda a: {}, _grouped_gemm_fp4_supports),
+        # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md).
+        # Widening from words (WORDS) with 256-wide, 64-deep tiles was the fastest of 16 points at
+        # 48 and 384 rows and slower than bytes at 6 (bench/results/moe_words_h200.json)
+        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1, WORDS=0), lambda a: {},
+        _grouped_gemm_fp4_supports, by_rows=lambda n: {"WORDS": 1, "BN": 256, "BK": 64, "num_stages": 3} if n >= 16 else {}),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
     _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
