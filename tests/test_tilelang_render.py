@@ -115,3 +115,5 @@ def test_sparse_attn_sm90_structure():
     assert 0 < src.smem_bytes <= t.smem_bytes and src.text.count("__shared__") == 1 and "wgmma" in src.text
     assert src.meta["dims"]["topk"] == 512 and src.meta["dims"]["window"] == 128
     assert "combine_kernel" in str(src.meta["combine"])
+    # keys are gathered a row piece at a time (16 bytes of fp4 codes, 8 of fp8), not byte by byte
+    assert "*(uint4*)(CKV" in src.text and "*(fp8_e4_8_t*)(RING" in src.text

@@ -42,6 +42,14 @@ def fp4_value(T, nib):
     return T.reinterpret(T.bitwise_or(bits, T.shift_left(T.bitwise_and(nib, 8), 28)), "float32")
 
 
+def fp4_f16_value(T, nib):
+    """fp32 value * 2^-14 of an e2m1 code, branch-free: the three magnitude bits placed at fp16
+    bits 9..11 are the fp16 exponent and top mantissa bit of value * 2^-14 (code 1, 0.5, lands on
+    the subnormal 2^-15, which fp16 conversions keep); bit 3 is the sign."""
+    h = T.bitwise_or(T.shift_left(T.bitwise_and(nib, 7), 9), T.shift_left(T.bitwise_and(nib, 8), 12))
+    return T.Cast("float32", T.reinterpret(T.Cast("uint16", h), "float16"))
+
+
 def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
                       pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
                       block_I: int = 64, splits: int = 1, threads: int = 256):
@@ -73,6 +81,8 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             Q_s = T.alloc_shared((H, D), "bfloat16")
             K_s = T.alloc_shared((BI, D), "bfloat16")
             P_s = T.alloc_shared((H, BI), "bfloat16")
+            C_s = T.alloc_shared((BI, D // 2) if mode == "sparse" else (1, 1), "uint8")
+            CS_s = T.alloc_shared((BI, D // 16) if mode == "sparse" else (1, 1), "float8_e4m3")
             kvalid = T.alloc_shared((BI,), "int32")
             ksrc = T.alloc_shared((BI,), "int32")  # 0: step row, 1: ring, 2: compressed
             krow = T.alloc_shared((BI,), "int32")  # step row / ring row (slot * R + idx) / page * PE + row
@@ -112,7 +122,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                             step = (mode != "dspark") and rr >= 0 and TSEQ[T.max(rr, 0)] == seq
                             kvalid[i] = T.Cast("int32", kp >= 0)
                             ksrc[i] = T.if_then_else(step, 0, 1)
-                            krow[i] = T.if_then_else(step, T.max(rr, 0), slot * R + T.max(kp, 0) % R)
+                            krow[i] = T.if_then_else(step, T.max(rr, 0), T.max(slot, 0) * R + T.max(kp, 0) % R)
                         else:
                             j = (b - NW) * BI + i
                             if mode == "sparse":
@@ -121,23 +131,34 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                                 cc = T.max(c, 0)
                                 kvalid[i] = T.Cast("int32", ok)
                                 ksrc[i] = 2
-                                krow[i] = BT[seq, T.min(cc // PE, maxp - 1)] * PE + cc % PE
+                                krow[i] = T.max(BT[seq, T.min(cc // PE, maxp - 1)], 0) * PE + cc % PE
                             else:
                                 rr = r0 + j
                                 ok = (j < max_block) and rr < n and TSEQ[T.min(rr, n - 1)] == seq
                                 kvalid[i] = T.Cast("int32", ok)
                                 ksrc[i] = 0
                                 krow[i] = T.min(rr, n - 1)
-                    for i, d in T.Parallel(BI, D):
-                        if ksrc[i] == 0:
-                            K_s[i, d] = T.Cast("float32", KV[krow[i], d]) * e8m0_f32(T, KVS[krow[i], d // 32])
-                        elif ksrc[i] == 1:
-                            K_s[i, d] = (T.Cast("float32", RING[krow[i] // R, krow[i] % R, d])
-                                         * e8m0_f32(T, RINGS[krow[i] // R, krow[i] % R, d // 32]))
-                        else:
-                            K_s[i, d] = (fp4_value(T, T.bitwise_and(T.shift_right(
-                                T.Cast("int32", CKV[krow[i] // PE, krow[i] % PE, d // 2]), (d % 2) * 4), 15))
-                                * T.Cast("float32", CKVS[krow[i] // PE, krow[i] % PE, d // 16]))
+                    if mode != "sparse" or b < NW:
+                        # fp8 keys of this step's rows or the ring: both read (clamped rows), one
+                        # kept, so that the copy has no branch and vectorises along d
+                        for i, d in T.Parallel(BI, D):
+                            sr = T.min(krow[i], n - 1)
+                            rs = krow[i] // R
+                            ri = krow[i] % R
+                            K_s[i, d] = T.if_then_else(
+                                ksrc[i] == 0, T.Cast("float32", KV[sr, d]) * e8m0_f32(T, KVS[sr, d // 32]),
+                                T.Cast("float32", RING[rs, ri, d]) * e8m0_f32(T, RINGS[rs, ri, d // 32]))
+                    else:
+                        # the packed rows are staged as bytes first: a plain row copy vectorises,
+                        # the decode (two codes a byte) then reads shared memory
+                        for i, j in T.Parallel(BI, D // 2):
+                            C_s[i, j] = CKV[krow[i] // PE, krow[i] % PE, j]
+                        for i, j in T.Parallel(BI, D // 16):
+                            CS_s[i, j] = CKVS[krow[i] // PE, krow[i] % PE, j]
+                        for i, d in T.Parallel(BI, D):
+                            K_s[i, d] = (fp4_f16_value(T, T.bitwise_and(T.shift_right(
+                                T.Cast("int32", C_s[i, d // 2]), (d % 2) * 4), 15))
+                                * (T.Cast("float32", CS_s[i, d // 16]) * 16384.0))
                     T.clear(acc_s)
                     T.gemm(Q_s, K_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
                     for h, i in T.Parallel(H, BI):
@@ -221,6 +242,9 @@ def attention_dims(spec: KernelSpec) -> dict:
     return d
 
 
+# every gathered row index is clamped into its buffer in the program itself, so the bounds
+# checks TileLang would wrap around each indirect load (which also stop it vectorising) are off
+ATTN_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
 ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,)}
 
@@ -246,7 +270,7 @@ def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]
     d = attention_dims(spec)
     c = dict(attention_default_config(target, spec), **config)
     func = attention_program(MODES[spec.op], **d, **c)
-    r = lower(func, target.arch)
+    r = lower(func, target.arch, ATTN_PASS_CONFIGS)
     meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d, "params": r["params"]}
     if c["splits"] > 1:
         comb = lower(combine_program(d["n"], d["H"], d["D"], c["splits"]), target.arch)
