@@ -273,6 +273,7 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
                      + ([tla.combine_program(n, H, D, c["splits"])] if c["splits"] > 1 else []))
     use_gpu_ref = mode == "sparse" and n > 256
     return dict(name=f"{op} {label}", template=f"tilelang_{op}", shape=f"rows={n} seqs={nseq} H={H} D={D}",
+                pass_configs=getattr(tla, "ATTN_PASS_CONFIGS", None),
                 config=c, program=progs, inputs=inputs, run=run, ref=ref_gpu if use_gpu_ref else ref,
                 ref_gpu=ref_gpu if mode != "dspark" else None,
                 bytes=n * H * D * 4 + key_bytes_total, flops=4 * n * H * D * nkeys, peak="bf16", tol=2e-2)
@@ -381,7 +382,7 @@ def _warm(args):
     cases = tiny_cases() if tiny else real_cases()
     try:
         for p in cases[idx]["program"]():
-            tlg.compile_kernel(p)
+            tlg.compile_kernel(p, pass_configs=cases[idx].get("pass_configs"))
         return None
     except Exception as e:  # reported again by the main process
         return f"{type(e).__name__}: {e}"
@@ -394,7 +395,7 @@ def compile_all(cases, tiny_flags, workers):
     kernels = []
     for c in cases:
         try:
-            kernels.append([tlg.compile_kernel(p) for p in c["program"]()])
+            kernels.append([tlg.compile_kernel(p, pass_configs=c.get("pass_configs")) for p in c["program"]()])
         except Exception as e:
             kernels.append(e)
     return kernels

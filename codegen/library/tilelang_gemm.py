@@ -104,10 +104,11 @@ def nvcc_report(src: str, arch: str, timeout: int = 600) -> dict:
             "stack_bytes": max(stack, default=0), "log": log[-4000:]}
 
 
-def compile_kernel(func, out_idx=None):
-    """A callable kernel on the local GPU (the device machine); the arch comes from the device."""
+def compile_kernel(func, out_idx=None, pass_configs: Mapping[str, Any] | None = None):
+    """A callable kernel on the local GPU (the device machine); the arch comes from the device.
+    `pass_configs` add to PASS_CONFIGS as they do in `lower` (a template's own)."""
     tilelang, _ = _tl()
-    return tilelang.compile(func, out_idx=out_idx, target="cuda", pass_configs=dict(PASS_CONFIGS))
+    return tilelang.compile(func, out_idx=out_idx, target="cuda", pass_configs=dict(PASS_CONFIGS, **(pass_configs or {})))
 
 
 def e8m0_f32(T, b):
