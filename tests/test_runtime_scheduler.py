@@ -705,9 +705,8 @@ def test_the_engine_warms_the_executor_up_for_its_curve():
             self.step_time_curve = [("decode_b4", 4, 4, 1.0), ("verify_b4", 4, 16, 100.0)]
 
     for kw in ({}, {"verify_budget": 8}, {"speculative": 0}):
-        kw = {"speculative": 3, **kw}
-        engine = LLMEngine(Warm(4, 60, 4), FakeTokenizer(), max_num_seqs=3, max_num_batched_tokens=64,
-                           max_model_len=40, **kw)
+        LLMEngine(Warm(4, 60, 4), FakeTokenizer(), max_num_seqs=3, max_num_batched_tokens=64, max_model_len=40,
+                  **{"speculative": 3, **kw})
     assert calls == [3]  # only an engine that speculates without a budget asks for the curve
 
 
