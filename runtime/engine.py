@@ -23,8 +23,8 @@ that §5.6's confidence ranking gives it. Without one, the budget of each step c
 executor's measured step-time curve where it has one (`step_time_curve`, measured by its
 `warm_up` when the engine starts: `speculative.budget_from_curve`), and every draft is verified
 where it has none. An executor that verifies in buckets (`verify_shapes`) never gets more rows
-than the largest bucket holding the step's sequences. Overlap is off while speculating: the next step's chunks depend on how
-many drafts this step accepts. A request whose logits processing reads its own tokens (penalties,
+than the largest bucket holding the step's sequences. Overlap is off while speculating: the next
+step's chunks depend on how many drafts this step accepts. A request whose logits processing reads its own tokens (penalties,
 min_tokens, bad_words: `SamplingParams.depends_on_history`) gets no drafts: each of its steps
 processes its one row from the sequence as it stands. min_p and logprobs need no history and
 speculate (verification filters with min_p; logprobs are taken from the row each token came from).
@@ -44,12 +44,11 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
+import torch
 
 from ..models.deepseek_v41 import PAGE_TOKENS
 from ..validate import check_positive_ints
 from ..models.tokenizer import Tokenizer
-import torch
-
 from .batch import DraftSeq, SeqChunk
 from .cache import CacheManager
 from .executor import Executor
