@@ -173,9 +173,10 @@ def add_compile(sub):
     p.add_argument("--tuning-db", metavar="PATH",
                    help="tuning database to take kernel configs from (default: the one shipped for the target, "
                         "where it exists; 'none': template defaults)")
-    p.add_argument("--verify-batches", type=_int_list, metavar="B,B,...", default=(),
-                   help="verify bucket sizes for speculative decoding on a device plan: B sequences of 1 + the "
-                        "draft block's rows, logits for each (default: none; device plans then do not speculate)")
+    p.add_argument("--verify-batches", type=_verify_list, metavar="B,BxR,...", default=(),
+                   help="verify buckets for speculative decoding on a device plan: B = B sequences of 1 + the "
+                        "draft block's rows, logits for each; BxR = B sequences sharing R rows (a step verifying "
+                        "fewer drafts runs in fewer rows) (default: none; device plans then do not speculate)")
     p.set_defaults(func=cmd_compile)
 
 
@@ -187,6 +188,21 @@ def _int_list(text: str) -> tuple[int, ...]:
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return tuple(sorted(set(vals)))
+
+
+def _verify_list(text: str) -> tuple[int | tuple[int, int], ...]:
+    """B,B,BxR,...: ints, and (B, R) pairs for BxR (the range checks are CompileOptions')."""
+    vals = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        try:
+            nums = tuple(int(v) for v in parts)
+        except ValueError:
+            nums = ()
+        if len(nums) not in (1, 2):
+            raise argparse.ArgumentTypeError(f"expected comma-separated B or BxR (sequences x rows), got {text!r}")
+        vals.append(nums[0] if len(nums) == 1 else nums)
+    return tuple(sorted(set(vals), key=lambda v: v if isinstance(v, tuple) else (v, 0)))
 
 
 # ---- generate -----------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ cpu plans through their torch kernels, sm90 / sm100 plans through their cubins o
 (runtime/cuda_executor.py), behind the same engine.
 
 Speculative decoding (DSpark drafts verified by the target, spec §5) is on by default where the
-model has the draft head and the executor runs verify steps (the interpreter and cpu plans; not
-yet compiled GPU plans, whose buckets take one row per sequence). `llm.last_run_stats` reports
-the last generate/chat call: mean accepted length, verify rows per step, draft time share.
+model has the draft head and the executor runs verify steps (the interpreter, cpu plans, and GPU
+plans compiled with verify buckets, `deepinfer compile --verify-batches`). `llm.last_run_stats`
+reports the last generate/chat call: mean accepted length, verify rows per step, draft time share.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from .models.checkpoint import load_checkpoint
 from .models.config import load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
-from .runtime.engine import EngineConfigError, LLMEngine, RequestError, check_limits, check_speculative
+from .runtime.engine import (EngineConfigError, LLMEngine, RequestError, check_fixed_acceptance, check_limits,
+                             check_speculative)
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
@@ -46,7 +47,8 @@ class LLM:
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
-                 verify_budget: int | None = None, tensor_parallel_size: int = 1):
+                 verify_budget: int | None = None, fixed_acceptance: float | None = None,
+                 tensor_parallel_size: int = 1):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
         values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
@@ -57,7 +59,10 @@ class LLM:
         `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`.
         `speculative`: DSpark drafts per sequence and step; None = the model's draft block where
         the executor can verify drafts (else off), 0 / False = off. `verify_budget`: verify rows
-        per step shared out by draft confidence (§5.6); None = verify every draft.
+        per step shared out by draft confidence (§5.6); None = chosen per step from the executor's
+        measured step-time curve (GPU plans), else every draft. `fixed_acceptance`: a benchmark
+        mode, not inference: each draft is accepted with this probability (seeded by `seed`), so
+        the output is not the model's distribution (runtime/engine.py).
         `tensor_parallel_size`: vLLM's; only 1 (one device) runs here."""
         check_limits(tensor_parallel_size=tensor_parallel_size)
         if tensor_parallel_size != 1:
@@ -66,7 +71,8 @@ class LLM:
         check_speculative(speculative)
         if verify_budget is not None:
             check_limits(verify_budget=verify_budget)
-        self._spec = {"speculative": speculative, "verify_budget": verify_budget}
+        check_fixed_acceptance(fixed_acceptance)
+        self._spec = {"speculative": speculative, "verify_budget": verify_budget, "fixed_acceptance": fixed_acceptance}
         self.last_run_stats: dict = {}
         if plan is None and model is None:
             raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
@@ -118,10 +124,10 @@ class LLM:
             if target != "cpu":  # a GPU plan's steps must fit its largest step bucket
                 largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
                 max_num_batched_tokens = min(max_num_batched_tokens, largest)
-        if target != "cpu" and self._spec["speculative"] not in (None, False, 0):
+        if target != "cpu" and not opts.get("verify_drafts") and self._spec["speculative"] not in (None, False, 0):
             # said before the weights load: the engine would refuse it after
-            raise EngineConfigError(f"speculative decoding needs verify steps, which {target} plans do not run yet "
-                                    "(their decode buckets take one row per sequence); use speculative=0 / "
+            raise EngineConfigError(f"speculative decoding needs verify steps, which this {target} plan has no "
+                                    "buckets for (compile it with --verify-batches); use speculative=0 / "
                                     "--speculative off")
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)

@@ -30,6 +30,23 @@ from deepinfer.runtime.cuda_executor import CudaPlanExecutor
 from deepinfer.runtime.executor import InterpreterExecutor
 
 
+def plan_config(plan: str):
+    """The model config a plan was compiled for (its config.json as the plan records it)."""
+    from deepinfer.models.config import config_from_dict
+    from deepinfer.runtime.plan_file import load_plan
+
+    model = load_plan(plan)["model"]
+    return config_from_dict(model["config"], model_id=model["id"])
+
+
+def gpu_executor(plan: str, seed: int = 0, **kwargs) -> CudaPlanExecutor:
+    """The plan on the GPU with a checkpoint of its model generated there (the medium model's
+    would not fit the disk)."""
+    cfg = plan_config(plan)
+    return CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"),
+                            config_hash=cfg.config_hash, **kwargs)
+
+
 def tiny(plan: str, steps: int = 40, seed: int = 11) -> dict:
     cfg = load_config("v4.1-flash-tiny")
     program = build_model(cfg)
@@ -276,7 +293,7 @@ def medium(plan: str, seed: int = 0) -> dict:
         cuda_executor._Pending = _PageableLogits
         out["logits_copy"] = "pageable"
     t = time.perf_counter()
-    ex = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"), config_hash=cfg.config_hash)
+    ex = gpu_executor(plan, seed)
     torch.cuda.synchronize()
     out["load_s"] = time.perf_counter() - t
     out["gpu_mem_gb"] = torch.cuda.memory_allocated() / 1e9
@@ -312,9 +329,7 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
     most GPU time at batch 1 and 64, from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = load_config("v4.1-flash-medium")
-    ex = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, device="cuda"), config_hash=cfg.config_hash,
-                          cuda_graphs=False)
+    ex = gpu_executor(plan, seed, cuda_graphs=False)
     out = {}
     for b in (1, 64):
         chunks = [SeqChunk(i, 1024, [5 + i], list(range(9 * i, 9 * i + 9))) for i in range(b)]

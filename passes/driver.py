@@ -33,9 +33,10 @@ class CompileOptions:
     dump_ir: str | None = None
     decode_batches: tuple[int, ...] | None = None
     prefill_tokens: tuple[int, ...] | None = None
-    # batch sizes of verify buckets (speculative decoding: 1 + the draft block's rows per sequence,
-    # logits for each); none by default, and only for a model with the DSpark draft head
-    verify_batches: tuple[int, ...] = ()
+    # verify buckets (speculative decoding, logits for every row): B = B sequences of 1 + the draft
+    # block's rows each; (B, R) = B sequences sharing R rows (ragged: a step verifying fewer
+    # drafts runs in fewer rows); none by default, and only for a model with the DSpark draft head
+    verify_batches: tuple[int | tuple[int, int], ...] = ()
     # the tuning database configs come from (autotune/db.py); None: the one shipped for the target
     # where it exists; "" or "none": template defaults only
     tuning_db: str | None = None
@@ -49,13 +50,14 @@ class CompileOptions:
                             ep=self.ep, jobs=self.jobs)
         check_positive_ints(CompileOptionsError, **{k: getattr(self, k) for k in ("num_slots", "num_pages")
                                                     if getattr(self, k) is not None})
-        for name in ("decode_batches", "prefill_tokens", "verify_batches"):
+        for name in ("decode_batches", "prefill_tokens"):
             sizes = getattr(self, name)
-            if name == "verify_batches" and sizes == ():
-                continue
-            if sizes is not None and (not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                                           for v in sizes)):
+            if sizes is not None and (not sizes or not all(_positive(v) for v in sizes)):
                 raise param_error(CompileOptionsError, name, f"must be positive integers, got {sizes!r}")
+        if not all(_positive(v) or (isinstance(v, tuple) and len(v) == 2 and all(map(_positive, v)) and v[1] > v[0])
+                   for v in self.verify_batches):
+            raise param_error(CompileOptionsError, "verify_batches", "must be positive integers B or (B, R) pairs "
+                              f"with R > B (B sequences sharing R rows), got {self.verify_batches!r}")
 
     def check_model(self, cfg) -> None:
         """The options that depend on the model."""
@@ -68,6 +70,10 @@ class CompileOptions:
         if self.verify_batches and not cfg.num_nextn_predict_layers:
             raise param_error(CompileOptionsError, "verify_batches", f"model {cfg.model_id} has no DSpark draft "
                               "head to verify")
+        for v in self.verify_batches:
+            if isinstance(v, tuple) and v[1] > v[0] * max_backtrack(cfg):
+                raise param_error(CompileOptionsError, "verify_batches", f"{v[0]}x{v[1]}: {v[0]} sequences bring at "
+                                  f"most {v[0] * max_backtrack(cfg)} rows (1 + {max_backtrack(cfg) - 1} drafts each)")
         for key, n in experts.items():
             if n % self.ep:  # every rank holds an equal share of the experts of each MoE layer
                 raise param_error(CompileOptionsError, "ep", f"{self.ep} does not divide the model's {n} routed "
@@ -79,6 +85,10 @@ class CompileOptions:
         slots = self.num_slots or int(1.2 * self.max_num_seqs) + 1
         pages = self.num_pages or max(max_pages, max_pages * self.max_num_seqs // 4)
         return {"num_slots": slots, "num_pages": pages}
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 @dataclass

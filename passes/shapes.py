@@ -26,7 +26,9 @@ class Bucket:
 
     decode: one row per sequence; verify: up to `rows_per_seq` rows per sequence with logits for
     each ([t*, d_0 .. d_{k-1}] of speculative decoding, spec §5.5), one spare sequence for the
-    padding; prefill: a token budget shared by up to `seqs` sequences (chunked prefill mixes
+    padding, either every sequence's full rows or fewer rows shared by the sequences (a ragged
+    bucket: rows go to sequences through token_seq, so its kernels are those of any other
+    bucket at its sizes); prefill: a token budget shared by up to `seqs` sequences (chunked prefill mixes
     prompt chunks and decode rows in one step)."""
 
     name: str
@@ -46,10 +48,12 @@ PREFILL_TOKENS = (512, 2048, 8192)
 
 def default_buckets(max_num_seqs: int = 256, decode=DECODE_BATCHES, prefill=PREFILL_TOKENS, verify=(),
                     rows_per_seq: int = 1) -> list[Bucket]:
+    """`verify`: per bucket B (B sequences of rows_per_seq rows) or (B, R) (B sequences, R rows)."""
     out = [Bucket(f"decode_b{b}", "decode", b, b, b) for b in decode if b <= max_num_seqs]
-    # b sequences of rows_per_seq rows each, all sampled, plus the padding's spare sequence and its row
-    out += [Bucket(f"verify_b{b}", "verify", b * rows_per_seq, b + 1, b * rows_per_seq + 1)
-            for b in verify if b <= max_num_seqs]
+    # b sequences sharing `rows` rows, all sampled, plus the padding's spare sequence and its row
+    shapes = sorted({v if isinstance(v, tuple) else (v, v * rows_per_seq) for v in verify})
+    out += [Bucket(f"verify_b{b}" if rows == b * rows_per_seq else f"verify_b{b}r{rows}", "verify", rows, b + 1,
+                   rows + 1) for b, rows in shapes if b <= max_num_seqs]
     for t in prefill:
         # one sequence more than the engine runs: a device step pads its rows up to the bucket's
         # token count with a dummy sequence, even when every real sequence is in the step

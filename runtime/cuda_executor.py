@@ -9,6 +9,8 @@ last page of the plan's pool are the scratch the padding writes into, so the eng
 slot and one page fewer. Decode buckets are captured as CUDA graphs on first use (inputs copied
 into static buffers, state kept in fixed buffers); a bucket whose calls cannot be captured (a
 torch reference that synchronises with the host) runs eagerly, and `graph_status` says why.
+`warm_up` captures the decode and verify buckets up front and times each (the step-time curve
+the engine chooses its verify budget from, spec §5.6).
 
 Data flow of one step: chunks -> choose_bucket -> bucket_inputs (host) -> device copies ->
 [graph replay | call list] -> logits[:n] -> host.
@@ -26,7 +28,8 @@ from ..ir.quant import QTensor
 from .batch import DraftSeq, SeqChunk, bucket_inputs
 from .cuda_driver import CubinFunction, c_arg
 from .host_recipe import HostRecipe
-from .plan_executor import LoadedPlan, choose_bucket, draft_bucket_inputs, reference_call, verify_seqs
+from .plan_executor import (LoadedPlan, choose_bucket, draft_bucket_inputs, reference_call, time_step_buckets,
+                            verify_seqs, verify_shapes)
 from .plan_file import PlanError
 from .plan_runner import PlanRunner
 from .state import allocate_state
@@ -101,6 +104,9 @@ class CudaPlanExecutor:
         # compile's --verify-batches) the engine does not speculate on this plan
         self.max_draft_len = self.plan["options"].get("verify_drafts", 0) if "draft" in lp.graphs else 0
         self.max_verify_seqs = verify_seqs(self.plan)
+        self.verify_shapes = verify_shapes(self.plan)
+        # (bucket, sequences, rows, seconds) per decode / verify bucket, once warm_up measured it
+        self.step_time_curve: list[tuple[str, int, int, float]] = []
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs
@@ -211,6 +217,14 @@ class CudaPlanExecutor:
         self.graph_status[bucket] = "captured"
         self._graphs[key] = (static_in, cuda_graph, static_out)
         return self._graphs[key]
+
+    def warm_up(self, max_seqs: int | None = None, reps: int = 5) -> list[tuple[str, int, int, float]]:
+        """Capture every decode and verify bucket a step of at most `max_seqs` sequences runs in
+        and time its replay (median of `reps`, on padding in the scratch slot and page), adding
+        the buckets not yet measured to `step_time_curve`; returns the curve."""
+        known = {b for b, *_ in self.step_time_curve}
+        self.step_time_curve += time_step_buckets(self, max_seqs, reps, sync=torch.cuda.synchronize, skip=known)
+        return self.step_time_curve
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         if "draft" not in self.loaded.graphs:

@@ -19,15 +19,23 @@ block + 1 slots, compressor state rings, Engram history) and every compressed en
 position, so the cached count advances by 1 + accepted and the next step overwrites the rejected
 positions before anything reads them; the pages grown for rejected rows go back to the pool.
 With a budget of verify rows (`verify_budget`), each sequence verifies the prefix of its drafts
-that §5.6's confidence ranking gives it; without one (no measured step-time curve exists yet)
-every draft is verified. Overlap is off while speculating: the next step's chunks depend on how
-many drafts this step accepts. A request whose logits processing reads its own tokens (penalties,
+that §5.6's confidence ranking gives it. Without one, the budget of each step comes from the
+executor's measured step-time curve where it has one (`step_time_curve`, measured by its
+`warm_up` when the engine starts: `speculative.budget_from_curve`), and every draft is verified
+where it has none. An executor that verifies in buckets (`verify_shapes`) never gets more rows
+than the largest bucket holding the step's sequences. Overlap is off while speculating: the next
+step's chunks depend on how many drafts this step accepts. A request whose logits processing reads its own tokens (penalties,
 min_tokens, bad_words: `SamplingParams.depends_on_history`) gets no drafts: each of its steps
 processes its one row from the sequence as it stands. min_p and logprobs need no history and
 speculate (verification filters with min_p; logprobs are taken from the row each token came from).
 
 A request with n samples runs as n sequences (seeds `sampler.sample_seed`); its output comes when
 the last of them finishes.
+
+`fixed_acceptance` p is a benchmark mode, not inference: the verifier accepts each draft with
+probability p from a seeded stream instead of §5.5's test (random weights almost never draft
+right, and DeepSeek's speed-up chart assumes p = 0.75), so the accepted drafts are not the
+model's distribution; the token after them is still the target's own sample of its row.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
+import torch
 
 from ..models.deepseek_v41 import PAGE_TOKENS
 from ..validate import check_positive_ints
@@ -43,11 +52,11 @@ from ..models.tokenizer import Tokenizer
 from .batch import DraftSeq, SeqChunk
 from .cache import CacheManager
 from .executor import Executor
-from .sampler import SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
+from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
 from .sequence import Logprob, RequestOutput, Sequence, SeqStatus
-from .speculative import SpecStats, confidence_rates, split_by_confidence
+from .speculative import SpecStats, budget_from_curve, confidence_rates, split_by_confidence
 
 
 class RequestError(ValueError):
@@ -67,6 +76,12 @@ def check_speculative(speculative) -> None:
     """None (on where possible), False / 0 (off), True or a draft count >= 1."""
     if not (speculative is None or isinstance(speculative, bool) or (isinstance(speculative, int) and speculative >= 0)):
         raise EngineConfigError(f"speculative must be None, False, True or a draft count >= 0, got {speculative!r}")
+
+
+def check_fixed_acceptance(p) -> None:
+    """None (verification by §5.5) or an acceptance probability in [0, 1] (benchmark mode)."""
+    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1):
+        raise EngineConfigError(f"fixed_acceptance must be None or a probability in [0, 1], got {p!r}")
 
 
 def resolve_speculative(speculative, max_draft_len: int) -> int:
@@ -114,21 +129,34 @@ class LLMEngine:
     def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None,
                  overlap: bool | None = None, speculative: int | bool | None = None,
-                 verify_budget: int | None = None):
+                 verify_budget: int | None = None, fixed_acceptance: float | None = None):
         """`overlap`: schedule step N+1 while step N runs (default: when the executor submits
         asynchronously and the engine does not speculate). `speculative`: drafts proposed per
         sequence; None = the draft block where the executor can run verify steps, 0 / False = off.
         `verify_budget`: verify rows per step for the decoding sequences (1 + drafts each), shared
-        out by confidence (§5.6); None = verify every draft."""
+        out by confidence (§5.6); None = from the executor's step-time curve where it has one,
+        else every draft. `fixed_acceptance`: benchmark mode (module doc): each draft accepted
+        with this probability, from a stream seeded by `seed`; the drafts' rates (§5.6) become
+        p, p^2, ..., the acceptance this mode gives them."""
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if verify_budget is not None:
             check_limits(verify_budget=verify_budget)
+        check_fixed_acceptance(fixed_acceptance)
         self.num_speculative = resolve_speculative(speculative, getattr(executor, "max_draft_len", 0) or 0)
         if self.num_speculative and overlap:
             raise EngineConfigError("overlap and speculative decoding do not combine (the next step depends on "
                                     "the drafts this one accepts); turn one off")
+        if fixed_acceptance is not None and not self.num_speculative:
+            raise EngineConfigError("fixed_acceptance applies to speculative decoding, which is off for this engine")
         self.verify_budget = verify_budget
+        self.fixed_acceptance = fixed_acceptance
+        # its own stream: the draws do not move the request seeds drawn from `seed`
+        self._acceptance_rng = torch.Generator()
+        if seed is not None:
+            self._acceptance_rng.manual_seed(seed & MASK64)
+        else:
+            self._acceptance_rng.seed()
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
@@ -151,6 +179,9 @@ class LLMEngine:
         self.overlap = hasattr(executor, "submit") and not self.num_speculative if overlap is None else overlap
         self.spec_stats = SpecStats()
         self._inflight: tuple[PreparedStep, object] | None = None  # submitted, not yet sampled
+        warm_up = getattr(executor, "warm_up", None)
+        if self.num_speculative and verify_budget is None and warm_up is not None:
+            warm_up(max_num_seqs)  # the step-time curve each step's verify budget is chosen from
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -228,7 +259,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         finished, self._aborted = self._aborted, []
         if self._inflight is None:
-            if self.verify_budget is not None:
+            if self.num_speculative:
                 self._split_verify_budget()
             batch = self.scheduler.schedule()
             if not batch:
@@ -305,13 +336,14 @@ class LLMEngine:
         if not any(prepared.drafts):
             return [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
         out, row, st = [], 0, self.spec_stats
+        accept = self._fixed_accept if self.fixed_acceptance is not None else None
         for req, drafts in zip(prepared.samples, prepared.drafts):
             rows = logits[row:row + 1 + len(drafts)]
             row += 1 + len(drafts)
             if not drafts:
                 out.append(sample(rows, [req]))
                 continue
-            tokens, accepted = verify_drafts(rows, drafts, req)
+            tokens, accepted = verify_drafts(rows, drafts, req, accept)
             out.append(tokens)
             st.verifies += 1
             st.drafts_verified += len(drafts)
@@ -321,6 +353,9 @@ class LLMEngine:
             raise RuntimeError(f"the step returned {logits.shape[0]} logits rows for {row} sampled rows")
         st.spec_steps += 1
         return out
+
+    def _fixed_accept(self, j: int) -> bool:
+        return float(torch.rand((), generator=self._acceptance_rng, dtype=torch.float64)) < self.fixed_acceptance
 
     def _logprobs(self, prepared: PreparedStep, logits, emitted: list[list[int]]) -> list[list[dict] | None]:
         """Per sampled chunk that asks for logprobs: per emitted token, {id: Logprob} of the top-N
@@ -399,6 +434,8 @@ class LLMEngine:
         drafts, conf = self.executor.draft([DraftSeq(self.cache.slot(seq.request_id), seq.token_ids[-1],
                                                      seq.num_cached) for seq, _ in want])
         rates = confidence_rates(conf)
+        if self.fixed_acceptance is not None:
+            rates = torch.full_like(rates, self.fixed_acceptance).cumprod(-1)
         for (seq, k), d, r in zip(want, drafts.tolist(), rates.tolist()):
             seq.drafts, seq.draft_rates = d[:k], r[:k]
         self.spec_stats.draft_calls += 1
@@ -406,10 +443,24 @@ class LLMEngine:
 
     def _split_verify_budget(self) -> None:
         """§5.6: the running sequences' drafts cut to the prefixes the confidence ranking gives
-        them under `verify_budget` rows."""
-        seqs = [seq for seq in self.scheduler.running if seq.drafts]
-        if seqs:
-            counts = split_by_confidence([seq.draft_rates for seq in seqs], self.verify_budget)
+        them under this step's budget of verify rows (module doc: `verify_budget`, else the
+        step-time curve's choice, within what a verify bucket holds). The running sequences
+        without drafts count one row each."""
+        running = self.scheduler.running
+        seqs = [seq for seq in running if seq.drafts]
+        if not seqs:
+            return
+        rates, others = [seq.draft_rates for seq in seqs], len(running) - len(seqs)
+        budget = self.verify_budget
+        curve = getattr(self.executor, "step_time_curve", None)
+        if budget is None and curve:
+            budget = budget_from_curve(rates, others, curve)
+        shapes = getattr(self.executor, "verify_shapes", None)
+        cap = max((rows for n, rows in shapes if n >= len(running)), default=None) if shapes else None
+        if cap is not None:  # (no bucket holds them all: the scheduler verifies nothing this step)
+            budget = cap - others if budget is None else min(budget, cap - others)
+        if budget is not None:
+            counts = split_by_confidence(rates, budget)
             for seq, n in zip(seqs, counts):
                 seq.drafts, seq.draft_rates = seq.drafts[:n], seq.draft_rates[:n]
 

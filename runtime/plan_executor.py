@@ -6,6 +6,7 @@ in the plan's layouts (its load program run once), and the per-step graphs. All 
 plan.json (and the kernel files it names): the runtime reads no IR and no compiler code."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -65,16 +66,17 @@ class LoadedPlan:
 
 
 class PlanExecutor:
-    def __init__(self, plan_dir, weights, num_slots: int | None = None, num_pages: int | None = None,
-                 pad_to_buckets: bool = False):
+    def __init__(self, plan_dir, weights=None, num_slots: int | None = None, num_pages: int | None = None,
+                 pad_to_buckets: bool = False, *, checkpoint=None, config_hash: str | None = None):
         """`pad_to_buckets` runs every step at its bucket's shape, padded as a device executor pads
-        it (tests use it to check the padding never changes a real row)."""
+        it (tests use it to check the padding never changes a real row). `checkpoint` and
+        `config_hash` instead of `weights`: as LoadedPlan takes them."""
         root = Path(plan_dir)
         target = load_plan(root)["target"]["name"]
         if target != "cpu":
             raise PlanError(f"plan {root}: compiled for {target}; this executor runs cpu plans "
                             "(runtime.cuda_executor runs sm90 / sm100 plans on their GPU)")
-        self.loaded = lp = LoadedPlan(root, weights)
+        self.loaded = lp = LoadedPlan(root, weights, checkpoint=checkpoint, config_hash=config_hash)
         self.plan, self.cfg, self.graphs = lp.plan, lp.cfg, lp.graphs
         from ..ir.ops.quantized import preload_dequantized
 
@@ -99,6 +101,7 @@ class PlanExecutor:
         drafts = self.plan["options"].get("verify_drafts", 0) if self.pad else self.cfg.dspark_block_size
         self.max_draft_len = drafts if "draft" in self.graphs else 0
         self.max_verify_seqs = verify_seqs(self.plan) if self.pad else None
+        self.verify_shapes = verify_shapes(self.plan) if self.pad else None
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:
@@ -112,7 +115,11 @@ class PlanExecutor:
         name, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][name][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
-        return self.runner.run(name, bucket, inputs)["logits"][:n]
+        return self.run_bucket(name, bucket, inputs)["logits"][:n]
+
+    def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
+        """One step at a bucket's shape from its (padded) inputs."""
+        return self.runner.run(graph, bucket, inputs)
 
     def draft(self, seqs: list[DraftSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         if "draft" not in self.graphs:
@@ -129,11 +136,61 @@ class PlanExecutor:
         self.loaded.zero_slot(self.state, slot)
 
 
+def step_shapes(plan: dict, kinds=("decode", "verify")) -> list[tuple[str, str, int, int]]:
+    """(graph, bucket, sequences, rows) of the plan's buckets of these kinds, sequences as the
+    engine may fill them (a verify bucket's spare padding sequence aside)."""
+    names = plan["bucket_kinds"]
+    return [(g, b, e["num_seqs"] - (names[b] == "verify"), e["num_tokens"])
+            for g, envs in plan["buckets"].items() for b, e in envs.items() if names.get(b) in kinds]
+
+
+def verify_shapes(plan: dict) -> list[tuple[int, int]]:
+    """(sequences, rows) of each verify bucket, smallest first."""
+    return sorted((s, rows) for _, _, s, rows in step_shapes(plan, ("verify",)))
+
+
 def verify_seqs(plan: dict) -> int:
-    """The most sequences a verify bucket of the plan holds (its spare padding sequence aside)."""
-    kinds = plan["bucket_kinds"]
-    return max((e["num_seqs"] - 1 for g in plan["buckets"].values() for b, e in g.items()
-                if kinds.get(b) == "verify"), default=0)
+    """The most sequences a verify bucket of the plan holds."""
+    return max((s for s, _ in verify_shapes(plan)), default=0)
+
+
+def time_step_buckets(ex, max_seqs: int | None = None, reps: int = 5, sync=None, skip=(), context: int = 1024,
+                      seed: int = 0) -> list[tuple[str, int, int, float]]:
+    """The step-time curve of a padded executor (`plan`, `run_bucket`, scratch slot and page =
+    its num_slots and num_pages): (bucket, sequences, rows, seconds) of each decode and verify
+    bucket a step of at most `max_seqs` sequences runs in (all where None), each the median of
+    `reps` runs after one that warms it up (a CUDA graph's capture); `sync` waits for the device.
+    The timed step fills the bucket with random tokens (a routed MoE costs what its spread of
+    experts costs, which one repeated padding token would not show) at positions from `context`
+    on, every row in the scratch slot and page: no real sequence's state is touched."""
+    shapes = [x for x in step_shapes(ex.plan) if x[1] not in skip]
+    if max_seqs is not None:  # the buckets up to the smallest that holds max_seqs sequences
+        enough = min((s for *_, s, _ in step_shapes(ex.plan) if s >= max_seqs), default=None)
+        shapes = [x for x in shapes if enough is None or x[2] <= enough]
+    gen = torch.Generator().manual_seed(seed)
+    cfg = ex.cfg
+    start = max(0, min(context, ex.plan["options"]["max_model_len"] - ex.plan["options"]["decode_rows_max"]))
+    pages = [ex.num_pages] * -(-(start + ex.plan["options"]["decode_rows_max"]) // ex.page_tokens)
+    curve = []
+    for graph, bucket, seqs, rows in shapes:
+        env = ex.plan["buckets"][graph][bucket]
+        per = [rows // seqs + (i < rows % seqs) for i in range(seqs)]
+        chunks = [SeqChunk(ex.num_slots, start, torch.randint(3, cfg.vocab_size, (n,), generator=gen).tolist(),
+                           pages, logit_rows=n) for n in per]
+        inputs, _ = bucket_inputs(chunks, env, ex.num_slots, ex.num_pages, cfg.pad_token_id)
+        times = []
+        for i in range(reps + 1):
+            if sync:
+                sync()
+            t = time.perf_counter()
+            ex.run_bucket(graph, bucket, inputs)
+            if sync:
+                sync()
+            if i:
+                times.append(time.perf_counter() - t)
+        times.sort()
+        curve.append((bucket, seqs, rows, times[len(times) // 2]))
+    return curve
 
 
 def draft_bucket_inputs(plan: dict, cfg, seqs: list[DraftSeq], scratch_slot: int) -> tuple[str, dict]:
@@ -184,7 +241,9 @@ def choose_bucket(plan: dict, chunks: list[SeqChunk]) -> tuple[str, str]:
 
 def _holds(env: dict, rows: int, seqs: int, sampled: int) -> bool:
     """A padded bucket holds the step: its rows, its sequences with a spare one for the padding
-    rows (unless the step fills the bucket exactly), and the sampled rows plus one per dummy."""
+    rows (unless the step fills the bucket exactly), and the sampled rows plus one per dummy
+    that gets padding rows (bucket_inputs samples each such dummy's last row)."""
     exact = env["num_seqs"] == seqs and env["num_tokens"] == rows
+    dummies = min(env["num_seqs"] - seqs, env["num_tokens"] - rows)
     return (env["num_tokens"] >= rows and (env["num_seqs"] > seqs or exact)
-            and sampled + (env["num_seqs"] - seqs) <= env["num_samples"])
+            and sampled + dummies <= env["num_samples"])

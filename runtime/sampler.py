@@ -175,7 +175,8 @@ def token_logprobs(rows: torch.Tensor, tokens: list[int], top: int) -> list[tupl
     return out
 
 
-def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -> tuple[list[int], int]:
+def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest,
+                  accept=None) -> tuple[list[int], int]:
     """Spec §5.5 over one sequence's verify rows: `logits` [1 + m, V] are the target's rows for
     [t*, d_0 .. d_{m-1}], row j predicting position req.pos + j and verifying d_j. Returns the
     emitted tokens (the accepted drafts, then one token from the first rejecting row or, if all
@@ -188,7 +189,11 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -
     P(d_j) = q_j(d_j) and P(y != d_j) = (1 - q_j(d_j)) * q_j(y) / (1 - q_j(d_j)) = q_j(y), so
     speculation changes how many tokens a step yields, never their distribution. (DeepInfer's
     residual subtracts exp(log p - 5e-5), a rounding allowance for a sampled p; a point mass is
-    exact.) At the greedy clamp this is: accept iff d_j is the argmax; then emit the argmax."""
+    exact.) At the greedy clamp this is: accept iff d_j is the argmax; then emit the argmax.
+
+    `accept(j) -> bool` replaces the acceptance test of row j (benchmark mode: the engine's
+    fixed acceptance); a row it rejects emits what the rule emits at a rejection there, so the
+    tokens after a forced acceptance are the target's, but the accepted drafts are not."""
     if logits.shape[0] != len(drafts) + 1:
         raise ValueError(f"{logits.shape[0]} verify rows for {len(drafts)} drafts (want drafts + 1)")
     p = req.params
@@ -199,16 +204,21 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest) -
         row, pos = logits[j], req.pos + j
         if p.greedy:
             best = int(torch.argmax(row))
-            if best != x:
+            if not (accept(j) if accept is not None else best == x):
                 return out + [best], j
             out.append(x)
             continue
         q = probs64(filter_logits(row, p.temperature, p.top_p, p.top_k, p.min_p))
         qx, total = float(q[x]), float(q.sum())
-        # (nothing but x left in fp64: the residual is empty and x is the only outcome)
-        if sample_uniform(req.seed, pos, VERIFY) < qx / total or total - qx <= 0:
+        if accept is not None:
+            accepted = accept(j)
+        else:  # (nothing but x left in fp64: the residual is empty and x is the only outcome)
+            accepted = sample_uniform(req.seed, pos, VERIFY) < qx / total or total - qx <= 0
+        if accepted:
             out.append(x)
             continue
+        if total - qx <= 0:  # a forced rejection of the only token the row can give: the row gives it
+            return out + [x], j
         q[x] = 0
         return out + [inverse_cdf(q, sample_uniform(req.seed, pos, RESIDUAL))], j
     last = logits[len(drafts)]

@@ -1,5 +1,6 @@
-"""DSpark speculation helpers the engine uses: confidence rates and the confidence-scheduled split
-of a step's verify rows (spec §5.4, §5.6), and the per-run statistics.
+"""DSpark speculation helpers the engine uses: confidence rates, the confidence-scheduled split
+of a step's verify rows and its budget from a step-time curve (spec §5.4, §5.6), and the
+per-run statistics.
 
 The verification rule itself is `sampler.verify_drafts` (spec §5.5)."""
 from __future__ import annotations
@@ -35,6 +36,41 @@ def split_by_confidence(rates: list[list[float]], budget: int) -> list[int]:
     for _, i, _ in pairs[:extra]:
         counts[i] += 1
     return counts
+
+
+def budget_from_curve(rates: list[list[float]], others: int, curve) -> int | None:
+    """§5.6's choice of the verify budget from a measured step-time curve: `curve` holds
+    (bucket, sequences, rows, seconds) per step shape the executor runs; the step has len(rates)
+    sequences with drafts and `others` sequences of one row each. Each shape that holds the step's
+    sequences is a candidate: its rows (less the others') are the budget, split_by_confidence
+    shares it out, and the step then runs in the smallest shape holding the rows it uses (a shape
+    of one row per sequence holds only steps without drafts, as a decode bucket does). Returns
+    the budget that maximises expected tokens per second, sum over sequences of (1 + the rates of
+    its verified drafts) / that shape's seconds (ties to the smaller budget); None where no shape
+    holds the sequences. Step time is a step function of the rows (one shape per bucket), so
+    within a shape the most rows it holds is the best budget: the candidates are exact."""
+    seqs = len(rates) + others
+    shapes = sorted((rows, t, s) for _, s, rows, t in curve if s >= seqs and rows >= seqs)
+    if not shapes:
+        return None
+
+    def seconds(used: int) -> float | None:
+        # as choose_bucket picks: a step without drafts runs in a decode shape where one holds it
+        decode = [(rows, t) for rows, t, s in shapes if rows == s] if used == seqs else []
+        fits = decode or [(rows, t) for rows, t, s in shapes if rows > s and rows >= used]
+        return min(fits)[1] if fits else None
+
+    best = None
+    for rows, _, s in shapes:
+        budget = rows - others if rows > s else len(rates)  # (a decode shape: no drafts)
+        counts = split_by_confidence(rates, budget)
+        t = seconds(seqs + sum(counts))
+        if t is None or t <= 0:
+            continue
+        rate = (seqs + sum(sum(r[:c]) for r, c in zip(rates, counts))) / t
+        if best is None or rate > best[0]:
+            best = (rate, budget)
+    return None if best is None else best[1]
 
 
 @dataclass

@@ -166,6 +166,10 @@ def test_compile_flags(tmp_path, capsys, flags, error):
     (["compile", "--model", TINY], "the following arguments are required: --target, -o/--output"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
     (["generate", "--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
+    (["compile", "--model", TINY, "--target", "cpu", "-o", "x", "--verify-batches", "8y4"],
+     "argument --verify-batches: expected comma-separated B or BxR (sequences x rows), got '8y4'"),
+    (["compile", "--model", TINY, "--target", "cpu", "-o", "x", "--verify-batches", "1,,2"],
+     "argument --verify-batches: expected comma-separated B or BxR"),
 ])
 def test_argparse_errors_are_one_line(capsys, argv, error):
     """The parser's own errors (a malformed value, a missing or unknown argument) print one line
@@ -196,6 +200,35 @@ def test_verify_batches_need_a_draft_head(tmp_path):
     with pytest.raises(CompileOptionsError, match=r"^verify_batches must be positive integers"):
         CompileOptions("sm90", verify_batches=(0,))
     CompileOptions("sm90", verify_batches=(1, 8)).check_model(load_config(TINY))
+    # ragged buckets: (B, R) = B sequences sharing R rows, more than one each and at most 1 + 5 drafts each
+    CompileOptions("sm90", verify_batches=(1, (8, 12), (8, 48))).check_model(load_config(TINY))
+    for bad in ((8, 8), (8, 0), (8,), (8, 12, 1), (True, 4)):
+        with pytest.raises(CompileOptionsError, match=r"^verify_batches must be positive integers B or \(B, R\)"):
+            CompileOptions("sm90", verify_batches=(bad,))
+    with pytest.raises(CompileOptionsError, match=r"^verify_batches 8x49: 8 sequences bring at most 48 rows"):
+        CompileOptions("sm90", verify_batches=((8, 49),)).check_model(load_config(TINY))
+
+
+@pytest.mark.parametrize("arg, needle", [("8x49", "--verify-batches 8x49: 8 sequences bring at most 48 rows"),
+                                         ("4x4", "--verify-batches must be positive integers B or (B, R)")])
+def test_compile_verify_batches_flag_errors_are_one_line(tmp_path, capsys, arg, needle):
+    from deepinfer.cli import main
+
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "p"),
+                 "--verify-batches", arg]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "p").exists()
+
+
+def test_verify_batches_flag_parses_ragged_buckets():
+    from deepinfer.cli import _verify_list
+    from deepinfer.passes.shapes import default_buckets
+
+    assert _verify_list("64,8,64x128,1, 8X20") == (1, 8, (8, 20), 64, (64, 128))
+    buckets = default_buckets(64, decode=(1,), prefill=(), verify=_verify_list("1,8x48,8x20,64x128"), rows_per_seq=6)
+    assert [(b.name, b.tokens, b.seqs, b.samples) for b in buckets if b.kind == "verify"] == [
+        ("verify_b1", 6, 2, 7), ("verify_b8r20", 20, 9, 21), ("verify_b8", 48, 9, 49), ("verify_b64r128", 128, 65, 129)]
 
 
 # ---- config.json ---------------------------------------------------------------------------------

@@ -31,6 +31,19 @@ def test_generate_cli_runs_a_plan(plan_and_weights, capsys):
                  "--temperature", "0", "--max-num-seqs", "2", "--max-model-len", "256"]) == 0
     out = capsys.readouterr().out
     assert "[0] output:" in out and "generated tokens/s" in out and "mean accepted length" in out
+    assert "verify rows/step" in out
+
+
+def test_fixed_acceptance_through_llm(plan_and_weights):
+    """The benchmark mode through LLM(plan=...): at p = 1 every draft is accepted, so a verify
+    yields 1 + its drafts and the run takes fewer steps than it has tokens."""
+    plan, ckpt = plan_and_weights
+    llm = LLM(plan=plan, weights=ckpt, max_num_seqs=1, max_model_len=256, fixed_acceptance=1.0, seed=3)
+    (out,) = llm.generate(prompt_token_ids=[[5, 17, 300]], use_tqdm=False,
+                          sampling_params=SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))
+    st = llm.last_run_stats
+    assert len(out.token_ids) == 13 and st["acceptance_rate"] == 1.0 and st["mean_accepted_length"] == 6.0
+    assert st["steps"] == 3  # the prefill's token, then two verifies of 5 drafts + 1
 
 
 def test_plan_limits_are_enforced(plan_and_weights, capsys):

@@ -369,6 +369,7 @@ def test_bad_engine_arguments_fail_in_one_line(ckpt, tmp_path):
         (dict(model=MODEL, weights=ckpt, speculative=-2), EngineConfigError, "speculative must be"),
         (dict(model=MODEL, weights=ckpt, speculative=6), EngineConfigError, "exceeds the draft block (5 drafts)"),
         (dict(model=MODEL, weights=ckpt, verify_budget=0), EngineConfigError, "verify_budget"),
+        (dict(model=MODEL, weights=ckpt, fixed_acceptance=1.5), EngineConfigError, "fixed_acceptance must be"),
         (dict(model=MODEL, weights=ckpt, tensor_parallel_size=2), EngineConfigError, "tensor_parallel_size 2 is not"),
     ]
     for kwargs, error, needle in cases:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from deepinfer.runtime.sampler import (
-    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, banned_tokens, filter_logits, probs64,
-    process_logits, sample, sample_from_logits, sample_seed, sample_uniform, splitmix64, token_logprobs, uniform,
-    verify_drafts,
+    DRAFT_SEED_OFFSET, FRESH, GOLD, RESIDUAL, VERIFY, SampleRequest, banned_tokens, filter_logits, inverse_cdf,
+    probs64, process_logits, sample, sample_from_logits, sample_seed, sample_uniform, splitmix64, token_logprobs,
+    uniform, verify_drafts,
 )
 from deepinfer.runtime.sampling_params import SamplingParams, SamplingParamsError
 
@@ -312,3 +312,42 @@ def test_greedy_verification_accepts_the_argmax_only():
     assert all(verify_drafts(logits[:2], [0], SampleRequest(top1, s, 10)) == ([1], 0) for s in range(20))
     with pytest.raises(ValueError, match="3 verify rows for 1 drafts"):
         verify_drafts(logits, [1], req)
+
+
+def test_forced_acceptance_emits_what_the_rule_emits_at_that_row():
+    """verify_drafts(accept=...), the engine's fixed-acceptance benchmark mode: the callback
+    decides each draft in order until it rejects one; the token after the accepted drafts is the
+    one §5.5 gives at that row: where the rule itself rejects there, the very same token (the
+    residual draw without the draft); after all m drafts, row m's FRESH sample."""
+    p = SamplingParams(temperature=1.0)
+    logits = torch.tensor([[0.0, 0.5, 1.0, 0.2], [0.3, 0.1, 0.0, 0.9], [1.0, 0.0, 0.2, 0.1]])
+    drafts, pos = [2, 3], 40
+    seen = set()
+    for seed in range(300):
+        req = SampleRequest(p, seed, pos)
+        normal, accepted = verify_drafts(logits, drafts, req)
+        asked = []
+
+        def same_decisions(j):
+            asked.append(j)
+            return j < accepted
+
+        assert verify_drafts(logits, drafts, req, same_decisions) == (normal, accepted)
+        assert asked == list(range(min(accepted + 1, len(drafts))))  # no draw past the first rejection
+        seen.add(accepted)
+    assert seen == {0, 1, 2}
+    # drafts the target would reject, accepted anyway: the row after them samples as a plain step there
+    req = SampleRequest(p, 5, pos)
+    out, accepted = verify_drafts(logits, [0, 2], req, lambda j: True)
+    assert accepted == 2 and out == [0, 2, sample(logits[2:], [SampleRequest(p, 5, pos + 2)])[0]]
+    out, accepted = verify_drafts(logits, [0, 2], req, lambda j: j == 0)
+    residual = probs64(filter_logits(logits[1], 1.0, 1.0, -1))
+    residual[2] = 0
+    assert (out, accepted) == ([0, inverse_cdf(residual, sample_uniform(5, pos + 1, RESIDUAL))], 1)
+    # greedy: a forced rejection emits the argmax, even where it is the draft
+    g = SampleRequest(SamplingParams(temperature=0), 1, pos)
+    assert verify_drafts(logits, [2, 3], g, lambda j: False) == ([2], 0)
+    assert verify_drafts(logits, [0, 0], g, lambda j: True) == ([0, 0, 0], 2)
+    # a forced rejection of the only token the row allows (top-k 1): that token
+    top1 = SampleRequest(SamplingParams(temperature=1.0, top_k=1), 3, pos)
+    assert verify_drafts(logits, [2, 0], top1, lambda j: False) == ([2], 0)

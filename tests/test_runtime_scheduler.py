@@ -16,7 +16,7 @@ from deepinfer.runtime.cache import CacheFull, CacheManager
 from deepinfer.runtime.engine import EngineConfigError, LLMEngine, RequestError
 from deepinfer.runtime.executor import Executor
 from deepinfer.runtime.sampling_params import SamplingParams
-from deepinfer.runtime.speculative import split_by_confidence
+from deepinfer.runtime.speculative import budget_from_curve, split_by_confidence
 
 VOCAB = 50
 EOS = 1
@@ -579,6 +579,135 @@ def test_speculation_settings():
     off, ex = make_spec_engine(speculative=0)
     rid = off.add_request(prompt_token_ids=[5, 6], params=SamplingParams(temperature=0, max_tokens=5))
     assert run_all(off)[rid].token_ids == expected([5, 6], 5) and not ex.proposed
+
+
+def replay_fixed_acceptance(chunks_per_step, p: float, seed: int) -> int:
+    """The drafts fixed acceptance accepts over these steps: per verify chunk in order, one draw
+    from a torch.Generator seeded with `seed` per draft until the first draw >= p."""
+    g, accepted = torch.Generator().manual_seed(seed), 0
+    for chunks in chunks_per_step:
+        for c in chunks:
+            for _ in range(c.logit_rows - 1 if c.sample else 0):
+                if float(torch.rand((), generator=g, dtype=torch.float64)) >= p:
+                    break
+                accepted += 1
+    return accepted
+
+
+def test_fixed_acceptance_accepts_each_draft_with_p_from_a_seeded_stream():
+    """Benchmark mode: each draft is accepted while a draw from the engine-seeded stream is < p,
+    whatever the target thinks of it; the token after the accepted drafts is the target's own
+    (the fake model's argmax after them); rollback, pages and stats are the normal path's."""
+    prompts = [[3 + i] * (2 + i) for i in range(4)]
+
+    def run(p, seed=5, wrong=0.3):
+        engine, ex = make_spec_engine(num_slots=4, num_pages=60, max_num_batched_tokens=64, max_model_len=40,
+                                      speculative=3, wrong=wrong, fixed_acceptance=p, seed=seed)
+        outs, ids = {}, [engine.add_request(prompt_token_ids=q, params=SamplingParams(temperature=0, max_tokens=20))
+                         for q in prompts]
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                outs[o.request_id] = o.token_ids
+            check_pages_exact(engine)
+            for seq in engine.scheduler.running:  # the rates §5.6 ranks: this mode's own acceptance
+                assert seq.draft_rates == pytest.approx([p ** (j + 1) for j in range(len(seq.drafts))])
+        assert engine.cache.free_pages == 60
+        return [outs[r] for r in ids], engine, ex
+
+    plain = [expected(q, 20) for q in prompts]
+    outs, engine, _ = run(0.0)  # every draft rejected: the target's own tokens, a plain run's
+    assert outs == plain and engine.spec_stats.drafts_verified > 0 == engine.spec_stats.drafts_accepted
+    outs, engine, _ = run(1.0, wrong=1.0)  # every draft accepted, every draft wrong
+    st = engine.spec_stats
+    assert st.drafts_accepted == st.drafts_verified > 0
+    # a wrong draft never equals the fake model's choice; every other token is that choice
+    off_path = sum(t != next_token(q + o[:i]) for q, o in zip(prompts, outs) for i, t in enumerate(o))
+    assert off_path == st.drafts_accepted and all(len(o) == 20 for o in outs)
+    outs, engine, ex = run(0.75)
+    st = engine.spec_stats
+    assert st.drafts_accepted == replay_fixed_acceptance(ex.chunks, 0.75, 5)
+    assert 0 < st.drafts_accepted < st.drafts_verified
+    assert run(0.75)[0] == outs and run(0.75, seed=6)[1].spec_stats.drafts_accepted != st.drafts_accepted
+    for bad in (1.5, -0.1, True, "0.5", float("nan")):
+        with pytest.raises(EngineConfigError, match="^fixed_acceptance must be") as e:
+            make_spec_engine(fixed_acceptance=bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(EngineConfigError, match="speculative decoding, which is off"):
+        make_spec_engine(fixed_acceptance=0.5, speculative=0)
+
+
+def test_budget_from_curve_maximises_expected_tokens_per_second():
+    rates = [[0.9, 0.8, 0.1], [0.5, 0.2, 0.1]]
+    decode, ragged = ("decode_b2", 2, 2, 1.0), ("verify_b2r4", 2, 4, 1.1)
+    # decode 2 / 1.0; 4 rows: 2 + 0.9 + 0.8 = 3.7 / 1.1 = 3.36; all 8 rows: 4.6 / 1.5 = 3.07
+    assert budget_from_curve(rates, 0, [decode, ragged, ("verify_b2", 2, 8, 1.5)]) == 4
+    assert budget_from_curve(rates, 0, [decode, ragged, ("verify_b2", 2, 8, 1.2)]) == 8  # 4.6 / 1.2 = 3.83
+    assert budget_from_curve(rates, 0, [decode, ("verify_b2", 2, 8, 9.0)]) == 2  # verifying costs more than it gives
+    assert budget_from_curve([[0.0] * 3] * 2, 0, [decode, ragged]) == 2  # nothing to gain
+    assert budget_from_curve(rates + [[0.5]], 0, [decode, ragged]) is None  # no shape holds 3 sequences
+    # a sequence without drafts takes one of the rows; a budget whose drafts fit a smaller shape
+    # costs that shape's time (ties to the smaller budget)
+    assert budget_from_curve([[0.9]], 1, [decode, ("verify_b2r4", 2, 4, 1.0)]) == 3
+    assert budget_from_curve([[0.9], [0.9]], 0, [decode, ("verify_b2r4", 2, 4, 1.0), ("verify_b2", 2, 8, 1.0)]) == 4
+    # a decode shape holds only steps without drafts: 1 draft needs the verify shape's time
+    assert budget_from_curve([[0.9], [0.0]], 0, [("decode_b4", 4, 4, 1.0), ("verify_b2", 2, 8, 1.8)]) == 2
+
+
+def curve_run(curve=None, shapes=None, **kw):
+    engine, ex = make_spec_engine(num_slots=4, num_pages=60, max_num_batched_tokens=64, max_model_len=40,
+                                  speculative=3, **kw)
+    if curve is not None:
+        ex.step_time_curve = curve
+    if shapes is not None:
+        ex.verify_shapes = shapes
+    prompts = [[3 + i] * (2 + i) for i in range(4)]
+    ids = [engine.add_request(prompt_token_ids=q, params=SamplingParams(temperature=0, max_tokens=20))
+           for q in prompts]
+    outs = run_all(engine)
+    assert [outs[r].token_ids for r in ids] == [expected(q, 20) for q in prompts]
+    # per step: its sequences, and the rows of its chunks that started at a drafted t*
+    steps = [(len(step), sum(len(c.tokens) for c in step if (c.slot, c.start) in ex.proposed)) for step in ex.chunks]
+    st = engine.spec_stats
+    st.draft_seconds = st.step_seconds = 0.0  # (the counts are compared, not the times)
+    return st, steps
+
+
+def test_the_verify_budget_comes_from_the_step_time_curve():
+    """Without verify_budget the engine chooses each step's budget from the executor's curve:
+    verify buckets that cost more than their drafts bring are not used, a cheap ragged bucket
+    caps the rows, a curve of cheap buckets and no curve verify every draft."""
+    every, steps = curve_run()
+    assert every.drafts_verified > 0 and max(r for _, r in steps) > 8
+    decode = ("decode_b4", 4, 4, 1.0)
+    assert curve_run([decode, ("verify_b4", 4, 16, 1.0)])[0] == every
+    none, _ = curve_run([decode, ("verify_b4", 4, 16, 100.0)])
+    assert none.drafts_verified == 0 and none.spec_steps == 0
+    capped, steps = curve_run([decode, ("verify_b4r8", 4, 8, 1.2), ("verify_b4", 4, 16, 100.0)])
+    assert 0 < capped.drafts_verified < every.drafts_verified and max(r for _, r in steps) <= 8
+    assert curve_run([decode, ("verify_b4", 4, 16, 100.0)], verify_budget=16)[0] == every  # an explicit budget rules
+
+
+def test_verify_steps_never_outgrow_the_bucket_holding_their_sequences():
+    """An executor that verifies in buckets (verify_shapes): without a curve every draft is
+    verified as far as the largest bucket holding the step's sequences has rows."""
+    every, _ = curve_run()
+    st, steps = curve_run(shapes=[(2, 5), (4, 6)])
+    assert 0 < st.drafts_verified < every.drafts_verified
+    assert all(r <= 6 for _, r in steps) and any(r == 6 for _, r in steps)
+
+
+def test_the_engine_warms_the_executor_up_for_its_curve():
+    calls = []
+
+    class Warm(SpecFakeExecutor):
+        def warm_up(self, max_seqs):
+            calls.append(max_seqs)
+            self.step_time_curve = [("decode_b4", 4, 4, 1.0), ("verify_b4", 4, 16, 100.0)]
+
+    for kw in ({}, {"verify_budget": 8}, {"speculative": 0}):
+        LLMEngine(Warm(4, 60, 4), FakeTokenizer(), max_num_seqs=3, max_num_batched_tokens=64, max_model_len=40,
+                  **{"speculative": 3, **kw})
+    assert calls == [3]  # only an engine that speculates without a budget asks for the curve
 
 
 # ---- vLLM's sampling extras through the engine ------------------------------------------------------
