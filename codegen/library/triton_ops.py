@@ -740,10 +740,11 @@ OPS = [
         # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; with the
         # fp16 MMAs the K split (SPLIT) gained nothing: unsplit was the fastest of 32 points in all
         # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md).
-        # Widening from words (WORDS) with 256-wide, 64-deep tiles was the fastest of 16 points at
-        # 48 and 384 rows and slower than bytes at 6 (bench/results/moe_words_h200.json)
-        dict(BM=16, BN=128, BK=128, num_warps=4, num_stages=4, SPLIT=1, WORDS=0), lambda a: {},
-        _grouped_gemm_fp4_supports, by_rows=lambda n: {"WORDS": 1, "BN": 256, "BK": 64, "num_stages": 3} if n >= 16 else {}),
+        # Of 16 points (BN x BK x stages x bytes / words, bench/results/moe_words_h200.json): 64 deep
+        # with three stages was the fastest or within 2% everywhere; widening from words (WORDS)
+        # the fastest at 48 and 384 rows, 10-15% slower than bytes at 6
+        dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=3, SPLIT=1, WORDS=0), lambda a: {},
+        _grouped_gemm_fp4_supports, by_rows=lambda n: {"WORDS": 1} if n >= 16 else {}),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
     _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
