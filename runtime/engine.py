@@ -428,7 +428,7 @@ class LLMEngine:
                     raise RuntimeError(f"request {seq.request_id}: {seq.num_cached} tokens cached of "
                                        f"{len(seq.token_ids)} after its sample")
                 want.append((seq, min(self.num_speculative, room - 1)))
-        if not want:
+        if not want or not self._drafts_can_pay(want, len(seqs) - len(want)):
             return
         t = time.perf_counter()
         drafts, conf = self.executor.draft([DraftSeq(self.cache.slot(seq.request_id), seq.token_ids[-1],
@@ -440,6 +440,20 @@ class LLMEngine:
             seq.drafts, seq.draft_rates = d[:k], r[:k]
         self.spec_stats.draft_calls += 1
         self.spec_stats.draft_seconds += time.perf_counter() - t
+
+    def _drafts_can_pay(self, want: list[tuple[Sequence, int]], others: int) -> bool:
+        """Whether the next step could verify any of these drafts by the step-time curve (no
+        fixed verify_budget): its budget at the best rates the drafts can have (p^(j+1) at a fixed
+        acceptance p, else every draft accepted). Where the curve prices every verify bucket
+        above the tokens its drafts could bring, the draft graph does not run at all: drafts that
+        no step verifies would only cost the draft time."""
+        curve = getattr(self.executor, "step_time_curve", None)
+        if self.verify_budget is not None or not curve:
+            return True
+        p = 1.0 if self.fixed_acceptance is None else self.fixed_acceptance
+        best = [[p ** (j + 1) for j in range(k)] for _, k in want]
+        budget = budget_from_curve(best, others, curve)
+        return budget is None or sum(split_by_confidence(best, budget)) > 0
 
     def _split_verify_budget(self) -> None:
         """§5.6: the running sequences' drafts cut to the prefixes the confidence ranking gives

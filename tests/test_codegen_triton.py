@@ -76,8 +76,8 @@ def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted():
 
 
 def test_grouped_gemm_fp4_selection_by_row_count():
-    """Decode calls (up to 4 rows per expert on average) take the Triton template, each row count
-    its own instance; prefill row counts stay on TileLang."""
+    """Decode and verify calls (up to 32 rows per expert on average) take the Triton template,
+    each row count its own instance; prefill row counts stay on TileLang."""
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import KernelSpec, select
     from deepinfer.ir.types import TensorType, quantized
@@ -91,14 +91,14 @@ def test_grouped_gemm_fp4_selection_by_row_count():
 
     for target in ("sm90", "sm100"):
         t = get_target(target)
-        for rows in (4, 32, 64):
+        for rows in (4, 32, 64, 512):
             chosen = select(t, spec(rows))
             assert chosen.name == "triton_grouped_gemm_fp4" and chosen.canonical is None
             launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"][0]
             assert launch["constexprs"]["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
             # a few rows per call widen bytewise; from 16 rows, words (the faster there on the H200)
             assert launch["constexprs"]["WORDS"] == (rows >= 16)
-        assert select(t, spec(65)).name == "tilelang_grouped_gemm_fp4"
+        assert select(t, spec(513)).name == "tilelang_grouped_gemm_fp4"
 
 
 def test_moe_permute_launches_by_pair_count():

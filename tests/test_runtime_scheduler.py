@@ -681,7 +681,8 @@ def test_the_verify_budget_comes_from_the_step_time_curve():
     decode = ("decode_b4", 4, 4, 1.0)
     assert curve_run([decode, ("verify_b4", 4, 16, 1.0)])[0] == every
     none, _ = curve_run([decode, ("verify_b4", 4, 16, 100.0)])
-    assert none.drafts_verified == 0 and none.spec_steps == 0
+    # and the draft graph is not run for drafts no step would verify, even all accepted
+    assert none.drafts_verified == 0 and none.spec_steps == 0 and none.draft_calls == 0
     capped, steps = curve_run([decode, ("verify_b4r8", 4, 8, 1.2), ("verify_b4", 4, 16, 100.0)])
     assert 0 < capped.drafts_verified < every.drafts_verified and max(r for _, r in steps) <= 8
     assert curve_run([decode, ("verify_b4", 4, 16, 100.0)], verify_budget=16)[0] == every  # an explicit budget rules
