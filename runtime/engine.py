@@ -178,6 +178,7 @@ class LLMEngine:
         self.num_steps = 0
         self.overlap = hasattr(executor, "submit") and not self.num_speculative if overlap is None else overlap
         self.spec_stats = SpecStats()
+        self._draft_cost: dict[int, float] = {}  # seconds of the last draft call, by its sequence count
         self._inflight: tuple[PreparedStep, object] | None = None  # submitted, not yet sampled
         warm_up = getattr(executor, "warm_up", None)
         if self.num_speculative and verify_budget is None and warm_up is not None:
@@ -433,6 +434,7 @@ class LLMEngine:
         t = time.perf_counter()
         drafts, conf = self.executor.draft([DraftSeq(self.cache.slot(seq.request_id), seq.token_ids[-1],
                                                      seq.num_cached) for seq, _ in want])
+        self._draft_cost[len(want)] = time.perf_counter() - t
         rates = confidence_rates(conf)
         if self.fixed_acceptance is not None:
             rates = torch.full_like(rates, self.fixed_acceptance).cumprod(-1)
@@ -444,15 +446,18 @@ class LLMEngine:
     def _drafts_can_pay(self, want: list[tuple[Sequence, int]], others: int) -> bool:
         """Whether the next step could verify any of these drafts by the step-time curve (no
         fixed verify_budget): its budget at the best rates the drafts can have (p^(j+1) at a fixed
-        acceptance p, else every draft accepted). Where the curve prices every verify bucket
-        above the tokens its drafts could bring, the draft graph does not run at all: drafts that
-        no step verifies would only cost the draft time."""
+        acceptance p, else every draft accepted), with the draft call priced at what the last
+        call for as many sequences took (the most any call took before the first of that size).
+        Where that prices every verify bucket above the tokens its drafts could bring, the draft
+        graph does not run at all: drafts that no step verifies, or that cost more than they
+        bring, would only cost the draft time."""
         curve = getattr(self.executor, "step_time_curve", None)
         if self.verify_budget is not None or not curve:
             return True
         p = 1.0 if self.fixed_acceptance is None else self.fixed_acceptance
         best = [[p ** (j + 1) for j in range(k)] for _, k in want]
-        budget = budget_from_curve(best, others, curve)
+        cost = self._draft_cost.get(len(want), max(self._draft_cost.values(), default=0.0))
+        budget = budget_from_curve(best, others, curve, cost)
         return budget is None or sum(split_by_confidence(best, budget)) > 0
 
     def _split_verify_budget(self) -> None:

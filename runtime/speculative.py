@@ -38,7 +38,7 @@ def split_by_confidence(rates: list[list[float]], budget: int) -> list[int]:
     return counts
 
 
-def budget_from_curve(rates: list[list[float]], others: int, curve) -> int | None:
+def budget_from_curve(rates: list[list[float]], others: int, curve, draft_seconds: float = 0.0) -> int | None:
     """§5.6's choice of the verify budget from a measured step-time curve: `curve` holds
     (bucket, sequences, rows, seconds) per step shape the executor runs; the step has len(rates)
     sequences with drafts and `others` sequences of one row each. Each shape that holds the step's
@@ -48,7 +48,9 @@ def budget_from_curve(rates: list[list[float]], others: int, curve) -> int | Non
     the budget that maximises expected tokens per second, sum over sequences of (1 + the rates of
     its verified drafts) / that shape's seconds (ties to the smaller budget); None where no shape
     holds the sequences. Step time is a step function of the rows (one shape per bucket), so
-    within a shape the most rows it holds is the best budget: the candidates are exact."""
+    within a shape the most rows it holds is the best budget: the candidates are exact.
+    `draft_seconds` is added to every step that verifies drafts: the draft call's cost where the
+    drafts are still to be made (once they exist it is spent, and the split leaves it out)."""
     seqs = len(rates) + others
     shapes = sorted((rows, t, s) for _, s, rows, t in curve if s >= seqs and rows >= seqs)
     if not shapes:
@@ -67,6 +69,7 @@ def budget_from_curve(rates: list[list[float]], others: int, curve) -> int | Non
         t = seconds(seqs + sum(counts))
         if t is None or t <= 0:
             continue
+        t += draft_seconds if sum(counts) else 0.0
         rate = (seqs + sum(sum(r[:c]) for r, c in zip(rates, counts))) / t
         if best is None or rate > best[0]:
             best = (rate, budget)

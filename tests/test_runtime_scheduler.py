@@ -649,6 +649,8 @@ def test_budget_from_curve_maximises_expected_tokens_per_second():
     # costs that shape's time (ties to the smaller budget)
     assert budget_from_curve([[0.9]], 1, [decode, ("verify_b2r4", 2, 4, 1.0)]) == 3
     assert budget_from_curve([[0.9], [0.9]], 0, [decode, ("verify_b2r4", 2, 4, 1.0), ("verify_b2", 2, 8, 1.0)]) == 4
+    # drafts still to be made cost their draft call too: 4.6 / (1.2 + 1.5) < 2 / 1.0
+    assert budget_from_curve(rates, 0, [decode, ("verify_b2", 2, 8, 1.2)], draft_seconds=1.5) == 2
     # a decode shape holds only steps without drafts: 1 draft needs the verify shape's time
     assert budget_from_curve([[0.9], [0.0]], 0, [("decode_b4", 4, 4, 1.0), ("verify_b2", 2, 8, 1.8)]) == 2
 
@@ -686,6 +688,20 @@ def test_the_verify_budget_comes_from_the_step_time_curve():
     capped, steps = curve_run([decode, ("verify_b4r8", 4, 8, 1.2), ("verify_b4", 4, 16, 100.0)])
     assert 0 < capped.drafts_verified < every.drafts_verified and max(r for _, r in steps) <= 8
     assert curve_run([decode, ("verify_b4", 4, 16, 100.0)], verify_budget=16)[0] == every  # an explicit budget rules
+
+
+def test_drafts_that_cost_more_than_they_bring_are_not_made(monkeypatch):
+    """A cheap verify bucket pays for its drafts only while the draft call is cheap: once a draft
+    call has cost more than the expected gain, the engine stops drafting (and verifying)."""
+    import deepinfer.runtime.engine as eng
+
+    cheap, _ = curve_run([("decode_b4", 4, 4, 1.0), ("verify_b4", 4, 16, 1.2)])
+    assert cheap.drafts_verified > 0
+    clock = iter(range(0, 10 ** 9, 1000))  # every perf_counter call a 1000 s later: draft calls cost 1000 s
+    monkeypatch.setattr(eng.time, "perf_counter", lambda: float(next(clock)))
+    dear, _ = curve_run([("decode_b4", 4, 4, 1.0), ("verify_b4", 4, 16, 1.2)])
+    assert dear.draft_calls == 1 and dear.drafts_verified <= cheap.drafts_verified
+    assert dear.spec_steps <= 1
 
 
 def test_verify_steps_never_outgrow_the_bucket_holding_their_sequences():
