@@ -89,15 +89,16 @@ def make_row(fp: dict, template: str, spec, spec_key: str, config: dict, timings
                            "source": "measured" if measured else "cost model"}, **extra}
 
 
-def only_templates(only, known) -> set[str] | None:
-    """--only as a set of template names (a comma-separated string or a list), None for all;
-    a name that is no template is an error naming the templates there are."""
+def only_names(only, templates, instances=()) -> set[str] | None:
+    """--only as a set of names (a comma-separated string or a list), None for all: template
+    names, or instance ids (as plan.json names them); a name that is neither is an error naming
+    the templates there are."""
     if not only:
         return None
     names = {n.strip() for n in (only.split(",") if isinstance(only, str) else only) if n.strip()}
-    unknown = sorted(names - set(known))
+    unknown = sorted(names - set(templates) - set(instances))
     if unknown:
-        raise TuneError(f"--only: no template {unknown[0]!r} (templates: {', '.join(sorted(known))})")
+        raise TuneError(f"--only: no template or instance {unknown[0]!r} (templates: {', '.join(sorted(templates))})")
     return names
 
 
@@ -124,6 +125,7 @@ class Result:
 class TuneRun:
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
+    left: int = 0  # instances a budget left for a rerun
 
 
 def calls_per_instance(plan: dict) -> Counter:
@@ -146,12 +148,13 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
     manifest = get_manifest(plan["target"]["name"])
     target = manifest.target
     known = templates()
-    wanted = only_templates(only, known)
+    wanted = only_names(only, known, plan["kernels"])
     calls = calls_per_instance(plan)
     todo = generated_instances(plan, known, wanted)
     run, t0 = TuneRun(), time.perf_counter()
     for n, (inst, k) in enumerate(todo):
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            run.left = len(todo) - n
             break
         if progress:
             progress(n, len(todo), k["template"])
@@ -199,10 +202,10 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
 
 def generated_instances(plan: dict, known: dict, wanted: set[str] | None) -> list[tuple[str, dict]]:
     """(instance, its plan record) of every generated kernel instance of the plan (torch
-    references have no configs), of the `wanted` templates only where given."""
+    references have no configs), of the `wanted` templates or instances only where given."""
     return [(inst, k) for inst, k in sorted(plan["kernels"].items())
             if k["template"] in known and language_of(k["template"]) != "torch"
-            and (wanted is None or k["template"] in wanted)]
+            and (wanted is None or k["template"] in wanted or inst in wanted)]
 
 
 def _us(row) -> float:
