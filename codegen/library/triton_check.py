@@ -1,7 +1,9 @@
 """Checking the Triton templates against their ops' reference semantics: input cases at tiny and
 at real V4.1 sizes, and the comparison rule per output kind. Shared by the CPU tests (interpreter,
-tiny sizes) and the GPU tests (H200, tiny and real sizes), and usable by a tuner to verify a
-config before it times it.
+tiny sizes), the GPU tests (H200, tiny and real sizes) and bench/runtime_sm90.local_check, and by
+the measured tuner (autotune/bench.py), which makes a call's inputs at its own types
+(`spec_case`) and holds each candidate to `judge` (these rules for Triton templates, max relative
+error for TileLang ones) before it times it.
 
 The tolerance rule (the kernels accumulate in fp32 where the references accumulate in fp64, and
 use fp32 transcendentals where the references round fp64 ones once):
