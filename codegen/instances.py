@@ -4,7 +4,9 @@
 Rendering a TileLang template means lowering it, which takes seconds; the render cache keeps the
 source by a key of everything that determines it (template, spec, config, target, versions, and the
 code: the in-package import closure of the template's module), so a second compile of the same
-model only builds from the compile cache (codegen/build.py)."""
+model only builds from the compile cache (codegen/build.py). A render quicker than
+RENDER_CACHE_MIN_S is not kept: a Triton render formats launches around the kernels module,
+whose 65 KB of text each entry would repeat (a tuner renders thousands of configs)."""
 from __future__ import annotations
 
 import ast
@@ -154,10 +156,17 @@ def _load(key: str) -> KernelSource | None:
         return None  # absent or damaged: render again
 
 
+RENDER_CACHE_MIN_S = 0.05
+
+
 def _render(template: str, spec: KernelSpec, config: dict, target_name: str) -> KernelSource:
+    import time
+
     target = get_target(target_name)
+    t = time.perf_counter()
     src = templates()[template].render(target, spec, config)
-    _store(render_key(template, spec, config, target), src)
+    if time.perf_counter() - t >= RENDER_CACHE_MIN_S:
+        _store(render_key(template, spec, config, target), src)
     return src
 
 
