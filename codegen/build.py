@@ -394,34 +394,32 @@ def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int =
                on_done=None) -> list[BuildResult]:
     """Build every source; cache hits are served at once, misses in parallel: a thread pool for
     the subprocess toolchains (nvcc, bisheng), a process pool for Triton (its compiler holds the
-    GIL for much of a compile). `on_done()` is called once per source as its result comes."""
+    GIL for much of a compile). `on_done(i, result)` is called for each source index as its
+    result is in (a tuner writes an instance's candidates as soon as they are all built)."""
     target = get_target(target) if isinstance(target, str) else target
     cache = cache or CompileCache()
     results: list[BuildResult | None] = [None] * len(sources)
-    todo, same = [], {}  # sources with one cache key are built once: two workers must not write one entry
-    for i, s in enumerate(sources):
-        key = cache_key(s, target)
-        if key in same:
-            same[key].append(i)
-            continue
-        same[key] = [i]
-        hit = cache.get(key)
-        if hit is not None and not (check and check(s, None)):
-            results[i] = build_one(s, target, cache, check)
-            _tick(on_done, len(same[key]))
-        else:
-            todo.append(i)
-    _build_todo(sources, target, todo, results, jobs, cache, check, backend_name,
-                lambda i: _tick(on_done, len(same[cache_key(sources[i], target)])))
-    for first, *rest in same.values():
-        for i in rest:
+    keys = [cache_key(s, target) for s in sources]
+    same: dict[str, list[int]] = {}  # sources with one cache key are built once: two workers must not write one entry
+    for i, key in enumerate(keys):
+        same.setdefault(key, []).append(i)
+
+    def finished(first: int) -> None:
+        for i in same[keys[first]]:
             results[i] = results[first]
+            if on_done:
+                on_done(i, results[i])
+
+    todo = []
+    for key, (first, *_) in same.items():
+        hit = cache.get(key)
+        if hit is not None and not (check and check(sources[first], None)):
+            results[first] = build_one(sources[first], target, cache, check)
+            finished(first)
+        else:
+            todo.append(first)
+    _build_todo(sources, target, todo, results, jobs, cache, check, backend_name, finished)
     return results
-
-
-def _tick(on_done, n: int) -> None:
-    for _ in range(n if on_done else 0):
-        on_done()
 
 
 def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name, done=lambda i: None) -> None:
