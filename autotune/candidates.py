@@ -17,9 +17,9 @@ DIR is self-contained, and JSON plus binaries (no pickle):
                     not, modelled time, build status, the kernel record a plan would hold (files
                     relative to DIR), the host recipe, the sha256 of each file
     <inst>/<id>.*   the candidate's cubins (and a Triton kernel's launches.json)
-Files are written atomically before the manifest, and the manifest after each instance, so an
-interrupted build keeps what it finished; a rerun with the same settings skips the instances the
-manifest holds (and the render and compile caches serve the rest of what was done).
+Files are written atomically before the manifest, and the manifest as each instance's builds are
+all in, so an interrupted build keeps what it finished; a rerun with the same settings skips the
+instances the manifest holds (and the render and compile caches serve the rest of what was done).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import replace_file
-from .tuner import (TuneError, calls_per_instance, config_key, fingerprint, generated_instances, only_names,
-                    parse_spec)
+from .tuner import (TuneError, calls_per_instance, config_key, fingerprint, generated_instances, language_of,
+                    only_names, parse_spec)
 
 FORMAT = "deepinfer-tuning-candidates"
 FORMAT_VERSION = 1
@@ -192,42 +192,66 @@ def build_candidates(plan_dir, cand_dir, *, only=None, top_k: int = 8, limit: in
         configs, space = sample_configs(target, known[k["template"]], spec, limit, seed)
         todo.append((inst, k, spec, fp, configs, space))
     bar = _Bar(progress, sum(len(t[4]) for t in todo), "render")
-    errors: dict[int, str] = {}
-    items = [(k["template"], spec, cfg) for _, k, spec, _, configs, _ in todo for cfg in configs]
-    sources = render_many(items, target, jobs, on_done=bar.tick, on_error=errors.__setitem__)
-    bar.close()
-    picks, at = [], 0
-    for inst, k, spec, fp, configs, space in todo:
-        rendered = list(zip(configs, sources[at:at + len(configs)]))
-        at += len(configs)
-        legal = [(cfg, src) for cfg, src in rendered if not illegal(backend, src)]
-        ranked = cost.rank(target, spec, legal)
+
+    def rendered(batch, jobs_):  # per instance of the batch, its configs' sources (None: no render)
+        items = [(k["template"], spec, cfg) for _, k, spec, _, configs, _ in batch for cfg in configs]
+        srcs = render_many(items, target, jobs_, on_done=bar.tick, on_error=lambda i, why: None)
+        cuts = [0]
+        for t in batch:
+            cuts.append(cuts[-1] + len(t[4]))
+        return [srcs[a:b] for a, b in zip(cuts, cuts[1:])]
+
+    def pick(inst, k, spec, fp, configs, space, sources):
+        legal = [(cfg, src) for cfg, src in zip(configs, sources) if not illegal(backend, src)]
+        ranked = cost.rank(target, spec, legal, seed)
         keep = [cfg for _, cfg in ranked[:top_k]]
         default = config_key(configs[0])  # space.sample_configs puts it first
         if default in {config_key(c) for c, _ in legal} and default not in {config_key(c) for c in keep}:
             keep.append(configs[0])  # what the table compares the best against
         by_key = {config_key(cfg): src for cfg, src in legal}
         modelled = {config_key(cfg): s * 1e6 for s, cfg in ranked}
-        picks.append((inst, k, spec, fp, {"space": space, "sampled": len(configs), "pruned": len(configs) - len(legal)},
-                      [(cfg, by_key[config_key(cfg)], modelled[config_key(cfg)], config_key(cfg) == default)
-                       for cfg in keep]))
-    bar = _Bar(progress, sum(len(p[5]) for p in picks), "build")
-    flat = [src for p in picks for _, src, _, _ in p[5]]
-    results = build_for(backend, flat, jobs=jobs, on_done=bar.tick)
+        return (inst, k, spec, fp, {"space": space, "sampled": len(configs), "pruned": len(configs) - len(legal)},
+                [(cfg, by_key[config_key(cfg)], modelled[config_key(cfg)], config_key(cfg) == default)
+                 for cfg in keep])
+
+    # TileLang renders lower (seconds each): all of them at once in the pool, through the render
+    # cache. A Triton render formats text around its 65 KB kernels module: in this process, an
+    # instance at a time, so only the picked sources stay in memory
+    lowering = [t for t in todo if language_of(t[1]["template"]) == "cuda"]
+    picks = [pick(*t, srcs) for t, srcs in zip(lowering, rendered(lowering, jobs))]
+    picks += [pick(*t, rendered([t], 1)[0]) for t in todo if t not in lowering]
     bar.close()
-    at = 0
-    for inst, k, spec, fp, counts, keep in picks:
-        res = results[at:at + len(keep)]
-        at += len(keep)
+    bar = _Bar(progress, sum(len(p[5]) for p in picks), "build")
+
+    def finish(n: int, results: list) -> None:
+        inst, k, spec, fp, counts, keep = picks[n]
         cands = [_candidate(out, plan, inst, f"c{i:02d}", k["template"], spec, cfg, src, r, us, default)
-                 for i, ((cfg, src, us, default), r) in enumerate(zip(keep, res))]
+                 for i, ((cfg, src, us, default), r) in enumerate(zip(keep, results))]
         man["instances"][inst] = {"template": k["template"], "spec": k["spec"], "language": k["language"],
                                   "calls": calls[inst], "fingerprint": fp, "settings": settings, **counts,
                                   "candidates": cands}
-        write_manifest(out, man)  # after each instance: an interrupted build keeps what it finished
+        write_manifest(out, man)  # per instance as it completes: an interrupted build keeps what it finished
         report.built.append(inst)
         report.candidates += len(cands)
         report.failed += sum(c["status"] != "built" for c in cands)
+
+    owner = [n for n, p in enumerate(picks) for _ in p[5]]
+    first = {n: owner.index(n) for n in set(owner)}
+    got: list = [None] * len(owner)
+    left = [len(p[5]) for p in picks]
+
+    def built(i: int, result) -> None:
+        bar.tick()
+        got[i] = result
+        left[owner[i]] -= 1
+        if not left[owner[i]]:
+            finish(owner[i], got[first[owner[i]]:first[owner[i]] + len(picks[owner[i]][5])])
+
+    for n, p in enumerate(picks):
+        if not p[5]:  # nothing legal to build: recorded, so the table says so
+            finish(n, [])
+    build_for(backend, [src for p in picks for _, src, _, _ in p[5]], jobs=jobs, on_done=built)
+    bar.close()
     report.bytes = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != MANIFEST)
     return report
 

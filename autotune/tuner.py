@@ -174,8 +174,10 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
         failed = 0
         if timer is None:
             modelled = {config_key(cfg): s * 1e6 for s, cfg in ranked}
-            best_cfg, best = ranked[0][1], {"p50": ranked[0][0] * 1e6}
             default_us = modelled[config_key(default.config)]
+            # a tie keeps the default: the model gives no reason to move
+            best_cfg = default.config if round(default_us * 1e3) <= round(ranked[0][0] * 1e9) else ranked[0][1]
+            best = {"p50": modelled[config_key(best_cfg)]}
         else:
             timed = {}
             pick = [cfg for _, cfg in ranked[:top_k]]
