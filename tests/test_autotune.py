@@ -346,6 +346,9 @@ def test_an_instance_whose_candidates_all_fail_is_recorded_and_never_taken(candi
         def run(self, cand_dir, inst, ids):
             return {cid: {"status": "failed", "why": "setup: LookupError: no input case"} for cid in ids}
 
+        def close(self):
+            pass
+
     inst, e = _decode_instance(candidates_dir)
     db = TuningDB(path=tmp_path / "db.jsonl")
     run = measure(candidates_dir, db, runner=Broken(), only=inst)
@@ -358,6 +361,34 @@ def test_an_instance_whose_candidates_all_fail_is_recorded_and_never_taken(candi
     # a budget stops before the next instance; the run says how many it left
     spent = measure(candidates_dir, TuningDB(), runner=Broken(), budget_s=1e-9)
     assert spent.results == [] and spent.left == len(load_manifest(candidates_dir)["instances"])
+
+
+def test_a_win_inside_the_defaults_spread_keeps_the_default(candidates_dir):
+    from deepinfer.autotune.measure import measure
+
+    inst, e = _decode_instance(candidates_dir)
+    default = next(c for c in e["candidates"] if c["default"])
+    challenger = next(c for c in e["candidates"] if not c["default"])
+
+    class Timed:  # the default at 5.0 us (p20 4.5), the challenger at `p50`, the rest slower
+        def __init__(self, p50):
+            self.p50 = p50
+
+        def device(self):
+            return GPU_HOST
+
+        def run(self, cand_dir, inst, ids):
+            us = {default["id"]: 5.0, challenger["id"]: self.p50}
+            return {cid: {"status": "ok", "timings": {"p20": t * 0.9, "p50": t, "p80": t * 1.1, "repeats": 10}}
+                    for cid in ids for t in [us.get(cid, 9.0)]}
+
+        def close(self):
+            pass
+
+    for p50, winner in ((4.6, default), (4.4, challenger)):
+        db = TuningDB()
+        (r,) = measure(candidates_dir, db, runner=Timed(p50), only=inst).results
+        assert db.rows[0]["config"] == winner["config"] and r.tuned_us == (5.0 if winner is default else p50)
 
 
 def test_measure_without_a_gpu_says_so(candidates_dir, capsys, tmp_path):
