@@ -334,24 +334,33 @@ def add_generate(sub):
 def cmd_autotune(args) -> int:
     from .autotune.db import TuningDB, shipped_db
     from .autotune.tuner import TuneError, table, tune
+
+    modes = [m for m, on in (("--cost-model-only", args.cost_model_only), ("--build-candidates", args.build_candidates),
+                             ("--measure", args.measure)) if on]
+    if len(modes) != 1:
+        raise TuneError("give one of --cost-model-only (rank by the cost model here), --build-candidates DIR (build "
+                        "the candidates to measure, here) or --measure DIR (time them, on the GPU machine)"
+                        + (f", not {' and '.join(modes)}" if modes else ""))
+    if args.measure:
+        return _autotune_measure(args)
+    if args.plan is None:
+        raise TuneError(f"{modes[0]} tunes a compiled plan: give PLAN_DIR")
+    if args.build_candidates:
+        from .autotune.candidates import build_candidates
+
+        t = time.perf_counter()
+        report = build_candidates(args.plan, args.build_candidates, only=args.only, top_k=args.top_k,
+                                  limit=args.limit, jobs=args.jobs, progress=sys.stderr.isatty())
+        print(report.summary())
+        print(f"  total {time.perf_counter() - t:.1f} s")
+        return 0
     from .runtime.plan_file import load_plan
 
     target = load_plan(Path(args.plan))["target"]["name"]
     db_path = Path(args.db) if args.db else shipped_db(target)
-    if not args.cost_model_only:
-        # the tuner takes any timer (tests give it a fake one); the device timer over the plan's
-        # own step inputs is the part not written yet (issue 12)
-        raise TuneError("measured tuning (a device timer over the plan's own inputs) is not available yet: "
-                        "run with --cost-model-only")
     db = TuningDB.load(db_path)
-
-    def progress(i, n, name):
-        if sys.stderr.isatty():
-            print(f"\r[{i + 1}/{n}] {name[:50]:<50}", end="", file=sys.stderr, flush=True)
-
-    run = tune(args.plan, db, budget_s=args.budget_s, only=args.only, progress=progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
+    run = tune(args.plan, db, budget_s=args.budget_s, only=args.only, limit=args.limit, progress=_progress_line)
+    _end_progress_line()
     if not run.results:
         raise TuneError(f"nothing to tune in {args.plan}" + (f" for {args.only}" if args.only else ""))
     print(table(run))
@@ -359,14 +368,75 @@ def cmd_autotune(args) -> int:
     return 0
 
 
+def _autotune_measure(args) -> int:
+    from .autotune.db import TuningDB
+    from .autotune.measure import IsolatedRunner, measure
+    from .autotune.tuner import TuneError, table
+
+    if args.plan is not None:
+        raise TuneError("--measure reads its candidates directory, not a plan: drop PLAN_DIR")
+    if not args.db:
+        raise TuneError("--measure needs --db OUT.jsonl, the database to write the measured rows into")
+    runner = IsolatedRunner(timeout_s=args.timeout_s,
+                            settings={"sets": args.sets, "repeats": args.repeats, "warmup": args.warmup})
+    db = TuningDB.load(args.db)
+    run = measure(args.measure, db, runner=runner, budget_s=args.budget_s, only=args.only, progress=_progress_line)
+    _end_progress_line()
+    print(table(run, configs=True))
+    left = f"; the budget left {run.left} instances: run again to go on" if run.left else ""
+    print(f"wrote {args.db} ({len(db.rows)} rows) in {run.seconds:.1f} s{left}")
+    return 0
+
+
+def _progress_line(i, n, name):
+    if sys.stderr.isatty():
+        print(f"\r[{i + 1}/{n}] {name[:50]:<50}", end="", file=sys.stderr, flush=True)
+
+
+def _end_progress_line():
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return v
+    return parse
+
+
 def add_autotune(sub):
-    p = sub.add_parser("autotune", help="tune a compiled plan's kernels into a tuning database")
-    p.add_argument("plan", help="plan directory (deepinfer compile -o)")
-    p.add_argument("--db", help="tuning database to update (default: the shipped one for the plan's target)")
-    p.add_argument("--budget-s", type=float, help="stop after this many seconds (what was tuned is kept)")
+    p = sub.add_parser("autotune", help="tune a compiled plan's kernels into a tuning database: by the cost model "
+                       "here, or measured on a GPU machine in two steps (--build-candidates here, --measure there)")
+    p.add_argument("plan", nargs="?", metavar="PLAN_DIR", help="plan directory (deepinfer compile -o); not with --measure")
+    p.add_argument("--db", help="tuning database to update (default with --cost-model-only: the shipped one for "
+                   "the plan's target; --measure needs one)")
+    p.add_argument("--budget-s", type=_positive(float), help="start no instance after this many seconds (what was "
+                   "tuned is kept; a rerun goes on)")
     p.add_argument("--cost-model-only", action="store_true",
                    help="rank candidates by the analytic cost model (no hardware); rows are marked measured: false")
-    p.add_argument("--only", metavar="TEMPLATE", help="tune this template's instances only")
+    p.add_argument("--build-candidates", metavar="DIR",
+                   help="build each instance's top-k configs by the cost model and its default, with this host's "
+                        "toolchain, into DIR (a manifest and cubins; rerunning skips what DIR holds)")
+    p.add_argument("--measure", metavar="DIR", help="time the candidates of DIR on this machine's GPU (no compiler "
+                   "needed) and write measured rows into --db; the compile that built DIR's kernels takes them")
+    p.add_argument("--only", metavar="NAME,...", help="these templates' instances only, or these instances (by id, "
+                   "as plan.json names them)")
+    p.add_argument("--top-k", type=_positive(int), default=8, help="configs built per instance, besides the default "
+                   "(--build-candidates; default 8)")
+    p.add_argument("--limit", type=_positive(int), default=64, help="configs sampled from a larger space before the "
+                   "cost model ranks them (default 64; a TileLang render lowers, seconds each)")
+    p.add_argument("--jobs", type=_positive(int), default=os.cpu_count() or 1, help="parallel renders and builds")
+    p.add_argument("--timeout-s", type=_positive(float), default=60.0, help="a candidate running longer is recorded "
+                   "as failed (--measure; default 60)")
+    p.add_argument("--sets", type=_positive(int), default=5, help="repeat sets, each on fresh inputs (--measure)")
+    p.add_argument("--repeats", type=_positive(int), default=20, help="timed calls per set (--measure)")
+    p.add_argument("--warmup", type=_positive(int), default=3, help="untimed calls before each set (--measure)")
     p.set_defaults(func=cmd_autotune)
 
 

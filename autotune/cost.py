@@ -15,6 +15,7 @@ where no hardware is present, and prunes them to the top-k where hardware is.
 from __future__ import annotations
 
 import math
+import random
 
 from ..ir.registry import get_op
 
@@ -75,7 +76,11 @@ def _latency_hiding(target, ln) -> float:
     return min(1.0, in_flight / WARPS_TO_HIDE)
 
 
-def rank(target, spec, candidates: list[tuple[dict, object]]) -> list[tuple[float, dict]]:
-    """[(modelled seconds, config)] fastest first, for (config, rendered source) pairs."""
+def rank(target, spec, candidates: list[tuple[dict, object]], seed: int = 0) -> list[tuple[float, dict]]:
+    """[(modelled seconds, config)] fastest first, for (config, rendered source) pairs. Configs
+    the model cannot tell apart (knobs it does not see, such as stages past hiding the latency)
+    come in a seeded random order, not the enumeration's: a top k of ties is then a sample of
+    them, not k neighbours differing in the last knob."""
     scored = [(estimate(target, spec, src), cfg) for cfg, src in candidates]
-    return sorted(scored, key=lambda t: t[0])
+    random.Random(seed).shuffle(scored)
+    return sorted(scored, key=lambda t: round(t[0] * 1e9))  # to the nanosecond: float noise is no rank

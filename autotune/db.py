@@ -8,10 +8,18 @@ A row:
      "timings": {"p20", "p50", "p80", "repeats"} (microseconds) | null, "status": "ok" | "failed",
      "measured": true | false, "provenance": {"host", "date", "source"}}
 
-Lookup (`TuningDB.lookup`) climbs a ladder and says which rung answered: an exact row (same
-device, toolchain, structure and bucket), a row of the same arch and toolchain on another device
-("borrowed"), the nearest shape bucket of the same structure ("nearest"). The caller falls back
-to the cost model and then the template default. A row whose toolchain differs from the asking
+Lookup (`TuningDB.lookup`) climbs a ladder and says which rung answered. A row is usable where
+its arch and toolchain (the compilers' versions and the template's code: what decides the binary)
+equal the asking target's, whichever host built or timed it: a kernel built here and measured on a
+GPU machine is the kernel this host builds again. The rungs, over usable rows of the call's
+template and structure:
+    exact     measured on this device (name, cores, driver, runtime) at the call's bucket
+    borrowed  measured on another device of the arch at the call's bucket: one with the target's
+              core count first (the machine the target describes), then the fastest. A compiling
+              host has no device, so every measured row a compile takes is borrowed.
+    modelled  the cost model's row at the call's bucket (a measurement beats a model at any rung)
+    nearest   the nearest shape bucket of the structure: measured first, this device's first
+The caller falls back to the template default. A row whose toolchain differs from the asking
 target's is never used (it is counted as stale, so a user can see why nothing matched). No
 pickle: rows are plain JSON, and a malformed line is skipped with a one-line warning.
 """
@@ -66,7 +74,7 @@ def toolchain_of(fp: dict) -> dict:
 @dataclass(frozen=True)
 class Match:
     row: dict
-    rung: str  # "exact" | "borrowed" | "nearest"
+    rung: str  # "exact" | "borrowed" | "modelled" | "nearest"
 
 
 class TuningDB:
@@ -128,24 +136,37 @@ class TuningDB:
         return path
 
     def lookup(self, fp: dict, template: str, spec) -> tuple[Match | None, int]:
-        """The best row for a call on a target with fingerprint `fp`, and how many rows of this
-        template and structure were passed over because their toolchain differs (stale)."""
+        """The best row for a call on a target with fingerprint `fp` by the ladder above, and how
+        many rows of this template and structure were passed over because their toolchain
+        differs (stale)."""
         structure, bucket = structure_key(spec)
         mine = [r for r in self.rows if r["template"] == template and r["structure"] == structure
                 and r["status"] == "ok"]
         current = [r for r in mine if toolchain_of(r["fingerprint"]) == toolchain_of(fp)
                    and r["fingerprint"].get("arch") == fp.get("arch")]
         stale = len(mine) - len(current)
-        same_device = [r for r in current if _device(r["fingerprint"]) == _device(fp)]
-        for rung, pool in (("exact", same_device), ("borrowed", current)):
-            hits = [r for r in pool if r["bucket"] == bucket]
-            if hits:
-                return Match(min(hits, key=_rank), rung), stale
-        if current:  # the nearest shape bucket, on a log scale of rows; this device's rows first
-            near = min(current, key=lambda r: (_log_gap(r["bucket"], bucket), _device(r["fingerprint"]) != _device(fp),
-                                               _rank(r)))
+        here = [r for r in current if r["bucket"] == bucket]
+        measured = [r for r in here if r["measured"]]
+        rungs = (("exact", [r for r in measured if _device(r["fingerprint"]) == _device(fp)],
+                  _rank),
+                 ("borrowed", measured, lambda r: (r["fingerprint"].get("cores") != fp.get("cores"), _p50(r))),
+                 ("modelled", [r for r in here if not r["measured"]], _rank))
+        for rung, pool, order in rungs:
+            if pool:
+                return Match(min(pool, key=order), rung), stale
+        if current:  # the nearest shape bucket, on a log scale of rows
+            near = min(current, key=lambda r: (_log_gap(r["bucket"], bucket), not r["measured"],
+                                               _device(r["fingerprint"]) != _device(fp), _p50(r)))
             return Match(near, "nearest"), stale
         return None, stale
+
+    def held(self, fp: dict, template: str, spec) -> dict | None:
+        """The row of any status this device and toolchain already hold for the call's bucket (a
+        rerun skips what it holds), or None."""
+        structure, bucket = structure_key(spec)
+        key = row_key({"fingerprint": fp, "template": template, "structure": structure, "bucket": bucket})
+        mine = [r for r in self.rows if row_key(r) == key]
+        return min(mine, key=_rank) if mine else None
 
 
 def check_row(row) -> str | None:
@@ -184,7 +205,7 @@ def _p50(row) -> float:
 
 
 def _rank(row) -> tuple:
-    return (not row["measured"], _p50(row))
+    return (row["status"] != "ok", not row["measured"], _p50(row))
 
 
 def _better(a: dict, b: dict) -> bool:

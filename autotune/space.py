@@ -17,10 +17,9 @@ class Candidate:
     source: object  # the rendered KernelSource
 
 
-def candidates(manifest, template, spec, limit: int = 64, seed: int = 0) -> tuple[list[Candidate], int]:
-    """The legal configs of `template` for `spec` (the default first), at most `limit` of them (a
-    seeded sample of larger spaces), and how many the legality checks pruned."""
-    target = manifest.target
+def sample_configs(target, template, spec, limit: int = 64, seed: int = 0) -> tuple[list[dict], int]:
+    """The distinct points of `template`'s space for `spec` (the default first), at most `limit`
+    of them (a seeded sample of larger spaces), and the size of the whole space."""
     default = dict(template.default_config(target, spec))
     points = [dict(default, **c) for c in template.configs(target, spec)]
     unique, seen = [], set()
@@ -29,17 +28,29 @@ def candidates(manifest, template, spec, limit: int = 64, seed: int = 0) -> tupl
         if key not in seen:
             seen.add(key)
             unique.append(c)
+    space = len(unique)
     if len(unique) > limit:
         rest = random.Random(seed).sample(unique[1:], limit - 1)
         unique = [unique[0]] + rest
+    return unique, space
+
+
+def illegal(manifest, source) -> bool:
+    """A render the target's capacity check refuses (None: the config did not render)."""
+    return source is None or bool(manifest.check and manifest.check(source, None))
+
+
+def candidates(manifest, template, spec, limit: int = 64, seed: int = 0) -> tuple[list[Candidate], int]:
+    """The legal configs of `template` for `spec` (the default first), at most `limit` of them (a
+    seeded sample of larger spaces), and how many the legality checks pruned."""
+    configs, _ = sample_configs(manifest.target, template, spec, limit, seed)
     out, pruned = [], 0
-    for cfg in unique:
+    for cfg in configs:
         try:
-            src = template.render(target, spec, cfg)
+            src = template.render(manifest.target, spec, cfg)
         except Exception:  # noqa: BLE001  (a config the template cannot render is not legal)
-            pruned += 1
-            continue
-        if manifest.check and manifest.check(src, None):
+            src = None
+        if illegal(manifest, src):
             pruned += 1
             continue
         out.append(Candidate(cfg, src))

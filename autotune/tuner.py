@@ -67,9 +67,39 @@ def fingerprint(target, template: str, device: dict | None = None) -> dict:
     lang = language_of(template)
     tool = dict(toolchain_versions(lang, int("".join(ch for ch in target.arch if ch.isdigit()) or 0)))
     tool["template_code"] = _template_code(template)
+    return on_device({"target": target.name, "arch": target.arch, "cores": target.cores, "toolchain": tool}, device)
+
+
+def on_device(fp: dict, device: dict | None) -> dict:
+    """A fingerprint made where the kernels are built, with the device that times them: the
+    toolchain stays the building host's, since it decided the binaries the device ran."""
     d = device or {}
-    return {"target": target.name, "arch": target.arch, "device": d.get("name"), "cores": d.get("cores", target.cores),
-            "driver": d.get("driver"), "runtime": d.get("runtime"), "toolchain": tool}
+    return dict(fp, device=d.get("name"), cores=d.get("cores", fp.get("cores")), driver=d.get("driver"),
+                runtime=d.get("runtime"))
+
+
+def make_row(fp: dict, template: str, spec, spec_key: str, config: dict, timings: dict | None, *, measured: bool,
+             status: str = "ok", **extra) -> dict:
+    """A database row (autotune/db.py) for one call's best config; `extra` keys ride along (the
+    candidates a measurement tried, the host that built them)."""
+    structure, bucket = structure_key(spec)
+    return {"fingerprint": fp, "template": template, "structure": structure, "spec": spec_key, "bucket": bucket,
+            "config": config, "timings": timings, "status": status, "measured": measured,
+            "provenance": {"host": socket.gethostname(), "date": datetime.date.today().isoformat(),
+                           "source": "measured" if measured else "cost model"}, **extra}
+
+
+def only_names(only, templates, instances=()) -> set[str] | None:
+    """--only as a set of names (a comma-separated string or a list), None for all: template
+    names, or instance ids (as plan.json names them); a name that is neither is an error naming
+    the templates there are."""
+    if not only:
+        return None
+    names = {n.strip() for n in (only.split(",") if isinstance(only, str) else only) if n.strip()}
+    unknown = sorted(names - set(templates) - set(instances))
+    if unknown:
+        raise TuneError(f"--only: no template or instance {unknown[0]!r} (templates: {', '.join(sorted(templates))})")
+    return names
 
 
 @dataclass
@@ -95,6 +125,7 @@ class Result:
 class TuneRun:
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
+    left: int = 0  # instances a budget left for a rerun
 
 
 def calls_per_instance(plan: dict) -> Counter:
@@ -117,55 +148,52 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
     manifest = get_manifest(plan["target"]["name"])
     target = manifest.target
     known = templates()
-    if only and only not in known:
-        raise TuneError(f"--only: no template {only!r} (templates: {', '.join(sorted(known))})")
+    wanted = only_names(only, known, plan["kernels"])
     calls = calls_per_instance(plan)
-    todo = [(inst, k) for inst, k in sorted(plan["kernels"].items())
-            if k["template"] in known and language_of(k["template"]) != "torch" and (not only or k["template"] == only)]
+    todo = generated_instances(plan, known, wanted)
     run, t0 = TuneRun(), time.perf_counter()
     for n, (inst, k) in enumerate(todo):
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            run.left = len(todo) - n
             break
         if progress:
             progress(n, len(todo), k["template"])
         tpl, spec = known[k["template"]], parse_spec(k["spec"])
         fp = fingerprint(target, tpl.name, device)
-        held, _ = db.lookup(fp, tpl.name, spec)
-        if held and held.rung == "exact" and (held.row["measured"] or timer is None):
-            run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], _us(held.row), _us(held.row),
-                                      held.row["config"], held.row["measured"], skipped=True))
+        held = db.held(fp, tpl.name, spec)
+        if held and held["status"] == "ok" and (held["measured"] or timer is None):
+            run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], _us(held), _us(held),
+                                      held["config"], held["measured"], skipped=True))
             continue
         cands, pruned = candidates(manifest, tpl, spec, limit=limit)
         if not cands:
             continue
         ranked = cost.rank(target, spec, [(c.config, c.source) for c in cands])
-        by_cfg = {_cfg_key(c.config): c for c in cands}
+        by_cfg = {config_key(c.config): c for c in cands}
         default = cands[0]  # space.candidates puts the default first
         failed = 0
         if timer is None:
-            modelled = {_cfg_key(cfg): s * 1e6 for s, cfg in ranked}
-            best_cfg, best = ranked[0][1], {"p50": ranked[0][0] * 1e6}
-            default_us = modelled[_cfg_key(default.config)]
+            modelled = {config_key(cfg): s * 1e6 for s, cfg in ranked}
+            default_us = modelled[config_key(default.config)]
+            # a tie keeps the default: the model gives no reason to move
+            best_cfg = default.config if round(default_us * 1e3) <= round(ranked[0][0] * 1e9) else ranked[0][1]
+            best = {"p50": modelled[config_key(best_cfg)]}
         else:
             timed = {}
             pick = [cfg for _, cfg in ranked[:top_k]]
-            if _cfg_key(default.config) not in {_cfg_key(c) for c in pick}:
+            if config_key(default.config) not in {config_key(c) for c in pick}:
                 pick.append(default.config)
             for cfg in pick:
                 try:
-                    timed[_cfg_key(cfg)] = (cfg, timer(tpl, spec, cfg, by_cfg[_cfg_key(cfg)].source))
+                    timed[config_key(cfg)] = (cfg, timer(tpl, spec, cfg, by_cfg[config_key(cfg)].source))
                 except Exception:  # noqa: BLE001  (a failing candidate is recorded, never wins)
                     failed += 1
             if not timed:
                 continue
             best_cfg, best = min(timed.values(), key=lambda t: t[1]["p50"])
-            d = timed.get(_cfg_key(default.config))
+            d = timed.get(config_key(default.config))
             default_us = d[1]["p50"] if d else float("nan")
-        structure, bucket = structure_key(spec)
-        db.add({"fingerprint": fp, "template": tpl.name, "structure": structure, "spec": k["spec"], "bucket": bucket,
-                "config": best_cfg, "timings": best, "status": "ok", "measured": timer is not None,
-                "provenance": {"host": socket.gethostname(), "date": datetime.date.today().isoformat(),
-                               "source": "measured" if timer is not None else "cost model"}})
+        db.add(make_row(fp, tpl.name, spec, k["spec"], best_cfg, best, measured=timer is not None))
         if db.path:
             db.save()  # after each instance: an interrupted run keeps what it measured
         run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], default_us, best["p50"], best_cfg,
@@ -174,24 +202,42 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
     return run
 
 
+def generated_instances(plan: dict, known: dict, wanted: set[str] | None) -> list[tuple[str, dict]]:
+    """(instance, its plan record) of every generated kernel instance of the plan (torch
+    references have no configs), of the `wanted` templates or instances only where given."""
+    return [(inst, k) for inst, k in sorted(plan["kernels"].items())
+            if k["template"] in known and language_of(k["template"]) != "torch"
+            and (wanted is None or k["template"] in wanted or inst in wanted)]
+
+
 def _us(row) -> float:
     return float(row["timings"]["p50"]) if row.get("timings") else float("nan")
 
 
-def _cfg_key(cfg: dict) -> str:
+def config_key(cfg: dict) -> str:
     return repr(sorted(cfg.items()))
 
 
-def table(run: TuneRun) -> str:
+def table(run: TuneRun, configs: bool = False) -> str:
     """kernel, calls per step, default and tuned time, speed-up, and the step time each saves
-    (weighted by its calls)."""
-    lines = [f"{'kernel':<34} {'calls':>5} {'default us':>11} {'tuned us':>9} {'speed-up':>8} {'step gain us':>12}"]
+    (weighted by its calls); with `configs`, each row's instance, failed candidates and the
+    config it took."""
+    lines = [f"{'kernel':<34} {'calls':>5} {'default us':>11} {'tuned us':>9} {'speed-up':>8} {'step gain us':>12}"
+             + (f" {'instance':<8} {'failed':>6}  config" if configs else "")]
     total = 0.0
-    for r in sorted(run.results, key=lambda r: -(r.default_us - r.tuned_us) * r.calls):
+    for r in sorted(run.results, key=lambda r: -_nan0((r.default_us - r.tuned_us) * r.calls)):
         gain = (r.default_us - r.tuned_us) * r.calls
-        total += gain if gain == gain else 0.0
-        lines.append(f"{r.template[:34]:<34} {r.calls:>5} {r.default_us:>11.2f} {r.tuned_us:>9.2f} "
-                     f"{r.speedup:>7.2f}x {gain:>12.2f}")
+        total += _nan0(gain)
+        line = (f"{r.template[:34]:<34} {r.calls:>5} {r.default_us:>11.2f} {r.tuned_us:>9.2f} "
+                f"{r.speedup:>7.2f}x {gain:>12.2f}")
+        if configs:
+            line += f" {r.instance:<8} {r.failed:>6}  " + (" ".join(f"{k}={v}" for k, v in sorted(r.config.items()))
+                                                          if r.config else "(every candidate failed)")
+        lines.append(line)
     kind = "measured" if any(r.measured for r in run.results) else "modelled (cost model, no hardware)"
     lines.append(f"{len(run.results)} instances, {kind}; step time saved {total:.1f} us per step over all buckets")
     return "\n".join(lines)
+
+
+def _nan0(x: float) -> float:
+    return x if x == x else 0.0

@@ -21,6 +21,7 @@ import traceback
 
 import torch
 
+from deepinfer.codegen.library.triton_check import judge
 from deepinfer.ir.quant import QTensor
 from deepinfer.models.checkpoint import GeneratedCheckpoint
 from deepinfer.models.config import load_config
@@ -83,59 +84,10 @@ def tiny(plan: str, steps: int = 40, seed: int = 11) -> dict:
             "decisive_agree": agree, "graphs": gpu.graph_status}
 
 
-TOLERANCE = {"tilelang_gemm_fp8": 1e-2, "tilelang_linear": 1e-2, "tilelang_grouped_gemm_fp4": 1e-2,
-             "tilelang_sparse_attn": 2e-2, "tilelang_window_attn": 2e-2, "tilelang_dspark_block_attn": 2e-2,
-             "tilelang_indexer_scores": 1e-3}  # the max-relative bounds of tests/gpu (TileLang)
-
-
 def _cpu(v):
     if isinstance(v, QTensor):
         return QTensor(v.data.cpu().clone(), v.scale.cpu().clone())
     return v.cpu().clone() if isinstance(v, torch.Tensor) else v
-
-
-def _rel(got, ref) -> float:
-    g, r = got.double().cpu(), ref.double().cpu()
-    fin = torch.isfinite(r)
-    if not torch.equal(fin, torch.isfinite(g)):
-        return float("inf")
-    if not fin.any():
-        return 0.0
-    return float((g[fin] - r[fin]).abs().max() / r[fin].abs().max().clamp_min(1e-30))
-
-
-def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
-    """One call's output against its op's reference on the same inputs, by the rules of
-    tests/gpu: Triton templates by codegen/library/triton_check.py, TileLang ones by max relative
-    error, torch references run on both sides by the f32 / exact rules."""
-    from deepinfer.codegen.library import triton_check as tc
-    from deepinfer.ir.quant import QTensor
-
-    got_t = got if isinstance(got, tuple) and not isinstance(got, QTensor) else (got,)
-    ref_t = ref if isinstance(ref, tuple) and not isinstance(ref, QTensor) else (ref,)
-    if template in TOLERANCE:
-        r = max(_rel(a, b) for a, b in zip(got_t, ref_t))
-        return r <= TOLERANCE[template], f"max rel {r:.2e}"
-    kind = tc.OUTPUT_KINDS.get(op) if template and template.startswith("triton_") else None
-    if kind == "router":
-        m = tc.compare_router(got_t, ref_t, ins[0], ins[1])
-    else:
-        m = None
-        for i, (a, b) in enumerate(zip(got_t, ref_t)):
-            if isinstance(b, QTensor):
-                m = tc.compare_quant((a.data, a.scale), (b.data, b.scale), f"output {i}")
-            elif b.dtype.is_floating_point and b.dtype != torch.float32 and kind != "f32":
-                m = tc.compare_rounded(a, b, f"output {i}", tc.INNER_ROUNDINGS.get(op, {}).get(i, 0))
-            elif b.dtype.is_floating_point:
-                m = tc.compare_f32(a, b, f"output {i}")
-            else:
-                m = tc.compare_exact(a, b, f"output {i}")
-            if m:
-                break
-    rel = max((_rel(a.data if isinstance(a, QTensor) else a, b.data if isinstance(b, QTensor) else b)
-               for a, b in zip(got_t, ref_t) if (b.data if isinstance(b, QTensor) else b).dtype.is_floating_point),
-              default=0.0)
-    return m is None, m or f"max rel {rel:.2e}"
 
 
 def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_device: str = "cpu",

@@ -381,45 +381,52 @@ def _build_in_worker(src_json: dict, target_name: str, cache_dir: str, backend_n
 
 
 def build_for(manifest, sources: list[KernelSource], *, jobs: int = 1,
-              cache: CompileCache | None = None) -> list[BuildResult]:
+              cache: CompileCache | None = None, on_done=None) -> list[BuildResult]:
     """Build (or fetch from the compile cache) every source for a target manifest, each checked
     against the target's capacities before and after. (Here, not a Manifest method: templates
     import the manifests, and their render keys must not hash the build code.)"""
     return build_many(list(sources), manifest.target, jobs=jobs, cache=cache, check=manifest.check,
-                      backend_name=manifest.name)
+                      backend_name=manifest.name, on_done=on_done)
 
 
 def build_many(sources: list[KernelSource], target: Target | str, *, jobs: int = 1,
-               cache: CompileCache | None = None, check=None, backend_name: str | None = None) -> list[BuildResult]:
+               cache: CompileCache | None = None, check=None, backend_name: str | None = None,
+               on_done=None) -> list[BuildResult]:
     """Build every source; cache hits are served at once, misses in parallel: a thread pool for
     the subprocess toolchains (nvcc, bisheng), a process pool for Triton (its compiler holds the
-    GIL for much of a compile)."""
+    GIL for much of a compile). `on_done(i, result)` is called for each source index as its
+    result is in (a tuner writes an instance's candidates as soon as they are all built)."""
     target = get_target(target) if isinstance(target, str) else target
     cache = cache or CompileCache()
     results: list[BuildResult | None] = [None] * len(sources)
-    todo, same = [], {}  # sources with one cache key are built once: two workers must not write one entry
-    for i, s in enumerate(sources):
-        key = cache_key(s, target)
-        if key in same:
-            same[key].append(i)
-            continue
-        same[key] = [i]
-        hit = cache.get(key)
-        if hit is not None and not (check and check(s, None)):
-            results[i] = build_one(s, target, cache, check)
-        else:
-            todo.append(i)
-    _build_todo(sources, target, todo, results, jobs, cache, check, backend_name)
-    for first, *rest in same.values():
-        for i in rest:
+    keys = [cache_key(s, target) for s in sources]
+    same: dict[str, list[int]] = {}  # sources with one cache key are built once: two workers must not write one entry
+    for i, key in enumerate(keys):
+        same.setdefault(key, []).append(i)
+
+    def finished(first: int) -> None:
+        for i in same[keys[first]]:
             results[i] = results[first]
+            if on_done:
+                on_done(i, results[i])
+
+    todo = []
+    for key, (first, *_) in same.items():
+        hit = cache.get(key)
+        if hit is not None and not (check and check(sources[first], None)):
+            results[first] = build_one(sources[first], target, cache, check)
+            finished(first)
+        else:
+            todo.append(first)
+    _build_todo(sources, target, todo, results, jobs, cache, check, backend_name, finished)
     return results
 
 
-def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name) -> None:
+def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name, done=lambda i: None) -> None:
     if jobs <= 1 or len(todo) <= 1:
         for i in todo:
             results[i] = build_one(sources[i], target, cache, check)
+            done(i)
         return
     triton_idx = [i for i in todo if sources[i].language == "triton"]
     other_idx = [i for i in todo if sources[i].language != "triton"]
@@ -427,19 +434,21 @@ def _build_todo(sources, target, todo, results, jobs, cache, check, backend_name
     pp = None
     try:
         futs = {tp.submit(build_one, sources[i], target, cache, check): i for i in other_idx}
+        remote = {}  # Triton builds in worker processes, their results as JSON
         if triton_idx and backend_name:
             import multiprocessing as mp
 
             pp = cf.ProcessPoolExecutor(max_workers=min(jobs, len(triton_idx)), mp_context=mp.get_context("spawn"))
-            pf = {pp.submit(_build_in_worker, _source_json(sources[i]), target.name, str(cache.root), backend_name): i
-                  for i in triton_idx}
-            for f in cf.as_completed(pf):
-                results[pf[f]] = BuildResult(**f.result())
+            remote = {pp.submit(_build_in_worker, _source_json(sources[i]), target.name, str(cache.root),
+                                backend_name): i for i in triton_idx}
         else:
             for i in triton_idx:
                 results[i] = build_one(sources[i], target, cache, check)
-        for f in cf.as_completed(futs):
-            results[futs[f]] = f.result()
+                done(i)
+        for f in cf.as_completed([*futs, *remote]):  # both pools at once: results come as they finish
+            i = futs[f] if f in futs else remote[f]
+            results[i] = f.result() if f in futs else BuildResult(**f.result())
+            done(i)
     except BaseException:
         # Ctrl-C or a failed build: a `with` block would run every queued build before letting
         # the error through (minutes on a device compile). Queued builds are dropped, the worker

@@ -4,7 +4,9 @@
 Rendering a TileLang template means lowering it, which takes seconds; the render cache keeps the
 source by a key of everything that determines it (template, spec, config, target, versions, and the
 code: the in-package import closure of the template's module), so a second compile of the same
-model only builds from the compile cache (codegen/build.py)."""
+model only builds from the compile cache (codegen/build.py). A render quicker than
+RENDER_CACHE_MIN_S is not kept: a Triton render formats launches around the kernels module,
+whose 65 KB of text each entry would repeat (a tuner renders thousands of configs)."""
 from __future__ import annotations
 
 import ast
@@ -154,17 +156,25 @@ def _load(key: str) -> KernelSource | None:
         return None  # absent or damaged: render again
 
 
+RENDER_CACHE_MIN_S = 0.05
+
+
 def _render(template: str, spec: KernelSpec, config: dict, target_name: str) -> KernelSource:
+    import time
+
     target = get_target(target_name)
+    t = time.perf_counter()
     src = templates()[template].render(target, spec, config)
-    _store(render_key(template, spec, config, target), src)
+    if time.perf_counter() - t >= RENDER_CACHE_MIN_S:
+        _store(render_key(template, spec, config, target), src)
     return src
 
 
 def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs: int = 1,
-                on_done=None) -> list[KernelSource]:
+                on_done=None, on_error=None) -> list[KernelSource | None]:
     """Every (template, spec, config) rendered, from the cache where possible; misses in a
-    process pool (lowering holds the GIL)."""
+    process pool (lowering holds the GIL). With `on_error(i, message)`, an item that does not
+    render is reported there and left None (a tuner's candidate); without, its error is raised."""
     out: list[KernelSource | None] = [None] * len(items)
     todo = []
     for i, (t, spec, cfg) in enumerate(items):
@@ -173,18 +183,47 @@ def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs:
             todo.append(i)
         elif on_done:
             on_done()
+
+    def done(i, get):
+        try:
+            out[i] = get()
+        except Exception as e:  # noqa: BLE001  (a template's own error, whatever its type)
+            if on_error is None:
+                raise
+            on_error(i, (str(e).strip().splitlines() or [type(e).__name__])[-1])
+        if on_done:
+            on_done()
+
     if jobs <= 1 or len(todo) <= 1:
         for i in todo:
-            out[i] = _render(*items[i], target.name)
-            if on_done:
-                on_done()
+            done(i, lambda i=i: _render(*items[i], target.name))
         return out
     import multiprocessing as mp
 
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         futs = {pool.submit(_render, *items[i], target.name): i for i in todo}
         for f in cf.as_completed(futs):
-            out[futs[f]] = f.result()
-            if on_done:
-                on_done()
+            done(futs[f], f.result)
     return out
+
+
+SOURCE_EXT = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
+
+
+def kernel_record(template: str, spec: KernelSpec, config: dict, src: KernelSource, res, stem: str,
+                  with_source: bool = True) -> tuple[dict, dict[str, bytes]]:
+    """One built instance as a plan records it (a tuning candidate too), and its files by path
+    under `stem`: the rendered source (for people), and the binaries the runtime loads, one
+    file per artefact (a Triton call has a cubin per launch, a split attention two)."""
+    files = {f"{stem}.{SOURCE_EXT.get(src.language, 'txt')}": src.text.encode()} if with_source else {}
+    built = {}
+    for art, path in res.files.items():
+        p = Path(path)
+        if p.suffix in (".cubin", ".o", ".bin", ".json") or art in ("cubin", "binary"):
+            built[art] = f"{stem}{p.suffix}" if art in ("cubin", "binary") else f"{stem}.{art}{p.suffix}"
+            files[built[art]] = p.read_bytes()
+    record = {"template": template, "spec": spec.key(), "config": config, "language": src.language,
+              "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,
+              "meta": src.meta, "build": {"status": res.status, "reason": res.reason, "files": built,
+                                          "resources": res.resources, "cached": res.cached}}
+    return record, files

@@ -258,7 +258,7 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
 def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> dict:
     """Render (cached) and build every generated instance; their sources, binaries and resource
     reports go into the plan. Torch instances need neither."""
-    from ..codegen.instances import render_many
+    from ..codegen.instances import kernel_record, render_many
     from ..codegen.build import build_for
     from ..codegen.targets import get_manifest
 
@@ -269,20 +269,9 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
         return out
     sources = render_many([(t, spec, cfg) for _, t, spec, cfg, _ in gen], target, jobs, on_done)
     results = build_for(get_manifest(target.name), sources, jobs=jobs)
-    ext = {"triton": "py", "cuda": "cu", "ascendc": "cpp"}
     for (inst, t, spec, cfg, tuned), src, res in zip(gen, sources, results):
-        files[f"kernels/{inst}.{ext.get(src.language, 'txt')}"] = src.text.encode()
-        built = {}
-        for art, path in res.files.items():
-            p = Path(path)
-            if p.suffix in (".cubin", ".o", ".bin", ".json") or art in ("cubin", "binary"):
-                # one file per artefact: a Triton call has a cubin per launch, a split attention two
-                built[art] = f"kernels/{inst}{p.suffix}" if art in ("cubin", "binary") else f"kernels/{inst}.{art}{p.suffix}"
-                files[built[art]] = p.read_bytes()
-        out[inst] = {"template": t, "spec": spec.key(), "config": cfg, "language": src.language,
-                     "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,
-                     "meta": src.meta, "build": {"status": res.status, "reason": res.reason, "files": built,
-                                                 "resources": res.resources, "cached": res.cached}}
+        out[inst], inst_files = kernel_record(t, spec, cfg, src, res, f"kernels/{inst}")
+        files.update(inst_files)
         if tuned:  # the config came from the tuning database: which row, by which rung of the ladder
             out[inst]["tuning"] = tuned
     return out

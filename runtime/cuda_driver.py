@@ -46,6 +46,14 @@ def _context(device: int) -> int:
     return ctx.value
 
 
+def driver_version() -> str:
+    """The CUDA version the installed driver supports, as "13.0" (what a measurement of its
+    kernels is recorded with)."""
+    v = ctypes.c_int()
+    _check(_lib().cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
+    return f"{v.value // 1000}.{v.value % 1000 // 10}"
+
+
 class CubinFunction:
     """One kernel of a cubin, launched with a fixed grid, block and dynamic shared memory."""
 

@@ -63,7 +63,7 @@ class _Pending:
 class _TileLangKernels:
     """A TileLang instance's cubins: the main kernel, and the combine of a split attention."""
 
-    def __init__(self, root: Path, inst: str, k: dict, device: int):
+    def __init__(self, root: Path, k: dict, device: int):
         files = k["build"]["files"]
         self.kernels = [CubinFunction((root / files["cubin"]).read_bytes(), k["entry"], k["grid"], k["block"],
                                       k["smem_bytes"], device)]
@@ -74,6 +74,20 @@ class _TileLangKernels:
 
     def launch(self, i: int, grid, args: list) -> None:
         self.kernels[i].launch(args, grid=grid)
+
+
+def load_instance(root: Path, inst: str, k: dict, device: int):
+    """The binaries of one kernel instance record (a plan's, or a tuning candidate's: the same
+    record, autotune/candidates.py), files relative to `root`, loaded through the driver; its
+    `launch(i, grid, args)` is what a host recipe calls."""
+    if k["build"]["status"] != "built":
+        raise PlanError(f"instance {inst} ({k['template']}) was not built: {k['build']['reason']}")
+    files = k["build"]["files"]
+    if k["language"] == "cuda":
+        return _TileLangKernels(root, k, device)
+    launches = json.loads((root / files["launches"]).read_text())
+    cubins = [(root / files[f"cubin{i}"]).read_bytes() for i in range(len(launches))]
+    return TritonKernels(inst, launches, cubins, device)
 
 
 class CudaPlanExecutor:
@@ -122,16 +136,7 @@ class CudaPlanExecutor:
 
     def _kernel(self, inst: str):
         if inst not in self._kernels:
-            k = self.plan["kernels"][inst]
-            if k["build"]["status"] != "built":
-                raise PlanError(f"instance {inst} ({k['template']}) was not built: {k['build']['reason']}")
-            if k["language"] == "cuda":
-                self._kernels[inst] = _TileLangKernels(self.root, inst, k, self.device.index)
-            else:
-                files = k["build"]["files"]
-                launches = json.loads((self.root / files["launches"]).read_text())
-                cubins = [(self.root / files[f"cubin{i}"]).read_bytes() for i in range(len(launches))]
-                self._kernels[inst] = TritonKernels(inst, launches, cubins, self.device.index)
+            self._kernels[inst] = load_instance(self.root, inst, self.plan["kernels"][inst], self.device.index)
         return self._kernels[inst]
 
     def _call_fn(self, call: dict, bucket: str):

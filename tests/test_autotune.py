@@ -115,12 +115,21 @@ def test_parse_spec_round_trips_plan_keys():
 SMALL = dict(max_model_len=2048, max_num_seqs=4, decode_batches=(1,), prefill_tokens=(512,), jobs=2)
 
 
-def test_tune_with_a_fake_timer_then_compile_takes_the_rows(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    """A tiny sm90 plan compiled with template defaults (its kernels come from the compile cache
+    after the first run)."""
+    from deepinfer.passes.driver import CompileOptions, compile_model
+
+    out = tmp_path_factory.mktemp("sm90") / "p"
+    return compile_model("v4.1-flash-tiny", CompileOptions("sm90", **SMALL, tuning_db="none"), out).plan_dir
+
+
+def test_tune_with_a_fake_timer_then_compile_takes_the_rows(plan, tmp_path, capsys):
     from deepinfer.cli import main
     from deepinfer.codegen.plan import load_plan
     from deepinfer.passes.driver import CompileOptions, compile_model
 
-    plan = compile_model("v4.1-flash-tiny", CompileOptions("sm90", **SMALL, tuning_db="none"), tmp_path / "p").plan_dir
     timed = []
 
     def timer(t, s, cfg, src):  # BLOCK_H 512 with 2 warps is fastest; 4 warps never finish
@@ -160,7 +169,7 @@ def test_tune_with_a_fake_timer_then_compile_takes_the_rows(tmp_path, capsys):
     assert main(["autotune", str(plan), "--db", str(out_db)]) == 2
     assert "--cost-model-only" in capsys.readouterr().err
     assert main(["autotune", str(plan), "--cost-model-only", "--only", "nope"]) == 2
-    assert "no template 'nope'" in capsys.readouterr().err
+    assert "no template or instance 'nope'" in capsys.readouterr().err
 
 
 def test_fingerprint_names_device_toolchain_and_template_code():
@@ -168,3 +177,225 @@ def test_fingerprint_names_device_toolchain_and_template_code():
     assert fp["device"] == "NVIDIA H200" and fp["arch"] == "sm_90a" and fp["cores"] == 132
     assert {"triton", "ptxas", "template_code"} <= set(fp["toolchain"])
     assert fingerprint(SM90, "tilelang_gemm_fp8")["toolchain"].keys() >= {"nvcc", "tilelang", "template_code"}
+
+
+# ---- measured tuning: candidates built here, measured on a GPU machine --------------------------
+
+GPU_HOST = {"name": "FAKE H200", "cores": 132, "driver": "13.0", "runtime": "13.0"}
+
+
+def test_lookup_takes_rows_measured_on_another_host_with_this_hosts_toolchain():
+    """The rule a compile applies to rows a GPU machine measured (autotune/db.py): usable where
+    the arch and the toolchain that built the kernels (this host's, recorded in the candidates'
+    manifest) match; the GPU machine's own toolchain never enters a row. A compiling host has no
+    device, so measured rows are borrowed; a measurement beats the cost model at the bucket; of
+    several devices, one with the target's core count first."""
+    from deepinfer.autotune.tuner import make_row, on_device
+
+    here = fingerprint(SM90, "triton_rms_norm")  # what a compile on this host asks with
+    built = dict(here, device=None)  # what the manifest records, made where the kernels were built
+    measured = make_row(on_device(built, GPU_HOST), "triton_rms_norm", NORM, NORM.key(), {"BLOCK_H": 512},
+                        {"p20": 4.0, "p50": 4.5, "p80": 5.0, "repeats": 100}, measured=True)
+    gpu_toolchain = make_row(on_device(dict(built, toolchain=dict(built["toolchain"], triton="3.6.0")), GPU_HOST),
+                             "triton_rms_norm", NORM, NORM.key(), {"BLOCK_H": 2048}, {"p50": 1.0}, measured=True)
+    modelled = make_row(here, "triton_rms_norm", NORM, NORM.key(), {"BLOCK_H": 256}, {"p50": 0.5}, measured=False)
+    db = TuningDB([modelled, gpu_toolchain, measured])
+    m, stale = db.lookup(here, "triton_rms_norm", NORM)
+    assert (m.rung, m.row["config"], stale) == ("borrowed", {"BLOCK_H": 512}, 1)
+    assert db.lookup(on_device(built, GPU_HOST), "triton_rms_norm", NORM)[0].rung == "exact"  # on the GPU machine
+    m, _ = TuningDB([modelled]).lookup(here, "triton_rms_norm", NORM)
+    assert m.rung == "modelled"
+    small = dict(GPU_HOST, name="SMALL H", cores=78)
+    faster_elsewhere = make_row(on_device(built, small), "triton_rms_norm", NORM, NORM.key(), {"BLOCK_H": 1024},
+                                {"p50": 2.0}, measured=True)
+    m, _ = TuningDB([faster_elsewhere, measured]).lookup(here, "triton_rms_norm", NORM)
+    assert m.row["config"] == {"BLOCK_H": 512}  # the device with the target's 132 cores
+    # a changed template (its code hash) or compiler makes every row stale
+    changed = dict(here, toolchain=dict(here["toolchain"], template_code="edited"))
+    assert db.lookup(changed, "triton_rms_norm", NORM) == (None, 3)
+
+
+@pytest.fixture(scope="module")
+def candidates_dir(plan, tmp_path_factory):
+    """The tiny plan's rms_norm candidates (top 6 by the cost model and the default), built once."""
+    from deepinfer.autotune.candidates import build_candidates
+
+    out = tmp_path_factory.mktemp("cands") / "c"
+    build_candidates(plan, out, only="triton_rms_norm", top_k=6, jobs=2)
+    return out
+
+
+def test_build_candidates_writes_a_resumable_manifest(plan, candidates_dir, tmp_path, capsys):
+    import shutil
+
+    from deepinfer.autotune.candidates import MANIFEST, damaged_files, load_manifest
+    from deepinfer.cli import main
+    from deepinfer.codegen.plan import load_plan
+
+    man = load_manifest(candidates_dir)
+    norms = {i for i, k in load_plan(plan)["kernels"].items() if k["template"] == "triton_rms_norm"}
+    assert set(man["instances"]) == norms and man["target"] == {"name": "sm90", "arch": "sm_90a"}
+    for e in man["instances"].values():
+        assert e["fingerprint"]["toolchain"] == fingerprint(SM90, "triton_rms_norm")["toolchain"]
+        assert e["fingerprint"]["device"] is None  # the GPU machine fills that in
+        assert sum(c["default"] for c in e["candidates"]) == 1 and 6 <= len(e["candidates"]) <= 7
+        assert e["candidates"][0]["modelled_us"] <= e["candidates"][-1]["modelled_us"] or e["candidates"][-1]["default"]
+        for c in e["candidates"]:
+            assert c["status"] == "built" and c["recipe"]["steps"] and not damaged_files(candidates_dir, c)
+            assert set(c["kernel"]["build"]["files"]) == {"cubin0", "launches"}  # no sources, no PTX
+    # a rerun with the same settings skips every instance the manifest holds
+    assert main(["autotune", str(plan), "--build-candidates", str(candidates_dir), "--only", "triton_rms_norm",
+                 "--top-k", "6", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"0 instances built (0 candidates, 0 failed), {len(norms)} kept" in out and "--measure" in out
+    # bad directories and manifests: one line each
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main(["autotune", str(plan), "--build-candidates", str(other)]) == 2
+    assert capsys.readouterr().err == f"deepinfer: error: {other}: holds files and no {MANIFEST}; give an empty or new directory\n"
+    bad = tmp_path / "bad"
+    shutil.copytree(candidates_dir, bad)
+    for text, why in (("{not json", "not JSON"), (json.dumps({"format": "x"}), "not a DeepInfer tuning-candidates"),
+                      (json.dumps(dict(man, instances={"k1": {"template": "t"}})), "instance k1: spec is missing")):
+        (bad / MANIFEST).write_text(text)
+        assert main(["autotune", "--measure", str(bad), "--db", str(tmp_path / "db.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"deepinfer: error: {bad / MANIFEST}: {why}") and err.count("\n") == 1, err
+    assert main(["autotune", "--measure", str(tmp_path / "absent"), "--db", str(tmp_path / "db.jsonl")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    assert main(["autotune", str(plan), "--measure", str(candidates_dir), "--db", "x"]) == 2
+    assert "drop PLAN_DIR" in capsys.readouterr().err
+    assert main(["autotune", str(plan), "--cost-model-only", "--build-candidates", str(tmp_path / "n")]) == 2
+    assert "not --cost-model-only and --build-candidates" in capsys.readouterr().err
+
+
+def _decode_instance(candidates_dir):
+    """(id, manifest entry) of the candidates' one-row rms_norm instance."""
+    from deepinfer.autotune.candidates import load_manifest
+
+    return next((i, e) for i, e in sorted(load_manifest(candidates_dir)["instances"].items())
+                if parse_spec(e["spec"]).in_types[0].shape[0] == 1)
+
+
+def _fake_runner(settings, timeout_s=10.0):
+    from pathlib import Path
+
+    from deepinfer.autotune.measure import IsolatedRunner
+
+    return IsolatedRunner(bench="autotune_fakes:InterpretedBench", timeout_s=timeout_s,
+                          settings=dict({"sets": 2, "repeats": 4, "warmup": 1}, **settings),
+                          env={"TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).parent)})
+
+
+def test_measure_isolates_candidates_checks_them_and_compile_takes_the_row(plan, candidates_dir, tmp_path, capsys):
+    """Each candidate runs its real host recipe from the manifest (Triton kernels interpreted in
+    place of cubins, tests/autotune_fakes.py), checked against the op's reference: one that
+    raises, crashes its process, hangs or computes a wrong result is recorded and never wins,
+    even when it would be the fastest; the row is written after the instance, a rerun skips it,
+    and the next compile takes its config."""
+    from deepinfer.autotune.measure import measure
+    from deepinfer.codegen.plan import load_plan
+    from deepinfer.passes.driver import CompileOptions, compile_model
+
+    d, (inst, e) = candidates_dir, _decode_instance(candidates_dir)
+    default = next(c["id"] for c in e["candidates"] if c["default"])
+    others = [c["id"] for c in e["candidates"] if not c["default"]]
+    raises, crashes, wrong, best, hangs = others[0], others[1], others[2], others[3], others[-1]
+    us = dict({c["id"]: 9.0 for c in e["candidates"]}, **{raises: 0.1, crashes: 0.1, wrong: 0.5, hangs: 0.1,
+                                                           default: 5.0, best: 4.0})
+    runner = _fake_runner({"act": {raises: "raise", crashes: "crash", wrong: "wrong", hangs: "hang"}, "us": us},
+                          timeout_s=8.0)
+    db = TuningDB(path=tmp_path / "tuned.jsonl")
+    run = measure(d, db, runner=runner, only=inst)
+    (row,) = TuningDB.load(tmp_path / "tuned.jsonl").rows
+    want_cfg = next(c["config"] for c in e["candidates"] if c["id"] == best)
+    assert row["measured"] and row["status"] == "ok" and row["config"] == want_cfg and row["timings"]["p50"] == 4.0
+    assert row["fingerprint"]["device"] == "FAKE H200" and row["fingerprint"]["toolchain"] == e["fingerprint"]["toolchain"]
+    outcome = {c["id"]: (c["status"], c["why"]) for c in row["candidates"]}
+    assert outcome[raises] == ("failed", "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert outcome[crashes][0] == "failed" and "signal 11" in outcome[crashes][1]
+    assert outcome[hangs] == ("failed", f"timed out after 8 s (candidate {hangs})")
+    assert outcome[wrong][0] == "wrong" and "beyond 1 ulp" in outcome[wrong][1], outcome
+    assert outcome[default][0] == "ok" and outcome[default][1].startswith("max rel")
+    (r,) = run.results
+    assert (r.default_us, r.tuned_us, r.failed) == (5.0, 4.0, 4) and r.speedup == 1.25
+    print(table(run, configs=True))
+    text = capsys.readouterr().out
+    assert inst in text and "1.25x" in text and " ".join(f"{k}={v}" for k, v in sorted(want_cfg.items())) in text
+    again = measure(d, TuningDB.load(tmp_path / "tuned.jsonl"), runner=_fake_runner({"act": {default: "raise"}}),
+                    only=inst)
+    assert [x.skipped for x in again.results] == [True] and again.results[0].tuned_us == 4.0
+    plan2 = compile_model("v4.1-flash-tiny", CompileOptions("sm90", **SMALL, tuning_db=str(tmp_path / "tuned.jsonl")),
+                          tmp_path / "p2").plan_dir
+    k = load_plan(plan2)["kernels"]
+    tuned = [v for v in k.values() if v["spec"] == e["spec"]]
+    assert tuned and all(v["config"] == want_cfg and v["tuning"]["rung"] == "borrowed" and v["tuning"]["measured"]
+                         and v["tuning"]["device"] == "FAKE H200" for v in tuned)
+
+
+def test_an_instance_whose_candidates_all_fail_is_recorded_and_never_taken(candidates_dir, tmp_path):
+    from deepinfer.autotune.candidates import load_manifest
+    from deepinfer.autotune.measure import measure
+    from deepinfer.autotune.tuner import fingerprint as fp_of
+
+    class Broken:  # a runner whose every candidate failed: what a worker reports for a setup failure
+        def device(self):
+            return GPU_HOST
+
+        def run(self, cand_dir, inst, ids):
+            return {cid: {"status": "failed", "why": "setup: LookupError: no input case"} for cid in ids}
+
+        def close(self):
+            pass
+
+    inst, e = _decode_instance(candidates_dir)
+    db = TuningDB(path=tmp_path / "db.jsonl")
+    run = measure(candidates_dir, db, runner=Broken(), only=inst)
+    (row,) = db.rows
+    assert row["status"] == "failed" and row["timings"] is None and run.results[0].config == {}
+    assert "(every candidate failed)" in table(run, configs=True)
+    assert measure(candidates_dir, db, runner=Broken(), only=inst).results[0].skipped  # not retried on every rerun
+    spec_ = parse_spec(e["spec"])
+    assert db.lookup(fp_of(SM90, "triton_rms_norm"), "triton_rms_norm", spec_) == (None, 0)
+    # a budget stops before the next instance; the run says how many it left
+    spent = measure(candidates_dir, TuningDB(), runner=Broken(), budget_s=1e-9)
+    assert spent.results == [] and spent.left == len(load_manifest(candidates_dir)["instances"])
+
+
+def test_a_win_inside_the_defaults_spread_keeps_the_default(candidates_dir):
+    from deepinfer.autotune.measure import measure
+
+    inst, e = _decode_instance(candidates_dir)
+    default = next(c for c in e["candidates"] if c["default"])
+    challenger = next(c for c in e["candidates"] if not c["default"])
+
+    class Timed:  # the default at 5.0 us (p20 4.5), the challenger at `p50`, the rest slower
+        def __init__(self, p50):
+            self.p50 = p50
+
+        def device(self):
+            return GPU_HOST
+
+        def run(self, cand_dir, inst, ids):
+            us = {default["id"]: 5.0, challenger["id"]: self.p50}
+            return {cid: {"status": "ok", "timings": {"p20": t * 0.9, "p50": t, "p80": t * 1.1, "repeats": 10}}
+                    for cid in ids for t in [us.get(cid, 9.0)]}
+
+        def close(self):
+            pass
+
+    for p50, winner in ((4.6, default), (4.4, challenger)):
+        db = TuningDB()
+        (r,) = measure(candidates_dir, db, runner=Timed(p50), only=inst).results
+        assert db.rows[0]["config"] == winner["config"] and r.tuned_us == (5.0 if winner is default else p50)
+
+
+def test_measure_without_a_gpu_says_so(candidates_dir, capsys, tmp_path):
+    """The real device bench, on a machine with no GPU: one line, no rows."""
+    from deepinfer.cli import main
+
+    assert main(["autotune", "--measure", str(candidates_dir), "--db", str(tmp_path / "db.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deepinfer: error: no GPU to measure on: worker exit status 3") and err.count("\n") == 1
+    assert not (tmp_path / "db.jsonl").exists()

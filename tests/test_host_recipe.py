@@ -65,7 +65,7 @@ def _triton_worker():
                                                                    if k in triton_ops.default_config(op)})
             kw = triton_ops.launch_attrs(op, attrs)
             launcher = getattr(triton_launchers, triton_ops.LAUNCHERS[op])
-            want = launcher(*[tc._clone(v) for v in ins], **kw, cfg=cfg)
+            want = launcher(*[tc.clone_value(v) for v in ins], **kw, cfg=cfg)
             # the launches the template makes at this case, as a render records them
             seen = []
 
@@ -86,11 +86,11 @@ def _triton_worker():
                             return go
                     return K()
             with triton_launchers.aot_kernels(Spy()):
-                launcher(*[tc._clone(v) for v in ins], **kw, cfg=cfg)
+                launcher(*[tc.clone_value(v) for v in ins], **kw, cfg=cfg)
             kernel = {"template": f"triton_{op}", "meta": {"kernels": seen, "launch_attrs": kw, "config": cfg}}
             from deepinfer.ir.registry import get_op
 
-            ref = get_op(op).ref(*[tc._clone(v) for v in ins], **attrs)
+            ref = get_op(op).ref(*[tc.clone_value(v) for v in ins], **attrs)
             quantised = [isinstance(r, QTensor) for r in _per_output(ref)]
             with torch.device("meta"):
                 rec, _ = hr.record_triton(launcher, kernel, [_meta(v) for v in ins], quantised)
@@ -101,7 +101,7 @@ def _triton_worker():
                 fn = getattr(triton_kernels, ln["entry"])
                 names = [a for a in fn.arg_names if ln["signature"][a] != "constexpr"]
                 fn[tuple(grid)](**dict(zip(names, args)), **ln["constexprs"], num_warps=ln["num_warps"])
-            got = HostRecipe(rec, launch, torch.device("cpu"), case)(*[tc._clone(v) for v in ins])
+            got = HostRecipe(rec, launch, torch.device("cpu"), case)(*[tc.clone_value(v) for v in ins])
             want_t = _group(want, quantised)
             same = len(got) == len(want_t) and all(_equal(a, b) for a, b in zip(got, want_t))
             out[case] = None if same else f"outputs differ ({len(got)} vs {len(want_t)})"

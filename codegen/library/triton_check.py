@@ -1,7 +1,9 @@
 """Checking the Triton templates against their ops' reference semantics: input cases at tiny and
 at real V4.1 sizes, and the comparison rule per output kind. Shared by the CPU tests (interpreter,
-tiny sizes) and the GPU tests (H200, tiny and real sizes), and usable by a tuner to verify a
-config before it times it.
+tiny sizes), the GPU tests (H200, tiny and real sizes) and bench/runtime_sm90.local_check, and by
+the measured tuner (autotune/bench.py), which makes a call's inputs at its own types
+(`spec_case`) and holds each candidate to `judge` (these rules for Triton templates, max relative
+error for TileLang ones) before it times it.
 
 The tolerance rule (the kernels accumulate in fp32 where the references accumulate in fp64, and
 use fp32 transcendentals where the references round fp64 ones once):
@@ -160,6 +162,59 @@ def compare_router(got, ref, logits, bias):
     if (~same & ~near).any():
         return f"router: {int((~same & ~near).sum())} rows select other experts without a near tie"
     return compare_f32(w[same], rw[same], "router weights")
+
+
+# ---- one call's outputs ------------------------------------------------------------------------
+
+# TileLang templates are held to their max-relative bounds of tests/gpu (their fp8 / fp4 MMAs
+# accumulate in another order than the reference, beyond the rounding rules above)
+TILELANG_TOLERANCE = {"tilelang_gemm_fp8": 1e-2, "tilelang_linear": 1e-2, "tilelang_grouped_gemm_fp4": 1e-2,
+                      "tilelang_sparse_attn": 2e-2, "tilelang_window_attn": 2e-2, "tilelang_dspark_block_attn": 2e-2,
+                      "tilelang_indexer_scores": 1e-3}
+
+
+def max_rel(got, ref) -> float:
+    """max |got - ref| / max |ref| over the finite reference values (inf where the non-finite
+    ones differ)."""
+    g, r = got.double().cpu(), ref.double().cpu()
+    fin = torch.isfinite(r)
+    if not torch.equal(fin, torch.isfinite(g)):
+        return float("inf")
+    if not fin.any():
+        return 0.0
+    return float((g[fin] - r[fin]).abs().max() / r[fin].abs().max().clamp_min(1e-30))
+
+
+def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
+    """One call's output against its op's reference on the same inputs (`ins`: its first two
+    inputs, which the router's rule reads): Triton templates by the per-output rules above,
+    TileLang ones by max relative error, torch references run on both sides by the f32 / exact
+    rules. (ok, the reason or the max relative error)."""
+    got_t = got if isinstance(got, tuple) and not isinstance(got, QTensor) else (got,)
+    ref_t = ref if isinstance(ref, tuple) and not isinstance(ref, QTensor) else (ref,)
+    if template in TILELANG_TOLERANCE:
+        r = max(max_rel(a, b) for a, b in zip(got_t, ref_t))
+        return r <= TILELANG_TOLERANCE[template], f"max rel {r:.2e}"
+    kind = OUTPUT_KINDS.get(op) if template and template.startswith("triton_") else None
+    if kind == "router":
+        m = compare_router(got_t, ref_t, ins[0], ins[1])
+    else:
+        m = None
+        for i, (a, b) in enumerate(zip(got_t, ref_t)):
+            if isinstance(b, QTensor):
+                m = compare_quant((a.data, a.scale), (b.data, b.scale), f"output {i}")
+            elif b.dtype.is_floating_point and b.dtype != torch.float32 and kind != "f32":
+                m = compare_rounded(a, b, f"output {i}", INNER_ROUNDINGS.get(op, {}).get(i, 0))
+            elif b.dtype.is_floating_point:
+                m = compare_f32(a, b, f"output {i}")
+            else:
+                m = compare_exact(a, b, f"output {i}")
+            if m:
+                break
+    rel = max((max_rel(a.data if isinstance(a, QTensor) else a, b.data if isinstance(b, QTensor) else b)
+               for a, b in zip(got_t, ref_t) if (b.data if isinstance(b, QTensor) else b).dtype.is_floating_point),
+              default=0.0)
+    return m is None, m or f"max rel {rel:.2e}"
 
 
 # ---- cases -------------------------------------------------------------------------------------
@@ -381,7 +436,127 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         return [cids.to(device), hist.to(device), positions.long(), token_seq, seq_slots], {"max_ngram": 4, "pad": 2}
     if op.startswith("indexer_topk"):
         return indexer_case(op, dims, n, device, g)
+    if op == "gemm_fp8":  # lin8: an fp8 activation per 1x32, an fp8 [F, H] weight per 32x32
+        from deepinfer.ir.quant import quant_fp8_32, quant_fp8_weight
+
+        x = quant_fp8_32((torch.randn(n, H, generator=g) * 2).to(device))
+        return [x, quant_fp8_weight((torch.randn(dims["F"], H, generator=g) * 0.05).to(device))], {"out_dtype": "bf16"}
+    if op in ATTENTION_OPS:
+        return attention_case(op, dims, n, device, g)
     raise KeyError(f"no check case for {op!r}")
+
+
+ATTENTION_OPS = ("sparse_attn", "window_attn", "dspark_block_attn")
+
+
+def attention_case(op: str, dims: dict, n: int, device, g: torch.Generator):
+    """Attention inputs: n rows over dims["seqs"] sequences (one row each at decode, a block each
+    for DSpark), each ending at a random position past its first full window and, for sparse
+    attention, inside what its block table can hold (`maxp` pages of `entries` compressed entries
+    at `ratio`); a top-k list is a sorted sample of the entries its row sees, a few slots unused
+    (-1). Keys, rings and caches are random valid codes of their formats."""
+    heads, D, window = dims["heads"], dims["D"], dims.get("window", 128)
+    seqs = dims.get("seqs") or min(3, n)
+    slots = max(dims["slots"], seqs)
+    sparse = op == "sparse_attn"
+    ratio, pe = dims.get("ratio", 2), dims["entries"]
+    maxp = dims.get("maxp") or 4
+    top_pos = maxp * pe * ratio if sparse else 4 * window
+    per = [n // seqs + (1 if i < n % seqs else 0) for i in range(seqs)]
+    pos, ts = [], []
+    for s, cnt in enumerate(per):
+        low = max(cnt - 1, min(window + cnt, top_pos) - 1)
+        last = int(torch.randint(low, max(low + 1, top_pos), (1,), generator=g))
+        pos += list(range(last - cnt + 1, last + 1))
+        ts += [s] * cnt
+
+    def fp8(*shape):
+        return QTensor((torch.randn(*shape, generator=g) * 2).to(torch.float8_e4m3fn).to(device),
+                       torch.randint(120, 128, (*shape[:-1], shape[-1] // 32), generator=g, dtype=torch.uint8).to(device))
+
+    positions = torch.tensor(pos, dtype=torch.int64)
+    meta = [positions.to(device), torch.tensor(ts, dtype=torch.int32, device=device),
+            torch.randperm(slots, generator=g)[:seqs].to(torch.int32).to(device)]
+    q, kv, ring = torch.randn(n, heads, D, generator=g).to(torch.bfloat16).to(device), fp8(n, D), fp8(slots, dims["ring"], D)
+    sink = torch.randn(heads, generator=g).to(device)
+    if not sparse:
+        return [q, kv, ring, sink, *meta], {"window": window}
+    pages, k = dims["pages"], dims["index_topk"]
+    ckv = QTensor(torch.randint(0, 256, (pages, pe, D // 2), generator=g, dtype=torch.uint8).to(device),
+                  (torch.rand(pages, pe, D // 16, generator=g) * 0.2 + 0.02).to(torch.float8_e4m3fn).to(device))
+    vis = ((positions + 1) // ratio).unsqueeze(1)
+    cols = torch.arange(maxp * pe).unsqueeze(0)
+    pick = torch.rand(n, maxp * pe, generator=g).masked_fill(cols >= vis, -1.0).topk(k, -1)
+    top = torch.where(pick.values >= 0, pick.indices, -1)
+    top = torch.where(torch.rand(n, k, generator=g) < 0.05, -1, top)
+    top = torch.sort(torch.where(top < 0, maxp * pe, top), -1).values  # the unused (-1) slots last
+    top = torch.where(top == maxp * pe, -1, top).to(torch.int32)
+    bt = torch.randint(0, pages, (seqs, maxp), generator=g, dtype=torch.int32)
+    return [q, kv, ring, ckv, top.to(device), sink, *meta, bt.to(device)], \
+        {"window": window, "ratio": ratio, "topk": k}
+
+
+def spec_case(op: str, in_types, attrs: dict, device="cpu", seed: int = 0):
+    """(inputs, attrs) for one kernel call at its own static types (a tuner's candidate, run at
+    its instance's shapes): the case of `make_case` at the widths and row counts the types give,
+    with the call's attributes (its kernel was built for them). LookupError where no case makes
+    inputs of these types."""
+    case, dims, n = spec_dims(op, in_types, attrs)
+    ins, _ = make_case(case, dims, n, device, seed)
+    want = [_type_layout(t) for t in in_types]
+    got = [_value_layout(v) for v in ins]
+    if got != want:
+        bad = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b) if len(got) == len(want) else len(got)
+        raise LookupError(f"the {case} input case does not make input {bad} of {op}{tuple(map(str, in_types))}")
+    return ins, dict(attrs)
+
+
+def _shape(t) -> tuple:
+    return tuple(getattr(t, "data", t).shape)
+
+
+def spec_dims(op: str, ts, attrs: dict) -> tuple[str, dict, int]:
+    """(case, dims, rows) that make `op`'s inputs at the types `ts`; LookupError for an op no
+    case covers this way (cheap: a tuner asks before it builds)."""
+    dims = dict(REAL)
+    n = _shape(ts[0])[0] if ts else 0
+    if op in ("rms_norm", "rms_norm_quant_fp8", "quant_fp8"):
+        dims["H"] = _shape(ts[0])[1]
+    elif op == "hc_pre":
+        n, dims["C"], dims["H"] = _shape(ts[0])
+    elif op == "grouped_linear":
+        rows, dims["o_in"] = _shape(ts[1])
+        dims.update(o_groups=attrs["groups"], o_rank=rows // attrs["groups"])
+    elif op == "grouped_gemm_fp4":
+        # the routing's k is not in the types: the rows pick one expert each, as spread as decode's
+        E, n_out, k_in = _shape(ts[1])
+        dims.update(E=E, k=1, F=n_out // 2, H=k_in)
+    elif op == "gemm_fp8":
+        dims.update(H=_shape(ts[0])[1], F=_shape(ts[1])[0])
+    elif op in ATTENTION_OPS:
+        n, dims["heads"], dims["D"] = _shape(ts[0])
+        dims.update(slots=_shape(ts[2])[0], ring=_shape(ts[2])[1], window=attrs["window"])
+        dims["seqs"] = _shape(ts[8] if op == "sparse_attn" else ts[6])[0]
+        if op == "sparse_attn":
+            dims.update(pages=_shape(ts[3])[0], entries=_shape(ts[3])[1], index_topk=_shape(ts[4])[1],
+                        maxp=_shape(ts[9])[1], ratio=attrs["ratio"])
+    else:
+        raise LookupError(f"no input case makes {op} inputs from their types")
+    return op, dims, n
+
+
+def _type_layout(t):
+    if hasattr(t, "scale"):
+        return (_type_layout(t.data), _type_layout(t.scale))
+    from deepinfer.ir import shapes as sh
+
+    return (t.dtype.storage, tuple(sh.evaluate(t.storage_shape(), {})))
+
+
+def _value_layout(v):
+    if isinstance(v, QTensor):
+        return (_value_layout(v.data), _value_layout(v.scale))
+    return (v.dtype, tuple(v.shape))
 
 
 def indexer_case(case: str, dims: dict, n: int, device, g: torch.Generator, cap: int | None = None):
@@ -466,7 +641,7 @@ def grouped_fp4_inputs(counts, n_out: int, k_in: int, device="cpu", seed=0, lead
     return [QTensor(x.data, x.scale), QTensor(w, sw), offs.to(torch.int32).to(device)]
 
 
-def _clone(v):
+def clone_value(v):
     if isinstance(v, QTensor):
         return QTensor(v.data.clone(), v.scale.clone())
     return v.clone() if isinstance(v, torch.Tensor) else v
@@ -483,9 +658,9 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     ins, attrs = make_case(op, dims, n, device, seed)
     cpu_ins = [QTensor(v.data.cpu(), v.scale.cpu()) if isinstance(v, QTensor) else
                (v.cpu() if isinstance(v, torch.Tensor) else v) for v in ins]
-    want = get_op(ref_op).ref(*[_clone(v) for v in cpu_ins], **attrs)
+    want = get_op(ref_op).ref(*[clone_value(v) for v in cpu_ins], **attrs)
     cfg = dict(cfg or triton_ops.default_config(ref_op, n))
-    got = launch(*[_clone(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
+    got = launch(*[clone_value(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
         bias = cpu_ins[1]
