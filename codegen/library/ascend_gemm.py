@@ -20,6 +20,8 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
+from .ascend_common import align32 as _align32
+from .ascend_common import lower_ascend
 
 _BYTES = {"bf16": 2, "f32": 4}
 _L0_STAGE = 32 * 1024  # TileLang's L1-input gemm double-buffers 64 KiB L0A / L0B
@@ -38,10 +40,6 @@ def _k_chunk(block_m: int, block_n: int, block_k: int, elem: int = 2) -> int:
     return t
 
 
-def _align32(n: int) -> int:
-    return -(-n // 32) * 32
-
-
 def gemm_plan(m: int, n: int, k: int, config: dict, cores: int, elem: int = 2, mx: bool = False) -> dict:
     """Tiles, grid and on-chip bytes per scope for a config (what the capacity check reads); `mx`
     adds the scale tiles (one byte per row and 32 K) to L1."""
@@ -58,9 +56,7 @@ def gemm_plan(m: int, n: int, k: int, config: dict, cores: int, elem: int = 2, m
 
 @functools.lru_cache(maxsize=64)
 def _gemm_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, stages: int, grid: int) -> str:
-    import tilelang
     import tilelang.ascend.language as T
-    from tilelang.ascend.target import _make_ascend_target
 
     odt = {"bf16": T.bfloat16, "f32": T.float32}[out]
     m_tiles, n_tiles = -(-m // bm), n // bn
@@ -80,8 +76,7 @@ def _gemm_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, st
                     T.gemm(a_l1, b_l1, acc, transpose_B=True, clear_accum=(kt == 0))
                 T.copy(acc, C[m0, n0])
 
-    with _make_ascend_target():
-        return tilelang.lower(linear, target="ascend").kernel_source
+    return lower_ascend(linear)
 
 
 def _dims(spec: KernelSpec):
@@ -134,9 +129,7 @@ register(Template(
 
 @functools.lru_cache(maxsize=64)
 def _mx_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, stages: int, grid: int) -> str:
-    import tilelang
     import tilelang.ascend.language as T
-    from tilelang.ascend.target import _make_ascend_target
 
     fp8, odt = "float8_e4m3fn", {"bf16": T.bfloat16, "f32": T.float32}[out]
     m_tiles, n_tiles, sk, tsf = -(-m // bm), n // bn, k // 32, bk // 32
@@ -161,8 +154,7 @@ def _mx_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, stag
                     T.gemm_blockscaled(a_l1, b_l1, acc, sa_l1, sb_l1, transpose_B=True, clear_accum=(kt == 0))
                 T.copy(acc, C[m0, n0])
 
-    with _make_ascend_target():
-        return tilelang.lower(gemm_fp8, target="ascend").kernel_source
+    return lower_ascend(gemm_fp8)
 
 
 def _mx_supports(target, spec: KernelSpec) -> bool:

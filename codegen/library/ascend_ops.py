@@ -12,12 +12,10 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
+from .ascend_common import align32 as _align32
+from .ascend_common import lower_ascend
 
 _BYTES = {"bf16": 2, "f16": 2, "f32": 4}
-
-
-def _align32(n: int) -> int:
-    return -(-n // 32) * 32
 
 
 def _rms_norm_plan(h: int, dtype: str, threads: int) -> dict:
@@ -28,9 +26,7 @@ def _rms_norm_plan(h: int, dtype: str, threads: int) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _rms_norm_source(n: int, h: int, dtype: str, eps: float, cores: int, threads: int) -> str:
-    import tilelang
     import tilelang.ascend.language as T
-    from tilelang.ascend.target import _make_ascend_target
 
     tdt = {"bf16": T.bfloat16, "f16": T.float16, "f32": T.float32}[dtype]
     grid = min(n, cores)
@@ -74,9 +70,7 @@ def _rms_norm_source(n: int, h: int, dtype: str, eps: float, cores: int, threads
                             xb[i] = T.cast(ws[i] * (xs[i] * stat[1]), tdt)
                     T.copy(xb, Y[row, 0])
 
-    with _make_ascend_target():
-        art = tilelang.lower(rms_norm, target="ascend")
-    return art.kernel_source
+    return lower_ascend(rms_norm)
 
 
 def _ascend_rms_supports(target, spec: KernelSpec) -> bool:
