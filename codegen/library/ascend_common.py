@@ -17,3 +17,14 @@ def lower_ascend(prim_func) -> str:
 
     with _make_ascend_target():
         return tilelang.lower(prim_func, target="ascend").kernel_source
+
+
+def e2m1_f32(T, nib):
+    """The fp32 value of an e2m1 code (0..15, bit 3 the sign): magnitudes 0, .5 (codes 0, 1), else
+    2^(e-1) * (1 + m/2) for exponent bits e and mantissa bit m; computed, since a SIMT region has no
+    constant table."""
+    mag = T.bitwise_and(nib, 7)
+    v = T.if_then_else(mag < 2, T.Cast("float32", mag) * 0.5,
+                       T.reinterpret(T.shift_left(T.shift_right(mag, 1) + 126, 23), "float32")
+                       * (1.0 + T.Cast("float32", T.bitwise_and(mag, 1)) * 0.5))
+    return T.if_then_else(nib >= 8, -v, v)

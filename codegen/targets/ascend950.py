@@ -9,8 +9,13 @@ TARGET = Target(
     peak_flops={"bf16": 500e12, "fp8": 1000e12},
 )
 
-OPERAND_FORMATS = {"gemm_fp8": "mxfp8 (weight scales per row at load)", "grouped_gemm_fp4": "fp4->bf16 in prologue",
-                   "moe_experts": "fp4->bf16 in prologue", "grouped_linear": "bf16", "engram_gather": "fp8->bf16"}
+# the cube's MX MMA pairs fp8 with fp8 or fp4 with fp4, never fp8 rows with fp4 experts, and the
+# UB -> L1 path carries 16/32-bit types only: both expert operands widen to bf16 on the vector core
+# (codegen/library/ascend_moe.py says where the formats are documented)
+OPERAND_FORMATS = {"gemm_fp8": "mxfp8 (weight scales per row at load)",
+                   "grouped_gemm_fp4": "fp8 rows, fp4 weights -> bf16 in the vector prologue",
+                   "moe_experts": "fp8 rows, fp4 weights -> bf16 in the vector prologue",
+                   "grouped_linear": "fp8 weight -> bf16 in the vector prologue", "engram_gather": "fp8->bf16"}
 
 PASSES = (
     "verify",  # the builder's graph must be sound before any pass reads it; errors name the node
