@@ -189,3 +189,96 @@ register(Template(
     name="ascend_gemm_mxfp8", ops=("gemm_fp8",), targets=building("ascendc"),
     knobs={"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (128, 256), "stages": (1, 2)},
     render=_mx_render, default_config=_mx_default_config, supports=_mx_supports))
+
+
+# ---- gemm_fp8 whose scale rows the MX GEMM cannot load ------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def _dequant_source(m: int, n: int, k: int, out: str, bm: int, bn: int, bk: int, grid: int) -> str:
+    """C = (A x 2^SA) (B x 2^SB)^T with both fp8 operands widened to bf16 on the vector core (exact:
+    an e4m3 value times a power of two is a bf16 value) and moved UB -> L1 for the cube's bf16 MMA;
+    the ue8m0 scale rows go GM -> UB by the padding DMA, which takes any byte length."""
+    import tilelang.ascend.language as T
+
+    from .tilelang_gemm import e8m0_f32
+
+    fp8, odt = "float8_e4m3fn", {"bf16": T.bfloat16, "f32": T.float32}[out]
+    m_tiles, n_tiles, kb, threads = -(-m // bm), n // bn, bk // 32, 128
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((m, k), fp8), B: T.Tensor((n, k), fp8), SA: T.Tensor((m, k // 32), T.uint8),
+                 SB: T.Tensor((n, k // 32), T.uint8), C: T.Tensor((m, n), odt)):
+        with T.Kernel(grid) as core:
+            a8 = T.alloc_shared((bm, bk), fp8)
+            b8 = T.alloc_shared((bn, bk), fp8)
+            sa = T.alloc_shared((bm, kb), T.uint8)
+            sb = T.alloc_shared((bn, kb), T.uint8)
+            ab = T.alloc_shared((bm, bk), T.bfloat16)
+            bb = T.alloc_shared((bn, bk), T.bfloat16)
+            a_l1 = T.alloc_l1((bm, bk), T.bfloat16)
+            b_l1 = T.alloc_l1((bn, bk), T.bfloat16)
+            acc = T.alloc_l0c((bm, bn), T.float32)
+            for tile in T.Persistent([m_tiles * n_tiles], grid, core):
+                m0 = tile // n_tiles * bm
+                n0 = tile % n_tiles * bn
+                for kt in T.serial(k // bk):
+                    T.copy(A[m0, kt * bk], a8)
+                    T.copy(SA[m0, kt * kb], sa)
+                    T.copy(B[n0, kt * bk], b8)
+                    T.copy(SB[n0, kt * kb], sb)
+                    # one element per thread and step: the SIMT vectoriser has no uint8 vector type
+                    with T.SimtVF(threads=threads):
+                        tid = T.get_thread_binding()
+                        for s in T.serial(bm * bk // threads):
+                            i = (s * threads + tid) // bk
+                            j = (s * threads + tid) % bk
+                            ab[i, j] = T.cast(T.cast(a8[i, j], T.float32) * e8m0_f32(T, sa[i, j // 32]), T.bfloat16)
+                    with T.SimtVF(threads=threads):
+                        tid = T.get_thread_binding()
+                        for s in T.serial(bn * bk // threads):
+                            i = (s * threads + tid) // bk
+                            j = (s * threads + tid) % bk
+                            bb[i, j] = T.cast(T.cast(b8[i, j], T.float32) * e8m0_f32(T, sb[i, j // 32]), T.bfloat16)
+                    T.copy(ab, a_l1)
+                    T.copy(bb, b_l1)
+                    T.gemm(a_l1, b_l1, acc, transpose_B=True, clear_accum=(kt == 0))
+                T.copy(acc, C[m0, n0])
+
+    return lower_ascend(gemm_fp8)
+
+
+def dequant_plan(m: int, n: int, k: int, config: dict, cores: int) -> dict:
+    """`gemm_plan` of the bf16 MMA plus the vector prologue's UB: fp8 tiles, scale tiles, and each
+    bf16 tile with the nd2nz copy (one row longer) its UB -> L1 scatter writes."""
+    p = gemm_plan(m, n, k, {**config, "stages": 1}, cores)
+    bm, bn, bk = p["block_M"], config["block_N"], config["block_K"]
+    ub = [_align32(bm * bk), _align32(bn * bk), _align32(bm * bk // 32), _align32(bn * bk // 32)]
+    ub += [_align32(r * bk * 2) for r in (bm, bm + 1, bn, bn + 1)]
+    return {**p, "buffers": {**p["buffers"], "ub": ub}}
+
+
+def _dequant_supports(target, spec: KernelSpec) -> bool:
+    x, w = spec.in_types
+    if getattr(x, "block", None) != (1, 32) or getattr(w, "block", None) != (1, 32):
+        return False
+    if not all(isinstance(d, int) for t in (x.data, w.data) for d in t.shape):
+        return False
+    m, n, k, out = _dims(spec)
+    return out in _BYTES and n % 16 == 0 and k % 128 == 0
+
+
+def _dequant_render(target, spec: KernelSpec, config) -> KernelSource:
+    m, n, k, out = _dims(spec)
+    c = {**_mx_default_config(target, spec), **(config or {})}
+    p = dequant_plan(m, n, k, c, target.cores)
+    text = _dequant_source(m, n, k, out, p["block_M"], c["block_N"], c["block_K"], p["grid"])
+    return KernelSource(language="ascendc", entry="gemm_fp8_kernel", text=text, grid=(p["grid"],), block=(128,),
+                        meta={"buffers": p["buffers"], "gm_row_bytes": [k, n * _BYTES[out]], "config": c})
+
+
+# after the MX template: only the calls it declines (scale rows of K/32 bytes that are not whole
+# 32-byte granules, which its GM -> L1 scale load needs) come here
+register(Template(
+    name="ascend_gemm_fp8_dequant", ops=("gemm_fp8",), targets=building("ascendc"),
+    knobs={"block_M": (16, 64, 128), "block_N": (64, 128, 256), "block_K": (128, 256)},
+    render=_dequant_render, default_config=_mx_default_config, supports=_dequant_supports))
