@@ -8,6 +8,7 @@ import re
 import pytest
 
 from deepinfer.codegen.library.ascend_attention import attention_plan
+from deepinfer.codegen.library.ascend_common import SIMT_CONTEXT_UB
 from deepinfer.codegen.library.ascend_gemm import dequant_plan
 from deepinfer.codegen.library.ascend_moe import grouped_plan
 from deepinfer.codegen.library.tilelang_attention import attention_dims
@@ -83,6 +84,8 @@ def test_grouped_fp4_gemm_widens_both_operands_for_the_cube_mma():
     assert re.search(r"< rows", src.text)  # the output store stops at the expert's last row
     assert "asc_copy_l0c2ub" in src.text and "asc_copy_l0c2gm" not in src.text
     assert CHECK(src, None) is None and src.grid == (4,)  # 4 experts x 1 N tile
+    # the UB TileLang-Ascend keeps for SIMT thread contexts is part of the plan
+    assert SIMT_CONTEXT_UB in src.meta["buffers"]["ub"]
 
 
 def test_grouped_fp4_real_shapes_fit_and_oversized_tiles_fail():
@@ -154,7 +157,7 @@ def test_attention_real_shapes_select_the_ascend_template_and_fit(op):
         s = attention(op, n, 512, 128, topk=512, pages=1024, page_entries=128)
         assert select(TGT, s).name == f"ascend_{op}"
         p = attention_plan(mode, attention_dims(s), tmpl.default_config(TGT, s), TGT.cores)
-        assert plan_check(p["buffers"], p["grid"]) is None and p["units"] == 2 * n
+        assert plan_check(p["buffers"], p["grid"]) is None and p["units"] == 4 * n  # 16-head groups
     # all 64 heads and 64-key blocks at D = 512 overflow one AIV's UB
     big = attention_plan(mode, attention_dims(s), {"heads": 64, "block_I": 64}, TGT.cores)
     assert "ub" in plan_check(big["buffers"])
@@ -170,7 +173,8 @@ def test_sparse_attention_renders_gathers_two_cube_gemms_and_the_sink():
     # S = q K^T and O = P V: two cube GEMMs, fed by the K and K^T tiles the vector core writes
     assert len(re.findall(r"ascend_gemm_l1<", src.text)) == 2 and src.text.count("asc_copy_ub2l1") == 3
     assert "exp2" in src.text
-    assert CHECK(src, None) is None and src.grid == (4,)  # 2 rows x 2 head groups
+    assert CHECK(src, None) is None and src.grid == (8,)  # 2 rows x 4 head groups
+    assert SIMT_CONTEXT_UB in src.meta["buffers"]["ub"]
 
 
 @pytest.mark.slow

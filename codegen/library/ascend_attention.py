@@ -27,7 +27,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import align32, e2m1_f32, lower_ascend
+from .ascend_common import SIMT_CONTEXT_UB, align32, e2m1_f32, lower_ascend
 from .tilelang_attention import LOG2E, MODES, NEG, attention_dims
 from .tilelang_gemm import ceil_div, e8m0_f32
 
@@ -46,6 +46,7 @@ def attention_plan(mode: str, d: dict, config: dict, cores: int) -> dict:
     ub += [align32(hg * bi * 4), align32(hg * bi * 2), align32((hg + 1) * bi * 2)]  # S, P (+ nd2nz)
     ub += [align32(hg * dd * 4), align32(hg * dd * 4), align32(hg * dd * 2)]  # running O, block O, O bf16
     ub += [align32(hg * 4)] * 3 + [align32(bi * 4)] * 3  # m, l, alpha; key validity, source, row
+    ub.append(SIMT_CONTEXT_UB)
     units = d["n"] * (d["H"] // hg)
     return {"units": units, "grid": min(cores, units),
             "buffers": {"ub": ub, "l1": [align32(hg * dd * 2), align32(bi * dd * 2), align32(dd * bi * 2),
@@ -212,9 +213,9 @@ def _supports(target, spec: KernelSpec) -> bool:
 
 
 def _default_config(target, spec: KernelSpec) -> dict:
-    # 32 heads (two units a row) and 16-key blocks keep the running output, the block output and
-    # both bf16 key layouts inside one AIV's UB at D = 512
-    return {"heads": 32, "block_I": 16}
+    # 16 heads (four units a row) and 16-key blocks keep the running output, the block output and
+    # both bf16 key layouts inside what TileLang-Ascend leaves of one AIV's UB at D = 512
+    return {"heads": 16, "block_I": 16}
 
 
 def _render(target, spec: KernelSpec, config) -> KernelSource:

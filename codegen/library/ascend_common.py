@@ -4,6 +4,10 @@ from __future__ import annotations
 
 BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "i8": 1, "f8e4m3": 1}
 GRANULE = 32  # bytes: UB / L1 buffers and their GM transfers are 32-byte granular (capacity.ASCEND_ALIGN)
+# TileLang-Ascend keeps 32 KiB of the UB for SIMT thread contexts in any kernel with a SIMT region
+# (its auto scheduler's GetSharedMemoryLimit: 248 KiB physical - 32 KiB); a buffer plan of such a
+# kernel lists it, so the check against the 248 KiB UB sees what the scheduler will refuse
+SIMT_CONTEXT_UB = 32 * 1024
 
 
 def align32(n: int) -> int:

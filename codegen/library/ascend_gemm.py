@@ -20,6 +20,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
+from .ascend_common import SIMT_CONTEXT_UB
 from .ascend_common import align32 as _align32
 from .ascend_common import lower_ascend
 
@@ -253,7 +254,7 @@ def dequant_plan(m: int, n: int, k: int, config: dict, cores: int) -> dict:
     p = gemm_plan(m, n, k, {**config, "stages": 1}, cores)
     bm, bn, bk = p["block_M"], config["block_N"], config["block_K"]
     ub = [_align32(bm * bk), _align32(bn * bk), _align32(bm * bk // 32), _align32(bn * bk // 32)]
-    ub += [_align32(r * bk * 2) for r in (bm, bm + 1, bn, bn + 1)]
+    ub += [_align32(r * bk * 2) for r in (bm, bm + 1, bn, bn + 1)] + [SIMT_CONTEXT_UB]
     return {**p, "buffers": {**p["buffers"], "ub": ub}}
 
 
@@ -267,9 +268,15 @@ def _dequant_supports(target, spec: KernelSpec) -> bool:
     return out in _BYTES and n % 16 == 0 and k % 128 == 0
 
 
+def _dequant_default_config(target, spec: KernelSpec) -> dict:
+    # N tiles of at most 128: two bf16 copies of a 256 x 128 weight tile leave too little UB
+    c = _tile_config(target, spec, 128)
+    return {**c, "block_N": min(c["block_N"], 128)}
+
+
 def _dequant_render(target, spec: KernelSpec, config) -> KernelSource:
     m, n, k, out = _dims(spec)
-    c = {**_mx_default_config(target, spec), **(config or {})}
+    c = {**_dequant_default_config(target, spec), **(config or {})}
     p = dequant_plan(m, n, k, c, target.cores)
     text = _dequant_source(m, n, k, out, p["block_M"], c["block_N"], c["block_K"], p["grid"])
     return KernelSource(language="ascendc", entry="gemm_fp8_kernel", text=text, grid=(p["grid"],), block=(128,),
@@ -281,4 +288,4 @@ def _dequant_render(target, spec: KernelSpec, config) -> KernelSource:
 register(Template(
     name="ascend_gemm_fp8_dequant", ops=("gemm_fp8",), targets=building("ascendc"),
     knobs={"block_M": (16, 64, 128), "block_N": (64, 128, 256), "block_K": (128, 256)},
-    render=_dequant_render, default_config=_mx_default_config, supports=_dequant_supports))
+    render=_dequant_render, default_config=_dequant_default_config, supports=_dequant_supports))

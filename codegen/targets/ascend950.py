@@ -3,8 +3,10 @@ kept as checked sources (`unbuilt`); fp8 GEMMs on the cube's block-scaled (MX) M
 from .capacity import ascend_check
 from .manifest import Manifest, Target
 
+# L1 is 512 KiB per AI core: TileLang-Ascend's scheduler limit (auto_schedule.cc GetL1MemoryLimit) and
+# CANN catlass's Ascend 950 MX fp4 example ("512KiB L1")
 TARGET = Target(
-    "ascend950", "ascend", "dav-3510", cores=64, ub_bytes=248 * 1024, l1_bytes=1024 * 1024,
+    "ascend950", "ascend", "dav-3510", cores=64, ub_bytes=248 * 1024, l1_bytes=512 * 1024,
     l0a_bytes=64 * 1024, l0b_bytes=64 * 1024, l0c_bytes=256 * 1024, hbm_bytes_per_s=1.6e12,
     peak_flops={"bf16": 500e12, "fp8": 1000e12},
 )
