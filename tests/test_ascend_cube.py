@@ -183,3 +183,43 @@ def test_window_and_dspark_attention_render(op):
     src = render(TGT, f"ascend_{op}", attention(op, 2, 128, 16))
     assert "CKV[" not in src.text and "RING[" in src.text and "KV[" in src.text
     assert len(re.findall(r"ascend_gemm_l1<", src.text)) == 2 and CHECK(src, None) is None
+
+
+def _fold(expr):
+    """The value of a constant TIR expression as TVM's simplifier leaves it (products of fp32
+    constants and bit reinterpretations of int32 constants)."""
+    import struct
+
+    from tilelang import tvm
+
+    e = tvm.arith.Analyzer().simplify(expr)
+
+    def ev(x):
+        if isinstance(x, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):
+            return x.value
+        if isinstance(x, tvm.tirx.Mul):
+            return ev(x.a) * ev(x.b)
+        if isinstance(x, tvm.tirx.Call) and x.op.name == "tirx.reinterpret":
+            return struct.unpack("<f", struct.pack("<i", ev(x.args[0])))[0]
+        raise AssertionError(f"unexpected term {x!r}")
+
+    return ev(e)
+
+
+def test_dequant_helpers_decode_every_fp4_code_and_e8m0_scale():
+    """The widening arithmetic the vector prologues run (e2m1 code -> fp32, ue8m0 -> 2^(b-127)),
+    folded to constants here and compared with the IR's fp4 table."""
+    import tilelang.language as T
+    from tilelang import tvm
+
+    from deepinfer.codegen.library.ascend_common import e2m1_f32
+    from deepinfer.codegen.library.tilelang_gemm import e8m0_f32
+    import torch
+
+    from deepinfer.ir.dtypes import fp4_decode
+
+    table = fp4_decode(torch.arange(16)).tolist()
+    got = [_fold(e2m1_f32(T, tvm.tirx.IntImm("int32", c))) for c in range(16)]
+    assert got == table
+    assert [_fold(e8m0_f32(T, tvm.tirx.IntImm("int32", b))) for b in (1, 120, 127, 130, 254)] == \
+        [2.0 ** (b - 127) for b in (1, 120, 127, 130, 254)]
