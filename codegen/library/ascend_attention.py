@@ -61,6 +61,7 @@ def _attention_source(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     import tilelang.ascend.language as T
 
     fp8 = "float8_e4m3fn"
+    assert window % bi == 0 and H % hg == 0 and bi * D % _THREADS == 0
     NW = window // bi
     NX = {"sparse": ceil_div(topk, bi), "window": 0, "dspark": ceil_div(MAX_BLOCK, bi)}[mode]
     NB = NW + NX
@@ -209,7 +210,8 @@ def _supports(target, spec: KernelSpec) -> bool:
     if not all(isinstance(x, int) for t in spec.in_types for x in getattr(t, "data", t).shape):
         return False
     d = attention_dims(spec)
-    return d["H"] % 32 == 0 and d["D"] % 128 == 0 and d["window"] % 16 == 0
+    # the window a whole number of key blocks for every block_I knob
+    return d["H"] % 32 == 0 and d["D"] % 128 == 0 and d["window"] % 32 == 0
 
 
 def _default_config(target, spec: KernelSpec) -> dict:
