@@ -161,10 +161,13 @@ def test_attention_real_shapes_select_the_ascend_template_and_fit(op):
     # all 64 heads and 64-key blocks at D = 512 overflow one AIV's UB
     big = attention_plan(mode, attention_dims(s), {"heads": 64, "block_I": 64}, TGT.cores)
     assert "ub" in plan_check(big["buffers"])
+    # a window that is not a whole number of key blocks is declined
+    assert not tmpl.supports(TGT, attention(op, 2, 512, 48, topk=512, pages=1024, page_entries=128))
 
 
 def test_sparse_attention_renders_gathers_two_cube_gemms_and_the_sink():
-    s = attention("sparse_attn", 2, 128, 16, topk=16, pages=4, page_entries=64)
+    s = attention("sparse_attn", 2, 128, 32, topk=16, pages=4, page_entries=64)
+    assert select(TGT, s).name == "ascend_sparse_attn"
     src = render(TGT, "ascend_sparse_attn", s)
     assert {"Q", "KV", "KVS", "RING", "RINGS", "CKV", "CKVS", "TOP", "BT", "SINK", "O"} <= params(src)
     for gm in ("KV[", "RING[", "CKV[", "CKVS[", "TOP[", "BT[", "SINK["):
@@ -180,7 +183,7 @@ def test_sparse_attention_renders_gathers_two_cube_gemms_and_the_sink():
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["window_attn", "dspark_block_attn"])
 def test_window_and_dspark_attention_render(op):
-    src = render(TGT, f"ascend_{op}", attention(op, 2, 128, 16))
+    src = render(TGT, f"ascend_{op}", attention(op, 2, 128, 32))
     assert "CKV[" not in src.text and "RING[" in src.text and "KV[" in src.text
     assert len(re.findall(r"ascend_gemm_l1<", src.text)) == 2 and CHECK(src, None) is None
 
