@@ -8,7 +8,9 @@ e1m2) and fp8 x fp8 (e4m3 / e5m2) operand pairs with ue8m0 scales per 32 K (CANN
 lists no fp8 x fp4 pair, and TileLang 0.1.15's `T.gemm_blockscaled` names a single element type
 for both operands. The experts meet fp8 e4m3 rows with fp4 e2m1 weights, so the MX MMA cannot
 take them as they are, and widening the weights to fp8 on the vector core cannot reach L1 either:
-TileLang-Ascend's UB -> L1 transfer (its nd2nz scatter) carries only f16 / bf16 / f32. So both
+TileLang-Ascend's UB -> L1 transfer (its nd2nz scatter) carries only f16 / bf16 / f32 (lowering an
+fp8 one stops in src/ascend/transform/insert_nd2nz.cc: "The UB scatter supports only
+float16/bfloat16/float32"). So both
 operands are dequantised in the vector-core prologue into bf16 (code x 2^(scale-127): every e4m3
 and e2m1 value times a power of two is exact in bf16), moved UB -> L1, and multiplied by the
 cube's bf16 MMA with fp32 accumulation in L0C: the same products as the reference's fp32
