@@ -65,12 +65,12 @@ def granule_rows(gm_row_bytes) -> int:
     return g
 
 
-def row_tiles(target, rows: int, gm_row_bytes, ub_row_bytes: int, ub_fixed: int = 0):
+def row_tiles(target, rows: int, gm_row_bytes, ub_row_bytes: int, ub_fixed: int = 0, ub_share: float = 0.5):
     """(rows per tile, tiles, grid) for `rows` rows whose GM transfers have `gm_row_bytes` per row
     and whose UB buffers take `ub_row_bytes` per tile row plus `ub_fixed`; None where one granule
-    of rows does not fit half the UB."""
+    of rows does not fit `ub_share` of the UB."""
     g0 = granule_rows(gm_row_bytes)
-    budget = target.ub_bytes // 2 - ub_fixed
+    budget = int(target.ub_bytes * ub_share) - ub_fixed
     if g0 * ub_row_bytes > budget:
         return None
     share = -(-(-(-rows // target.cores)) // g0) * g0  # an even share per core, whole granules
@@ -481,3 +481,188 @@ def _lookup_render(target, spec: KernelSpec, config) -> KernelSource:
 register(Template(
     name="ascend_lookup", ops=("lookup",), targets=building("ascendc"), knobs=THREADS,
     render=_lookup_render, default_config=default_threads, supports=_lookup_supports))
+
+
+# ---- mHC mixes: the mix GEMM + Sinkhorn (hc_mix), and with the collapse + RMSNorm (hc_pre) -----
+
+@functools.lru_cache(maxsize=64)
+def _hc_mix_source(op: str, n: int, c: int, h: int, kc: int, attrs: tuple, g: int, tiles: int, grid: int,
+                   threads: int):
+    """raw[r, m] = (R[r] . fn[m]) * rsqrt(mean(R[r]^2) + eps) over K = C*H, accumulated over K
+    chunks of kc by one SIMT thread per (row, mix) (the last column is the sum of squares); then
+    one thread per row runs the Sinkhorn of spec §4.2 on its mixes. hc_pre then collapses each
+    row of the stream with the previous `pre` (rounded to the stream's dtype) and RMS-normalises
+    it with the norm weight."""
+    import tilelang.ascend.language as T
+
+    ub = UbPlan()
+    a = dict(attrs)
+    k_total, mixes, cc = c * h, 2 * c + c * c, c * c
+    bf, f32 = "bfloat16", "float32"
+    eps, hc_eps, post_mult = T.float32(a["eps"]), T.float32(a["hc_eps"]), T.float32(a["post_mult"])
+
+    def sigmoid(x):
+        return T.float32(1.0) / (T.float32(1.0) + T.exp(-x))
+
+    @T.macro
+    def mixes_of_tile(R, FN, Scale, Base, t, rb, fb, acc, pre, post, mm):
+        with T.SimtVF(threads=threads):
+            for i, m in T.Parallel(g, mixes + 1):
+                acc[i, m] = 0.0
+        for kt in T.serial(k_total // kc):
+            T.copy(R[t * g, kt * kc], rb)
+            T.copy(FN[0, kt * kc], fb)
+            with T.SimtVF(threads=threads):
+                for i, m in T.Parallel(g, mixes + 1):
+                    dot = T.alloc_var(f32, init=0.0)
+                    for j in T.serial(kc):
+                        xv = T.cast(rb[i, j], f32)
+                        dot = dot + xv * T.if_then_else(m < mixes, fb[m, j], xv)
+                    acc[i, m] = acc[i, m] + dot
+        with T.SimtVF(threads=threads):
+            for i in T.Parallel(g):
+                rs = T.rsqrt(acc[i, mixes] / T.float32(k_total) + eps)
+                for j in T.serial(c):
+                    pre[i, j] = sigmoid(acc[i, j] * rs * Scale[0] + Base[j]) + hc_eps
+                    post[i, j] = post_mult * sigmoid(acc[i, c + j] * rs * Scale[1] + Base[c + j])
+                # M[a, b] = softmax over b of the scaled mixes, + eps; then a column step and
+                # iters - 1 row / column rounds, each dividing by its sum + eps
+                for ra in T.serial(c):
+                    mx = T.alloc_var(f32, init=-3.0e38)
+                    for b in T.serial(c):
+                        mm[i, ra * c + b] = acc[i, 2 * c + ra * c + b] * rs * Scale[2] + Base[2 * c + ra * c + b]
+                        mx = T.max(mx, mm[i, ra * c + b])
+                    tot = T.alloc_var(f32, init=0.0)
+                    for b in T.serial(c):
+                        mm[i, ra * c + b] = T.exp(mm[i, ra * c + b] - mx)
+                        tot = tot + mm[i, ra * c + b]
+                    for b in T.serial(c):
+                        mm[i, ra * c + b] = mm[i, ra * c + b] / tot + hc_eps
+                for it in T.serial(2 * a["iters"] - 1):
+                    # it even: column sums; odd: row sums
+                    for u in T.serial(c):
+                        tot = T.alloc_var(f32, init=0.0)
+                        for v in T.serial(c):
+                            tot = tot + T.if_then_else(it % 2 == 0, mm[i, v * c + u], mm[i, u * c + v])
+                        for v in T.serial(c):
+                            if it % 2 == 0:
+                                mm[i, v * c + u] = mm[i, v * c + u] / (tot + hc_eps)
+                            else:
+                                mm[i, u * c + v] = mm[i, u * c + v] / (tot + hc_eps)
+
+    if op == "hc_mix":
+        @T.prim_func
+        def hc_mix(R: T.Tensor((n, k_total), bf), FN: T.Tensor((mixes, k_total), f32), Scale: T.Tensor((3,), f32),
+                   Base: T.Tensor((mixes,), f32), Pre: T.Tensor((n, c), f32), Post: T.Tensor((n, c), f32),
+                   M: T.Tensor((n, cc), f32)):
+            with T.Kernel(grid) as core:
+                rb = ub((g, kc), "bf16")
+                fb = ub((mixes, kc), "f32")
+                acc = ub((g, mixes + 1), "f32")
+                pre = ub((g, c), "f32")
+                post = ub((g, c), "f32")
+                mm = ub((g, cc), "f32")
+                for t in T.Persistent([tiles], grid, core):
+                    mixes_of_tile(R, FN, Scale, Base, t, rb, fb, acc, pre, post, mm)
+                    T.copy(pre, Pre[t * g, 0])
+                    T.copy(post, Post[t * g, 0])
+                    T.copy(mm, M[t * g, 0])
+        return lowered(hc_mix, ub)
+
+    lanes = 32
+
+    @T.prim_func
+    def hc_pre(R: T.Tensor((n, k_total), bf), FN: T.Tensor((mixes, k_total), f32), Scale: T.Tensor((3,), f32),
+               Base: T.Tensor((mixes,), f32), PreIn: T.Tensor((n, c), f32), NormW: T.Tensor((h,), bf),
+               X: T.Tensor((n, h), bf), Pre: T.Tensor((n, c), f32), Post: T.Tensor((n, c), f32),
+               M: T.Tensor((n, cc), f32)):
+        with T.Kernel(grid) as core:
+            rb = ub((g, kc), "bf16")
+            fb = ub((mixes, kc), "f32")
+            acc = ub((g, mixes + 1), "f32")
+            pre = ub((g, c), "f32")
+            post = ub((g, c), "f32")
+            mm = ub((g, cc), "f32")
+            rrow = ub((k_total,), "bf16")
+            xf = ub((h,), "f32")
+            wf = ub((h,), "f32")
+            xo = ub((h,), "bf16")
+            part = ub((lanes,), "f32")
+            stat = ub((8,), "f32")
+            T.copy(NormW[0], xo)
+            with T.SimtVF(threads=threads):
+                for x in T.Parallel(h):
+                    wf[x] = T.cast(xo[x], f32)
+            for t in T.Persistent([tiles], grid, core):
+                mixes_of_tile(R, FN, Scale, Base, t, rb, fb, acc, pre, post, mm)
+                T.copy(pre, Pre[t * g, 0])
+                T.copy(post, Post[t * g, 0])
+                T.copy(mm, M[t * g, 0])
+                for i in T.serial(g):
+                    if t * g + i < n:
+                        T.copy(R[t * g + i, 0], rrow)
+                        # the collapse in the stream's dtype is what the reference normalises
+                        with T.SimtVF(threads=threads):
+                            for x in T.Parallel(h):
+                                xf[x] = T.cast(T.cast(fsum([PreIn[t * g + i, j] * T.cast(rrow[j * h + x], f32)
+                                                            for j in range(c)]), bf), f32)
+                        with T.SimtVF(threads=threads):
+                            for p in T.Parallel(lanes):
+                                ssq = T.alloc_var(f32, init=0.0)
+                                for k in T.serial(h // lanes):
+                                    ssq = ssq + xf[k * lanes + p] * xf[k * lanes + p]
+                                part[p] = ssq
+                        with T.SimtVF(threads=1):
+                            stat[0] = T.rsqrt(fsum([part[p] for p in range(lanes)]) / T.float32(h) + eps)
+                        with T.SimtVF(threads=threads):
+                            for x in T.Parallel(h):
+                                xo[x] = T.cast(wf[x] * (xf[x] * stat[0]), bf)
+                        T.copy(xo, X[t * g + i, 0])
+    return lowered(hc_pre, ub)
+
+
+def _hc_mix_dims(target, spec: KernelSpec):
+    """(n, copies, H, K chunk, attrs, GM bytes per row, UB bytes per tile row, fixed UB bytes)."""
+    r, fn = spec.in_types[:2]
+    n, c, h = r.shape
+    k_total, mixes = c * h, fn.shape[0]
+    kc = next((k for k in (256, 128, 64, 32, 16) if k_total % k == 0), None)
+    a = spec.attr
+    attrs = tuple(sorted({"eps": float(a["eps"]), "hc_eps": float(a["hc_eps"]), "post_mult": float(a["post_mult"]),
+                          "iters": int(a["iters"])}.items()))
+    gm = [c * 4, c * 4, c * c * 4] + ([h * 2] if spec.op == "hc_pre" else [])
+    per_row = (kc or 0) * 2 + (mixes + 1) * 4 + 2 * c * 4 + c * c * 4
+    fixed = (mixes * (kc or 0) * 4) + ((k_total * 2 + h * 12 + 32 * 4 + 32) if spec.op == "hc_pre" else 0)
+    return n, c, h, kc, attrs, gm, per_row, fixed
+
+
+def _hc_mix_supports(target, spec: KernelSpec) -> bool:
+    if not static(*spec.in_types):
+        return False
+    r, fn, scale, base = spec.in_types[:4]
+    if r.rank != 3 or r.dtype.name != "bf16" or any(t.dtype.name != "f32" for t in (fn, scale, base)):
+        return False
+    n, c, h, kc, attrs, gm, per_row, fixed = _hc_mix_dims(target, spec)
+    if kc is None or fn.shape[0] != 2 * c + c * c or spec.attr["copies"] != c or spec.attr["iters"] < 1:
+        return False
+    if spec.op == "hc_pre":
+        pre_in, norm_w = spec.in_types[4:6]
+        if pre_in.dtype.name != "f32" or norm_w.dtype.name != "bf16" or h % 32 or (h * 2) % GRANULE:
+            return False
+    return row_tiles(target, n, gm, per_row, fixed, ub_share=0.9) is not None
+
+
+def _hc_mix_render(target, spec: KernelSpec, config) -> KernelSource:
+    n, c, h, kc, attrs, gm, per_row, fixed = _hc_mix_dims(target, spec)
+    g, tiles, grid = row_tiles(target, n, gm, per_row, fixed, ub_share=0.9)
+    threads = int(config["threads"])
+    text = _hc_mix_source(spec.op, n, c, h, kc, attrs, g, tiles, grid, threads)
+    # the K chunks of R and fn are strided 2-D transfers: kc-element bursts at K-element strides
+    chunk = [kc * 2, kc * 4, c * h * 2, c * h * 4]
+    rows = [b * g for b in gm[:3]] + ([h * 2] if spec.op == "hc_pre" else [])
+    return source(spec.op, text, grid, threads, rows + chunk, config)
+
+
+register(Template(
+    name="ascend_hc_mix", ops=("hc_mix", "hc_pre"), targets=building("ascendc"), knobs=THREADS,
+    render=_hc_mix_render, default_config=default_threads, supports=_hc_mix_supports))
