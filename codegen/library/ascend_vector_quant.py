@@ -303,6 +303,8 @@ def _quant_supports(target, spec: KernelSpec) -> bool:
         gu, wt, pairs = spec.in_types
         if gu.dtype.name != "bf16" or wt.dtype.name != "f32" or pairs.dtype.name != "i32" or gu.rank != 2:
             return False
+        if wt.rank != 2 or wt.shape[1] != spec.attr["k"]:  # pair p's weight is flat entry p of [tokens, k]
+            return False
     elif any(t.dtype.name != "bf16" for t in spec.in_types):
         return False
     data, scale, block = _quant_out(spec)
