@@ -13,6 +13,7 @@ from ..ir.text import print_graph
 from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
 from ..validate import check_positive_ints, param_error
+from .coverage import TORCH_TEMPLATES, coverage_lines, plan_coverage
 from .kernels import kernel_spec
 from .memory import plan_memory
 from .pipelines import decode_pipeline_differs, pipeline
@@ -99,6 +100,7 @@ class CompileReport:
     unique_kernels: int = 0
     peak_bytes: dict[str, int] = field(default_factory=dict)
     build_status: dict[str, int] = field(default_factory=dict)  # built / unbuilt / failed / invalid / torch
+    coverage: dict = field(default_factory=dict)  # passes/coverage.py: instances, torch instances, kernels per step
 
     def summary(self) -> str:
         lines = [f"plan written to {self.plan_dir}"]
@@ -106,6 +108,8 @@ class CompileReport:
                                                           sorted(self.calls_per_template.items(), key=lambda kv: -kv[1])))
         lines.append(f"  unique kernel instances: {self.unique_kernels} ("
                      + ", ".join(f"{v} {k}" for k, v in sorted(self.build_status.items())) + ")")
+        if self.coverage:
+            lines += coverage_lines(self.coverage)
         lines.append("  peak activation memory: " + ", ".join(f"{b} {v / 2**20:.1f} MiB"
                                                                for b, v in self.peak_bytes.items()))
         lines.append("  time per stage: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
@@ -156,7 +160,6 @@ def load_time_nodes(g: Graph) -> set[int]:
     return out
 
 
-TORCH_TEMPLATES = ("torch_ref", "torch_device")  # run the op's reference: nothing to render or build
 
 
 def _step_graph_record(g: Graph, load: set[int]) -> dict:
@@ -277,6 +280,45 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     return out
 
 
+def bucket_envs(cfg, options: CompileOptions, split: bool):
+    """(max pages, cache pool, buckets, per graph: bucket -> its size symbols) of a compile."""
+    max_pages = -(-options.max_model_len // PAGE_TOKENS)
+    decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
+    buckets = default_buckets(options.max_num_seqs, decode=decode,
+                              prefill=options.prefill_tokens or (512, 2048, 8192), verify=options.verify_batches,
+                              rows_per_seq=max_backtrack(cfg))
+    pool = options.pool(max_pages)
+    # verify steps bring at most max_backtrack rows per sequence: the decode graph's rules hold
+    few = ("decode", "verify")
+    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
+            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
+            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
+    return max_pages, pool, buckets, envs
+
+
+def select_instances(model: str, options: CompileOptions) -> dict:
+    """Every kernel instance a compile would make (key -> (id, template, spec, config, tuning)),
+    with nothing rendered or built: what the coverage report of a target reads."""
+    from ..codegen.targets import get_target
+
+    cfg = load_config(model)
+    options.check_model(cfg)
+    program = build_model(cfg)
+    split = decode_pipeline_differs(options.target)
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep)}
+    if split:
+        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode")
+    if program.draft.nodes:
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep)
+    _, _, _, envs = bucket_envs(cfg, options, split)
+    target, instances = get_target(options.target), {}
+    tuning = Tuning(options.tuning_db, target)
+    for name, g in graphs.items():
+        if envs[name]:
+            _calls(g, load_time_nodes(g), envs[name], target, instances, tuning)
+    return instances
+
+
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
     from ..codegen.plan import check_plan_target, versions, write_plan
     from ..codegen.targets import get_target
@@ -304,17 +346,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, dump, ".draft", timings, bar.step)
 
     t = time.perf_counter()
-    max_pages = -(-options.max_model_len // PAGE_TOKENS)
-    decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
-    buckets = default_buckets(options.max_num_seqs, decode=decode,
-                              prefill=options.prefill_tokens or (512, 2048, 8192), verify=options.verify_batches,
-                              rows_per_seq=max_backtrack(cfg))
-    pool = options.pool(max_pages)
-    # verify steps bring at most max_backtrack rows per sequence: the decode graph's rules hold
-    few = ("decode", "verify")
-    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
-            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
-            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
+    max_pages, pool, buckets, envs = bucket_envs(cfg, options, split)
     files: dict[str, bytes] = {}
     instances: dict[str, tuple] = {}
     tuning = Tuning(options.tuning_db, target)
@@ -380,6 +412,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "kernels": kernels,
         "recipes": recipes,
     }
+    plan["coverage"] = plan_coverage(plan)
     t = time.perf_counter()
     out = write_plan(plan, files, out_dir)
     timings["write"] = time.perf_counter() - t
@@ -388,4 +421,4 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     status = Counter(k.get("build", {}).get("status", "torch") for k in kernels.values())
     return CompileReport(out, timings, dict(calls_per_template), len(instances),
                          {b: m["peak_bytes"] for name in ("step_decode", "step") for b, m in memory.get(name, {}).items()},
-                         dict(status))
+                         dict(status), plan["coverage"])
