@@ -8,4 +8,5 @@ from . import tilelang_indexer  # noqa: F401
 from . import ascend_ops  # noqa: F401
 from . import ascend_gemm  # noqa: F401
 from . import ascend_state  # noqa: F401
+from . import ascend_moe_route  # noqa: F401
 from . import torch_device  # noqa: F401  (last: only where no generated template fits)

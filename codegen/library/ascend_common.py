@@ -7,6 +7,10 @@ import math
 BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "i8": 1, "f8e4m3": 1, "fp8e4m3": 1, "e8m0": 1}
 GRANULE = 32  # bytes: UB / L1 buffers and their GM transfers are 32-byte granular (capacity.ASCEND_ALIGN)
 
+# UB a kernel with SIMT regions cannot use: the SIMT threads' context (TileLang-Ascend's
+# auto-schedule takes it off the 248 KiB before placing buffers)
+SIMT_CONTEXT_BYTES = 32 * 1024
+
 # IR dtype -> the TileLang dtype of its storage: e8m0 scales are raw exponent bytes, fp4 packs two
 # codes a byte (its storage shape halves the last dim)
 TL_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "i32": "int32", "i64": "int64",

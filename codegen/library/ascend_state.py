@@ -30,7 +30,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import TL_DTYPES, const_at, lower_ascend, ub_bytes
+from .ascend_common import SIMT_CONTEXT_BYTES, TL_DTYPES, const_at, lower_ascend, ub_bytes
 
 DEAD = -1  # ir.ops.engram.DEAD: the compressed id of an image token
 
@@ -78,7 +78,7 @@ def _default_threads(target, spec):
 # ---- engram_hash --------------------------------------------------------------------------------
 
 def _hash_plan(bm: int, g: int, cols: int) -> dict:
-    return {"ub": [ub_bytes((bm, g), "i64"), ub_bytes((bm, cols), "i64")]}
+    return {"ub": [ub_bytes((bm, g), "i64"), ub_bytes((bm, cols), "i64"), SIMT_CONTEXT_BYTES]}
 
 
 @functools.lru_cache(maxsize=32)
@@ -145,7 +145,7 @@ register(Template(
 def _gather_plan(c: int, d: int, nb: int) -> dict:
     # one granule per column's scale row (the DMA lands each in its own aligned slot), then packed
     return {"ub": [ub_bytes((c,), "i64"), ub_bytes((c * d,), "fp8e4m3"), ub_bytes((c, 32), "e8m0"),
-                   ub_bytes((c * nb,), "e8m0")]}
+                   ub_bytes((c * nb,), "e8m0"), SIMT_CONTEXT_BYTES]}
 
 
 @functools.lru_cache(maxsize=32)
@@ -213,7 +213,7 @@ register(Template(
 def _ngram_plan(n: int, ns: int, ring: int, bm: int, g: int) -> dict:
     ring_pad = -(-ring // 4) * 4  # a history row per granule-aligned slot
     return {"ub": [ub_bytes((n,), "i64"), ub_bytes((n,), "i64"), ub_bytes((n,), "i32"), ub_bytes((ns,), "i32"),
-                   ub_bytes((bm, ring_pad), "i64"), ub_bytes((bm, g), "i64")]}
+                   ub_bytes((bm, ring_pad), "i64"), ub_bytes((bm, g), "i64"), SIMT_CONTEXT_BYTES]}
 
 
 @functools.lru_cache(maxsize=32)
@@ -359,7 +359,7 @@ register(Template(
 
 def _gate_plan(n: int, c: int, h: int, threads: int, with_ids: bool) -> dict:
     ub = [ub_bytes((c, h), "f32"), ub_bytes((h,), "bf16"), ub_bytes((h,), "bf16"), ub_bytes((h,), "bf16"),
-          ub_bytes((3, threads), "f32"), ub_bytes((8,), "f32")]
+          ub_bytes((3, threads), "f32"), ub_bytes((8,), "f32"), SIMT_CONTEXT_BYTES]
     return {"ub": ub + ([ub_bytes((n,), "i64")] if with_ids else [])}
 
 
@@ -683,3 +683,129 @@ def _cw_render(target, spec, config):
 register(Template(
     name="ascend_compressed_write", ops=("compressed_write",), targets=building("ascendc"), knobs={},
     render=_cw_render, default_config=lambda target, spec: {}, supports=_cw_supports))
+
+
+# ---- compress_pool_norm -------------------------------------------------------------------------
+
+def _pool_plan(n: int, ns: int, d: int, ratio: int, threads: int) -> dict:
+    return {"ub": _meta_plan(n, ns) + [ub_bytes((ratio, d), "f32"), ub_bytes((ratio, d), "f32"),
+                                       ub_bytes((d,), "f32"), ub_bytes((d,), "f32"), ub_bytes((d,), "bf16"),
+                                       ub_bytes((threads,), "f32"), ub_bytes((8,), "f32"),
+                                       SIMT_CONTEXT_BYTES]}
+
+
+@functools.lru_cache(maxsize=32)
+def _pool_source(n: int, slots: int, ring: int, d: int, ns: int, ratio: int, eps: float, grid: int,
+                 threads: int) -> str:
+    import tilelang.ascend.language as T
+
+    per = -(-n // grid)
+    per_thread = -(-d // threads)
+
+    @T.prim_func
+    def compress_pool_norm(l: T.Tensor((n, d), T.float32), s: T.Tensor((n, d), T.float32),
+                           state: T.Tensor((slots, ring, 2, d), T.float32), positions: T.Tensor((n,), T.int64),
+                           token_seq: T.Tensor((n,), T.int32), seq_slots: T.Tensor((ns,), T.int32),
+                           norm_w: T.Tensor((d,), T.bfloat16), out: T.Tensor((n, d), T.bfloat16)):
+        with T.Kernel(grid) as core:
+            pb = T.alloc_shared((n,), T.int64)
+            tb = T.alloc_shared((n,), T.int32)
+            sb = T.alloc_shared((ns,), T.int32)
+            lb = T.alloc_shared((ratio, d), T.float32)
+            gb = T.alloc_shared((ratio, d), T.float32)
+            zf = T.alloc_shared((d,), T.float32)
+            wf = T.alloc_shared((d,), T.float32)
+            ob = T.alloc_shared((d,), T.bfloat16)
+            part = T.alloc_shared((threads,), T.float32)
+            stat = T.alloc_shared((8,), T.float32)
+            T.copy(positions[0], pb)
+            T.copy(token_seq[0], tb)
+            T.copy(seq_slots[0], sb)
+            T.copy(norm_w[0], ob)
+            with T.SimtVF(threads=threads):
+                for j in T.Parallel(d):
+                    wf[j] = T.cast(ob[j], T.float32)
+            for it in T.serial(per):
+                t = it * grid + core
+                if t < n:
+                    if (pb[t] + 1) % ratio == 0:
+                        # the entry's group: tokens of this step from their rows, earlier ones
+                        # from the state ring (slot pos mod ring length)
+                        for i in T.serial(ratio):
+                            back = ratio - 1 - i
+                            if t >= back and tb[T.max(t - back, 0)] == tb[t]:
+                                T.copy(l[t - back, 0:d], lb[i, 0:d])
+                                T.copy(s[t - back, 0:d], gb[i, 0:d])
+                            else:
+                                slot = sb[tb[t]]
+                                gi = T.max(pb[t] - back, 0) % ring
+                                T.copy(state[slot, gi, 0, 0:d], lb[i, 0:d])
+                                T.copy(state[slot, gi, 1, 0:d], gb[i, 0:d])
+                        # softmax over the group of S per column, weights times L summed; the
+                        # latent rounds to bf16 before the norm
+                        with T.SimtVF(threads=threads):
+                            for j in T.Parallel(d):
+                                m = T.alloc_var(T.float32)
+                                se = T.alloc_var(T.float32)
+                                z = T.alloc_var(T.float32)
+                                m = gb[0, j]
+                                for i in T.serial(1, ratio):
+                                    m = T.max(m, gb[i, j])
+                                se = 0.0
+                                for i in T.serial(ratio):
+                                    se = se + T.exp(gb[i, j] - m)
+                                z = 0.0
+                                for i in T.serial(ratio):
+                                    z = z + T.exp(gb[i, j] - m) / se * lb[i, j]
+                                zf[j] = T.cast(T.cast(z, T.bfloat16), T.float32)
+                        with T.SimtVF(threads=threads):
+                            tid = T.get_thread_binding()
+                            part[tid] = 0.0
+                            for u in T.serial(per_thread):
+                                if u * threads + tid < d:
+                                    part[tid] = part[tid] + zf[u * threads + tid] * zf[u * threads + tid]
+                        with T.SimtVF(threads=1):
+                            stat[0] = 0.0
+                            for u in T.serial(threads):
+                                stat[0] = stat[0] + part[u]
+                            stat[1] = T.rsqrt(stat[0] / d + eps)
+                        with T.SimtVF(threads=threads):
+                            for j in T.Parallel(d):
+                                ob[j] = T.cast(wf[j] * (zf[j] * stat[1]), T.bfloat16)
+                    else:  # no entry completes here: the pooled row is zero, and so is its norm
+                        with T.SimtVF(threads=threads):
+                            for j in T.Parallel(d):
+                                ob[j] = T.cast(0.0, T.bfloat16)
+                    T.copy(ob, out[t, 0])
+
+    return lower_ascend(compress_pool_norm)
+
+
+def _pool_dims(spec):
+    (n, d), _ = storage(spec.in_types[0])
+    (slots, ring, _, _), _ = storage(spec.in_types[2])
+    (ns,), _ = storage(spec.in_types[5])
+    return n, slots, ring, d, ns
+
+
+def _pool_supports(target, spec):
+    if not static(spec) or any(t.dtype.name != "f32" for t in spec.in_types[:3]):
+        return False
+    if spec.in_types[6].dtype.name != "bf16":
+        return False
+    n, slots, ring, d, ns = _pool_dims(spec)
+    return (d * 4) % 32 == 0 and fits(target, _pool_plan(n, ns, d, int(spec.attr["ratio"]), 128))
+
+
+def _pool_render(target, spec, config):
+    n, slots, ring, d, ns = _pool_dims(spec)
+    threads, ratio = _threads(config), int(spec.attr["ratio"])
+    grid = min(n, target.cores)
+    text = _pool_source(n, slots, ring, d, ns, ratio, float(spec.attr["eps"]), grid, threads)
+    return kernel_source("compress_pool_norm", text, grid, threads, _pool_plan(n, ns, d, ratio, threads),
+                         [d * 4, d * 2], config)
+
+
+register(Template(
+    name="ascend_compress_pool_norm", ops=("compress_pool_norm",), targets=building("ascendc"), knobs=_THREADS,
+    render=_pool_render, default_config=_default_threads, supports=_pool_supports))
