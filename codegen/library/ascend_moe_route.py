@@ -121,8 +121,8 @@ def _router_supports(target, spec):
         return False  # a per-row [n, E] bias is not what this kernel reads
     if spec.in_types[1].shape != (e,) or k > e:
         return False
-    return fits(target, _router_plan(n, e, k, _router_tile(n, e, k, target.cores, with_ids, target.ub_bytes),
-                                     with_ids))
+    bm = _router_tile(n, e, k, target.cores, with_ids, target.ub_bytes)
+    return fits(target, _router_plan(n, e, k, bm, with_ids), [bm * e * 4])
 
 
 def _router_render(target, spec, config):

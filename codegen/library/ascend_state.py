@@ -30,7 +30,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import SIMT_CONTEXT_BYTES, TL_DTYPES, const_at, lower_ascend, ub_bytes
+from .ascend_common import GRANULE, SIMT_CONTEXT_BYTES, TL_DTYPES, const_at, lower_ascend, ub_bytes
 
 DEAD = -1  # ir.ops.engram.DEAD: the compressed id of an image token
 
@@ -48,8 +48,11 @@ def static(spec: KernelSpec) -> bool:
     return all(isinstance(d, int) for p in parts for d in p.shape)
 
 
-def fits(target, plan: dict) -> bool:
-    return all(sum(sizes) <= getattr(target, f"{scope}_bytes") for scope, sizes in plan.items())
+def fits(target, plan: dict, gm_rows=()) -> bool:
+    """The buffer plan fits the target's capacities and the bulk GM rows are whole granules (what
+    capacity.ascend_check will hold the rendered kernel to)."""
+    return (all(sum(sizes) <= getattr(target, f"{scope}_bytes") for scope, sizes in plan.items())
+            and all(r % GRANULE == 0 for r in gm_rows))
 
 
 def row_tile(n: int, cores: int, options=(64, 32, 16, 8, 4, 2, 1)) -> int:
@@ -119,8 +122,8 @@ def _hash_supports(target, spec):
     if not static(spec):
         return False
     (n, g), _ = storage(spec.in_types[0])
-    a = spec.attr
-    return fits(target, _hash_plan(row_tile(n, target.cores), g, len(a["primes"])))
+    bm, cols = row_tile(n, target.cores), len(spec.attr["primes"])
+    return fits(target, _hash_plan(bm, g, cols), [bm * g * 8, bm * cols * 8])
 
 
 def _hash_render(target, spec, config):
@@ -275,7 +278,8 @@ def _ngram_supports(target, spec):
     if not static(spec):
         return False
     n, slots, ring, ns = _ngram_dims(spec)
-    return fits(target, _ngram_plan(n, ns, ring, row_tile(n, target.cores), spec.attr["max_ngram"]))
+    bm, g = row_tile(n, target.cores), int(spec.attr["max_ngram"])
+    return fits(target, _ngram_plan(n, ns, ring, bm, g), [bm * g * 8])
 
 
 def _ngram_render(target, spec, config):
@@ -794,7 +798,7 @@ def _pool_supports(target, spec):
     if spec.in_types[6].dtype.name != "bf16":
         return False
     n, slots, ring, d, ns = _pool_dims(spec)
-    return (d * 4) % 32 == 0 and fits(target, _pool_plan(n, ns, d, int(spec.attr["ratio"]), 128))
+    return fits(target, _pool_plan(n, ns, d, int(spec.attr["ratio"]), 128), [d * 4, d * 2])
 
 
 def _pool_render(target, spec, config):
