@@ -37,28 +37,6 @@ def const_at(values, j, dtype: str):
     return e
 
 
-FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 codes 0..7 (ir.dtypes.FP4_GRID)
-
-
-def fp4_value(code):
-    """The float32 value of a 4-bit e2m1 code (bit 3 the sign), inside a kernel."""
-    from tvm import tirx
-
-    mag = const_at(FP4_MAGNITUDES, code & 7, "float32")
-    return tirx.Select((code & 8) != 0, -mag, mag)
-
-
-def e8m0_value(byte):
-    """2^(byte - 127) of a ue8m0 scale byte as float32, inside a kernel: the byte is the exponent
-    field (0 is the subnormal 2^-127, 255 is NaN)."""
-    from tvm import tirx
-
-    b = tirx.Cast("int32", byte)
-    normal = tirx.reinterpret("float32", tirx.shift_left(b, tirx.const(23, "int32")))
-    return tirx.Select(b == 0, tirx.const(2.0 ** -127, "float32"),
-                       tirx.Select(b == 255, tirx.const(float("nan"), "float32"), normal))
-
-
 def lower_ascend(prim_func) -> str:
     """AscendC source of a TileLang-Ascend prim_func."""
     import tilelang
