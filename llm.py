@@ -32,7 +32,7 @@ from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
 from .runtime.cache import DEFAULT_SWA_REPLAY_KEEP
 from .runtime.engine import (EngineConfigError, LLMEngine, RequestError, check_fixed_acceptance, check_limits,
-                             check_speculative)
+                             check_prefix_options, check_speculative, prefix_policy)
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
@@ -83,6 +83,7 @@ class LLM:
         if verify_budget is not None:
             check_limits(verify_budget=verify_budget)
         check_fixed_acceptance(fixed_acceptance)
+        check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
         self._engine_options = {"speculative": speculative, "verify_budget": verify_budget, "fixed_acceptance": fixed_acceptance,
                       "enable_prefix_caching": enable_prefix_caching, "swa_replay": swa_replay,
                       "swa_replay_keep": swa_replay_keep}
@@ -110,6 +111,7 @@ class LLM:
             num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
         check_limits(num_pages=num_pages)
         cfg = load_config(model)
+        prefix_policy(cfg, PAGE_TOKENS, enable_prefix_caching, swa_replay, swa_replay_keep)  # (before the weights load)
         program = build_model(cfg)
         params = load_params(program, load_checkpoint(weights, cfg))
         executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)

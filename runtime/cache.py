@@ -52,6 +52,9 @@ class CacheFull(RuntimeError):
     """No slot or not enough pages; the scheduler answers by waiting or preempting."""
 
 
+SLOT_OPS = ("save_slot", "restore_slot", "reset_slot", "copy_page")
+
+
 class SlotOps(Protocol):
     """What a prefix cache needs from the executor that owns the state buffers (its executors
     implement these in runtime/state.py's terms)."""
@@ -94,12 +97,15 @@ class PrefixPolicy:
         return math.lcm(*self.ratios) if self.ratios else 1
 
 
-def check_prefix_caching(policy: PrefixPolicy, page_tokens: int, error: type[Exception]) -> None:
-    """One-line errors for settings a prefix cache cannot serve exactly as promised."""
+def check_prefix_caching(policy: PrefixPolicy, page_tokens: int, error: type[Exception], model: bool = True) -> None:
+    """One-line errors for settings a prefix cache cannot serve as promised (`model` False: the
+    settings alone, before a model's window and ratios are known)."""
     if policy.mode not in SWA_REPLAY_MODES:
         raise param_error(error, "swa_replay", f"must be one of {', '.join(SWA_REPLAY_MODES)}, got {policy.mode!r}")
     if isinstance(policy.keep, bool) or not isinstance(policy.keep, int):
         raise param_error(error, "swa_replay_keep", f"must be an integer, got {policy.keep!r}")
+    if not model:
+        return
     least = policy.window + policy.max_backtrack
     if policy.keep < least:
         raise param_error(error, "swa_replay_keep", f"{policy.keep} is below the window ({policy.window}) plus the "

@@ -53,10 +53,10 @@ from itertools import count
 import torch
 
 from ..models.deepseek_v41 import PAGE_TOKENS, max_backtrack
-from ..validate import check_positive_ints
+from ..validate import check_positive_ints, param_error
 from ..models.tokenizer import Tokenizer
 from .batch import DraftSeq, SeqChunk
-from .cache import DEFAULT_SWA_REPLAY_KEEP, CacheManager, PrefixPolicy, check_prefix_caching
+from .cache import DEFAULT_SWA_REPLAY_KEEP, SLOT_OPS, CacheManager, PrefixPolicy, check_prefix_caching
 from .executor import Executor
 from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
@@ -90,21 +90,26 @@ def check_fixed_acceptance(p) -> None:
         raise EngineConfigError(f"fixed_acceptance must be None or a probability in [0, 1], got {p!r}")
 
 
-def prefix_policy(executor, enable_prefix_caching: bool, swa_replay: str, swa_replay_keep: int) -> PrefixPolicy | None:
-    """The prefix cache's policy for this executor's model, checked (None: prefix caching off)."""
+def check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep) -> None:
+    """The prefix-cache settings on their own (before any model is loaded)."""
     if not isinstance(enable_prefix_caching, bool):
-        raise EngineConfigError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        raise param_error(EngineConfigError, "enable_prefix_caching",
+                          f"must be True or False, got {enable_prefix_caching!r}")
+    check_prefix_caching(PrefixPolicy(swa_replay, swa_replay_keep), PAGE_TOKENS, EngineConfigError, model=False)
+    if not enable_prefix_caching and (swa_replay != "exact" or swa_replay_keep != DEFAULT_SWA_REPLAY_KEEP):
+        raise EngineConfigError("swa_replay and swa_replay_keep apply to prefix caching, which is off "
+                                "(enable_prefix_caching=True turns it on)")
+
+
+def prefix_policy(cfg, page_tokens: int, enable_prefix_caching: bool, swa_replay: str,
+                  swa_replay_keep: int) -> PrefixPolicy | None:
+    """The prefix cache's policy for a model (its ModelConfig `cfg`), checked; None: off."""
+    check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
     if not enable_prefix_caching:
-        if swa_replay != "exact" or swa_replay_keep != DEFAULT_SWA_REPLAY_KEEP:
-            raise EngineConfigError("swa_replay and swa_replay_keep apply to prefix caching, which is off "
-                                    "(enable_prefix_caching=True)")
         return None
-    cfg = getattr(executor, "cfg", None)
-    if cfg is None or not all(hasattr(executor, op) for op in ("save_slot", "restore_slot", "copy_page")):
-        raise EngineConfigError(f"{type(executor).__name__} cannot save and restore slot states: no prefix caching")
     policy = PrefixPolicy(swa_replay, swa_replay_keep, cfg.sliding_window, max_backtrack(cfg),
                           tuple(sorted({r for r in cfg.compress_ratios if r})))
-    check_prefix_caching(policy, getattr(executor, "page_tokens", PAGE_TOKENS), EngineConfigError)
+    check_prefix_caching(policy, page_tokens, EngineConfigError)
     return policy
 
 
@@ -187,7 +192,13 @@ class LLMEngine:
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
-        prefix = prefix_policy(executor, enable_prefix_caching, swa_replay, swa_replay_keep)
+        check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
+        cfg = getattr(executor, "cfg", None)
+        if enable_prefix_caching and (cfg is None or not all(hasattr(executor, op) for op in SLOT_OPS)):
+            raise EngineConfigError(f"{type(executor).__name__} cannot save and restore slot states, which prefix "
+                                    "caching needs")
+        prefix = prefix_policy(cfg, getattr(executor, "page_tokens", PAGE_TOKENS), enable_prefix_caching, swa_replay,
+                               swa_replay_keep)
         self.cache = CacheManager(executor.num_slots, executor.num_pages,
                                   getattr(executor, "page_tokens", PAGE_TOKENS), prefix=prefix,
                                   ops=executor if prefix else None)

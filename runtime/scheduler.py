@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .cache import CacheManager
+from .cache import CacheManager, PrefixHit
 from .sequence import Sequence, SeqStatus
 
 
@@ -101,6 +101,10 @@ class Scheduler:
             hit = self.cache.lookup(seq.token_ids) if self.cache.prefix else None
             start = hit.start if hit else 0
             n = self._chunk(start, min(len(seq.token_ids) - start, budget))
+            if hit and start and not self.cache.can_cover(seq.request_id, start + n, hit):
+                # (bounded replay's private copies may need pages a miss does not): admit it as a miss
+                hit, start = PrefixHit(query_tokens=len(seq.token_ids)), 0
+                n = self._chunk(0, min(len(seq.token_ids), budget))
             if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, start + n, hit):
                 break  # first come first served: nobody overtakes the head of the queue
             self.cache.allocate(seq.request_id, start + n, hit)

@@ -330,3 +330,124 @@ def test_random_shared_prefixes_with_aborts_preemption_and_eviction_leak_nothing
     engine.cache.check_no_leak()
     assert engine.cache.free_pages == 14 and engine.cache.free_slots == 6 and engine.cache.cached_pages > 0
     assert all(engine.cache.refs(p) == 0 for p in range(14))
+
+
+# ---- the tiny model ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(MODEL, tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
+
+
+def random_tokens(n, seed):
+    return torch.randint(3, 129280, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def saved_states(engine) -> dict:
+    """page -> the slot state the prefix cache saved with it."""
+    return engine.cache._state
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_exact_hits_give_the_tokens_and_logprobs_of_misses_on_the_tiny_model(ckpt):
+    """Three prompts of 140 tokens, run twice through one engine: the first run misses and saves
+    each first page's slot state, the second resumes at 128 from it. Greedy and seeded sampling
+    give the same tokens and bit-identical logprobs, also when the saved compressor state is
+    replaced by noise (nothing is open in a ratio-2 group at a page's end: it is never read);
+    noise in a saved window ring does change them (the restore is what makes the hit exact)."""
+    llm = LLM(MODEL, ckpt, max_num_seqs=3, max_model_len=256, speculative=0, enable_prefix_caching=True)
+    prompts = [random_tokens(140, seed) for seed in (1, 2, 3)]
+    params = [SamplingParams(temperature=0, max_tokens=3, logprobs=3, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=3, logprobs=3, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=3, logprobs=3, ignore_eos=True)]
+    miss = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    assert llm.last_run_stats["prefix"]["hit_tokens"] == 0
+    engine = llm.engine
+    states = saved_states(engine)
+    first = {p: engine.cache.lookup(prompt).pages[0] for p, prompt in enumerate(prompts)}
+    assert all(first[p] in states for p in first)
+    one = states[first[0]]
+    # what a page's saved state costs: 13 fp8 rings of 16 + 6 slots (128 B + 4 scale bytes each), 2
+    # ratio-2 compressor rings of 2 + 6 - 1 slots of fp32 (kv, score) x 128, 3 + 6 Engram ids
+    assert saved_bytes(one) == 13 * 22 * (128 + 4) + 2 * 7 * 2 * 128 * 4 + 9 * 8 == 52160
+    gen = torch.Generator().manual_seed(0)
+    compressor = [k for k in one if k.startswith("cstate.")]
+    assert compressor and any(float(one[k][0].abs().sum()) > 0 for k in compressor)  # it holds completed groups
+    for k in compressor:
+        states[first[1]][k] = (torch.randn(states[first[1]][k][0].shape, generator=gen),)
+    ring = states[first[2]]["swa.0"]
+    states[first[2]]["swa.0"] = (torch.randint(-100, 100, ring[0].shape, generator=gen).to(ring[0].dtype), ring[1])
+    hit = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
+    st = llm.last_run_stats["prefix"]
+    assert st["hit_tokens"] == st["prefill_tokens_saved"] == 3 * 128 and st["hit_rate"] == 3 * 128 / (3 * 140)
+    for p in (0, 1):
+        assert hit[p].token_ids == miss[p].token_ids, p
+        assert hit[p].outputs[0].logprobs == miss[p].outputs[0].logprobs, p
+    assert hit[2].outputs[0].logprobs != miss[2].outputs[0].logprobs
+    engine.cache.check_no_leak()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_conversation_resumes_from_a_state_saved_while_decoding(ckpt):
+    """Turn 1 (125 tokens, 6 generated with speculation on: verify chunks cross the page end at
+    128) saves page 0's state while decoding; turn 2 (turn 1 + its answer + 2 tokens) resumes
+    there and gives the independent reference's greedy tokens."""
+    from reference import ReferenceModel
+
+    llm = LLM(MODEL, ckpt, max_num_seqs=1, max_model_len=256, enable_prefix_caching=True)
+    assert llm.engine.num_speculative == 5
+    turn1 = random_tokens(125, 4)
+    out1 = llm.generate(prompt_token_ids=[turn1], use_tqdm=False,
+                        sampling_params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert llm.engine.spec_stats.drafts_verified > 0
+    turn2 = turn1 + out1.token_ids + random_tokens(2, 5)
+    out2 = llm.generate(prompt_token_ids=[turn2], use_tqdm=False,
+                        sampling_params=SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert llm.last_run_stats["prefix"]["hit_tokens"] == 128
+    ref = ReferenceModel.from_checkpoint(ckpt)
+    logits = ref.prefill(ref.new_sequence(), turn2 + out2.token_ids[:-1], all_logits=True)[len(turn2) - 1:]
+    assert torch.argmax(logits, dim=-1).tolist() == out2.token_ids
+
+
+def paged(engine, page) -> list[torch.Tensor]:
+    ex = engine.executor
+    return [part[page].clone() for name in ex.page_names
+            for part in ((ex.state[name].data, ex.state[name].scale) if isinstance(ex.state[name], QTensor)
+                         else (ex.state[name],))]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_bounded_replay_recomputes_keep_tokens_and_leaves_the_shared_pages_unchanged(ckpt):
+    # 3 pages: the hit's private copy of page 0 is one more than a miss needs
+    llm = LLM(MODEL, ckpt, max_num_seqs=1, max_model_len=256, num_pages=3, speculative=0, enable_prefix_caching=True,
+              swa_replay="bounded", swa_replay_keep=22)
+    prompt = random_tokens(150, 6)
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    miss = llm.generate(prompt_token_ids=[prompt], sampling_params=greedy, use_tqdm=False)[0]
+    engine = llm.engine
+    (page,) = engine.cache.lookup(prompt).pages
+    assert not saved_states(engine)  # bounded replay keeps no slot state
+    before = paged(engine, page)
+    rows = []
+    inner = engine.executor.step
+    engine.executor.step = lambda chunks: rows.append([(c.start, len(c.tokens)) for c in chunks]) or inner(chunks)
+    hit = llm.generate(prompt_token_ids=[prompt], sampling_params=greedy, use_tqdm=False)[0]
+    # resumed at 128 - 22 = 106 on a private copy of page 0: the shared page is as it was
+    assert rows[0] == [(106, 150 - 106)]
+    assert all(torch.equal(a, b) for a, b in zip(before, paged(engine, page)))
+    st = llm.last_run_stats["prefix"]
+    assert st["hit_tokens"] == 128 and st["prefill_tokens_saved"] == 106
+    assert len(hit.token_ids) == len(miss.token_ids) == 4  # (how close they are: bench/prefix_replay.py)
+    engine.cache.check_no_leak()
+
+
+def test_cli_generate_with_the_prefix_cache_reports_its_hits(ckpt, tmp_path, capsys):
+    shared = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 10  # 139 tokens with BOS
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(shared + tail) for tail in ("Why?", "How?")) + "\n")
+    args = ["generate", "--model", MODEL, "--weights", str(ckpt), "--prompts", str(prompts), "--max-tokens", "2",
+            "--temperature", "0", "--max-num-seqs", "1", "--speculative", "off"]
+    assert cli_main(args + ["--prefix-cache"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("prefix cache: "))
+    assert "128 prefill tokens saved" in line and "(128 of " in line, line
