@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from tqdm import tqdm
 
 from .models.checkpoint import load_checkpoint
-from .models.config import load_config
+from .models.config import config_from_dict, load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
 from .runtime.cache import DEFAULT_SWA_REPLAY_KEEP
@@ -130,6 +130,8 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
+        prefix_policy(config_from_dict(loaded["model"]["config"], model_id=loaded["model"]["id"]), opts["page_tokens"],
+                      *(self._engine_options[k] for k in ("enable_prefix_caching", "swa_replay", "swa_replay_keep")))
         # the plan's limits are the defaults: a plan compiled for less than the interpreter's
         # defaults runs without repeating its flags
         max_model_len = opts["max_model_len"] if max_model_len is None else max_model_len
