@@ -190,6 +190,13 @@ class LLM:
                                     f"({loaded['options']['num_pages'] - 1} usable pages)")
         return CudaPlanExecutor(plan, weights)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes (vLLM's); False where prefix caching is off."""
+        if self.engine.cache.prefix is None:
+            return False
+        self.engine.cache.reset_prefix()
+        return True
+
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
 

@@ -379,6 +379,16 @@ class CacheManager:
             if self.prefix.mode == "exact" and exact_here and page not in self._state:
                 self._state[page] = self.ops.save_slot(self._slot[owner])
 
+    def reset_prefix(self) -> None:
+        """Forget every registered page and saved state (vLLM's reset_prefix_cache): pages nobody
+        holds become free, held ones private to their holders."""
+        for page in self._evictable:
+            heapq.heappush(self._free_pages, page)
+        self._evictable.clear()
+        self._by_hash.clear()
+        self._hash_of.clear()
+        self._state.clear()
+
     def free(self, owner) -> None:
         """Return `owner`'s slot and pages to the pool (a no-op for an owner holding nothing);
         registered pages stay registered until their page is needed."""

@@ -113,6 +113,12 @@ def test_shared_pages_are_counted_and_reused_least_recently_released_first():
     assert cm.pages("z") == zp and cm.free_pages == 2 and not cm.holds("w")  # all or nothing
     cm.check_no_leak()
     assert cm.stats.summary()["hit_rate"] == 8 / 10 and cm.stats.saved_tokens == 8
+    cm.reset_prefix()  # z's pages stay z's, y's are free, nothing is found any more
+    assert cm.cached_pages == 0 and cm.lookup(y + [1]).pages == [] and cm.free_pages == 2 and cm.pages("z") == zp
+    cm.check_no_leak()
+    cm.free("z")
+    assert cm.free_pages == 6
+    cm.check_no_leak()
 
 
 def test_exact_hits_end_at_a_page_with_a_saved_slot_state():
