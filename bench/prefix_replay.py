@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import sys
 import time
@@ -34,7 +35,7 @@ from deepinfer.runtime.state import saved_bytes, slot_buffers
 from deepinfer.version import VERSION
 
 MODEL = "v4.1-flash-tiny"
-PROMPT_TOKENS, GEN_TOKENS, PROMPTS = 300, 32, 4
+PROMPT_TOKENS, GEN_TOKENS, PROMPTS = 300, 32, 8
 
 
 def type_bytes(t, env) -> int:
@@ -109,11 +110,18 @@ def compare(outs: dict) -> dict:
             "hit": outs["hit"]["prefix"]}
 
 
+def measure(ckpt: str, prompts: list, prefix: dict) -> tuple[dict, int]:
+    torch.set_num_threads(1)
+    outs = run(ckpt, prompts, **prefix)
+    return compare(outs), outs["state_bytes"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/prefix_replay_tiny.json")
     ap.add_argument("--ckpt", default="/tmp/deepinfer-prefix-bench-ckpt")
     ap.add_argument("--keep", default="22,64,140", help="bounded replay KEEP values")
+    ap.add_argument("--jobs", type=int, default=1, help="modes measured at once, one process each")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     ckpt = args.ckpt if Path(args.ckpt, "config.json").exists() else make_checkpoint(MODEL, args.ckpt, seed=0)
@@ -127,12 +135,12 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "python": platform.python_version(),
               "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": " ".join(["python"] + sys.argv),
               "modes": {}, "saved_state": {"tiny": state_costs(MODEL), "real": state_costs("v4.1-flash")}}
-    for name, prefix in modes.items():
-        outs = run(ckpt, prompts, **prefix)
-        report["modes"][name] = compare(outs)
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        results = pool.starmap(measure, [(str(ckpt), prompts, prefix) for prefix in modes.values()])
+    for name, (m, state_bytes) in zip(modes, results):
+        report["modes"][name] = m
         if name == "exact":
-            report["saved_state"]["tiny"]["measured_slot_state_bytes"] = outs["state_bytes"]
-        m = report["modes"][name]
+            report["saved_state"]["tiny"]["measured_slot_state_bytes"] = state_bytes
         print(f"{name:18s} first-row max |diff| {m['first_row_max_abs_diff']:.3g}  max |diff| while greedy agrees "
               f"{m['max_abs_diff_while_tokens_agree']:.3g}  greedy tokens agreeing of {GEN_TOKENS}: min "
               f"{m['greedy_tokens_agree_min']}, mean {m['greedy_tokens_agree_mean']:.1f}  prefill saved "
