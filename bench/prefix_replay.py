@@ -6,7 +6,8 @@ moves the logits from exact, and what a page's saved slot state costs.
 Each prompt of 300 random tokens (a random checkpoint, seed 0) runs twice through one engine with
 prefix caching: the first run misses (its logits are the exact ones, a full prefill) and registers
 its pages; the second hits 256 cached tokens. In exact mode the hit restores the slot state saved
-with page 1; in bounded mode it recomputes the last KEEP tokens from a cleared slot. For each
+with page 1; in bounded mode it recomputes tokens 256 - KEEP .. 255 from a cleared slot (on copies
+of the pages they overlap) and then reads the cached pages. For each
 mode and KEEP: the largest |logit difference| at the first sampled row and over the decode rows
 while both runs' greedy tokens agree, and how many of 32 greedy tokens agree. Also the bytes of one
 saved slot state (measured on the tiny model; derived from the state types for the real model)
@@ -76,7 +77,11 @@ def recording(engine) -> dict:
 
 
 def run(ckpt, prompts, **prefix) -> dict:
-    llm = LLM(MODEL, ckpt, max_num_seqs=len(prompts), max_model_len=PROMPT_TOKENS + GEN_TOKENS + 8,
+    max_model_len = PROMPT_TOKENS + GEN_TOKENS + 8
+    # room for every prompt's cached pages beside the running ones (and bounded replay's copies):
+    # no hit is lost to eviction
+    pages = 3 * len(prompts) * -(-max_model_len // PAGE_TOKENS)
+    llm = LLM(MODEL, ckpt, max_num_seqs=len(prompts), max_model_len=max_model_len, num_pages=pages,
               speculative=0, enable_prefix_caching=True, **prefix)
     rows = recording(llm.engine)
     greedy = SamplingParams(temperature=0, max_tokens=GEN_TOKENS, ignore_eos=True)

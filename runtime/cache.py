@@ -21,10 +21,13 @@ The sliding-window rings are not paged: they live in the slot, so a hit needs th
   `max_backtrack` rows past it (every slot ring keeps that many rows of slack for rollback,
   spec §6.4); a page registered without a state is shared but cannot end an exact hit.
 - "bounded" (spec §7, SWA bounded replay): no slot state is kept; a hit of L tokens resumes at
-  L - keep (keep >= window + max_backtrack) in a cleared slot, so the last `keep` tokens are
-  recomputed and rebuild the rings. Those rows write the compressed caches of their positions,
-  so the pages they overlap are private copies of the shared ones: the shared pages never change.
-  The recomputed rows see no window history before L - keep: an approximation (docs/serving.md).
+  L - keep (keep >= window + max_backtrack) in a cleared slot, and its first chunks recompute
+  tokens L - keep .. L - 1 to rebuild the rings. The graph runs every layer on them, so they also
+  write the compressed caches of their positions: they write private copies of the pages they
+  overlap, and once the sequence has reached L the copies go back to the pool and it reads the
+  shared pages again, so the shared pages never change and the prefix's compressed KV is the
+  cached one. The recomputed rows see no window history before L - keep, and the rings are
+  built from them: an approximation (docs/serving.md).
 Neither mode keeps compressor state across the resume point except through the saved slot: a
 ratio-r group must be closed there, which `check_prefix_caching` checks (pages hold whole groups)
 and bounded replay keeps (its resume point is a multiple of every ratio).
@@ -174,6 +177,8 @@ class CacheManager:
         self._state: dict[int, object] = {}  # exact mode: slot state after the page's last token
         self._evictable: OrderedDict[int, None] = OrderedDict()  # registered, held by nobody; oldest first
         self._chain: dict[object, list[bytes]] = {}  # owner -> hashes of its first pages (registered or hit)
+        # bounded replay under way: owner -> (hit tokens, index of its first copied page, the shared pages copied)
+        self._replay: dict[object, tuple[int, int, list[int]]] = {}
         self.stats = PrefixStats()
 
     # ---- queries --------------------------------------------------------------------------------
@@ -211,6 +216,10 @@ class CacheManager:
 
     def refs(self, page: int) -> int:
         return self._refs.get(page, 0)
+
+    def replay_end(self, owner) -> int | None:
+        """Where `owner`'s bounded replay ends (its hit's length), while it is under way."""
+        return self._replay[owner][0] if owner in self._replay else None
 
     def extra_pages(self, owner, num_tokens: int) -> int:
         """Pages `owner` still needs so that `num_tokens` tokens are covered."""
@@ -315,14 +324,14 @@ class CacheManager:
         new = [self._take_page() for _ in range(need)]
         for src, dst in zip(copied, new):
             self.ops.copy_page(src, dst)
-        for page in copied:
-            self._release(page)
         for page in new:
             self._hold(page)
         slot = self._slot[owner] = heapq.heappop(self._free_slots)
         self._pages[owner] = shared + new
         if self.prefix is not None:
             self._chain[owner] = list(hit.hashes) if hit else []
+        if copied:  # (the shared pages stay held: the sequence reads them once its replay is done)
+            self._replay[owner] = (hit.num_tokens, len(shared), copied)
         if hit:
             if hit.state is not None:
                 self.ops.restore_slot(slot, hit.state)
@@ -368,6 +377,11 @@ class CacheManager:
         if self.prefix is None or owner not in self._slot:
             return
         chain, pages = self._chain[owner], self._pages[owner]
+        if owner in self._replay and num_cached >= self._replay[owner][0]:  # the replay is done
+            _, first, shared = self._replay.pop(owner)
+            for i, page in enumerate(shared, first):
+                self._release(pages[i])
+                pages[i] = page
         for k in range(len(chain), min(num_cached // self.page_tokens, len(pages))):
             h = page_hash(chain[-1] if chain else ROOT_HASH, token_ids[k * self.page_tokens:(k + 1) * self.page_tokens])
             chain.append(h)
@@ -397,13 +411,15 @@ class CacheManager:
         heapq.heappush(self._free_slots, self._slot.pop(owner))
         for page in reversed(self._pages.pop(owner)):  # the prefix's last page is reused first
             self._release(page)
+        for page in self._replay.pop(owner, (0, 0, []))[2]:
+            self._release(page)
         self._chain.pop(owner, None)
 
     def check_no_leak(self) -> None:
         """Raise RuntimeError unless every slot is free or owned once, and every page is free,
         registered and held by nobody, or held by exactly as many sequences as count it."""
         held: dict[int, int] = {}
-        for ps in self._pages.values():
+        for ps in [*self._pages.values(), *(r[2] for r in self._replay.values())]:
             for p in ps:
                 held[p] = held.get(p, 0) + 1
         if held != self._refs:

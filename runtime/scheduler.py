@@ -9,7 +9,8 @@ with its generated tokens as part of its prompt (the sampler's positions make it
 the same as if it had never stopped).
 
 Prefix caching (runtime/cache.py): a waiting sequence is admitted from the longest cached prefix
-of its tokens and resumes after it (or, with bounded replay, `keep` tokens before its end). In
+of its tokens and resumes after it (or, with bounded replay, `keep` tokens before its end, in
+chunks that stop at its end: the replay must finish before the sequence reads the shared pages). In
 exact mode a prefill chunk that crosses a page boundary ends at the last one it crosses (unless
 it ends within the rings' rollback slack past it): the slot state is saved with a page only at
 the end of a step, so this is what lets a prompt's pages end an exact hit.
@@ -79,6 +80,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq.num_cached, min(seq.num_uncached, budget))
+            replay_end = self.cache.replay_end(seq.request_id) if self.cache.prefix else None
+            if replay_end is not None:  # a bounded replay's chunks end where the cached prefix does
+                n = min(n, replay_end - seq.num_cached)
             drafts = 0
             if verify and seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
                 drafts = min(len(seq.drafts), budget - n)
@@ -101,6 +105,8 @@ class Scheduler:
             hit = self.cache.lookup(seq.token_ids) if self.cache.prefix else None
             start = hit.start if hit else 0
             n = self._chunk(start, min(len(seq.token_ids) - start, budget))
+            if hit and start and self.cache.prefix.mode == "bounded":
+                n = min(n, hit.num_tokens - start)
             if hit and start and not self.cache.can_cover(seq.request_id, start + n, hit):
                 # (bounded replay's private copies may need pages a miss does not): admit it as a miss
                 hit, start = PrefixHit(query_tokens=len(seq.token_ids)), 0

@@ -153,19 +153,34 @@ def test_bounded_replay_resumes_keep_tokens_early_on_private_copies():
     fill(cm, "a", tokens)
     shared = list(cm.pages("a"))
     hit = cm.lookup(tokens + [40, 41, 42])
-    # 16 cached tokens, 6 recomputed: resume at 10, the first of the pages holding positions 10..15 (2, 3) copied
+    # 16 cached tokens, 6 recomputed: resume at 10; the pages holding positions 10..15 (2, 3) are copied
     assert (hit.num_tokens, hit.start, hit.state) == (16, 10, None)
-    ops.slots[3] = ["stale"]
-    cm.allocate("b", 19, hit)
+    ops.slots[1] = ["stale"]
+    cm.allocate("b", 16, hit)
     assert cm.slot("b") == 1 and ops.slots[1] == []  # resumes from a cleared slot
-    pages = cm.pages("b")
-    assert pages[:2] == shared[:2] and len(set(pages[2:]) & set(shared)) == 0 and len(pages) == 5
-    assert ops.copies == [(shared[2], pages[2]), (shared[3], pages[3])]
-    assert [cm.refs(p) for p in shared] == [2, 2, 1, 1]
+    pages = list(cm.pages("b"))
+    copies = pages[2:]
+    assert pages[:2] == shared[:2] and not set(copies) & set(shared) and len(pages) == 4
+    assert ops.copies == [(shared[2], pages[2]), (shared[3], pages[3])] and cm.replay_end("b") == 16
+    assert [cm.refs(p) for p in shared] == [2, 2, 2, 2]  # (the copied ones stay held for after the replay)
+    cm.check_no_leak()
+    cm.register("b", tokens, 14, 14)  # the replay is not done yet
+    assert cm.pages("b") == pages
+    cm.register("b", tokens, 16, 16)  # done: b reads the shared pages, the copies are free again
+    assert cm.pages("b") == shared and cm.replay_end("b") is None and all(cm.refs(p) == 0 for p in copies)
+    cm.grow("b", 19)
     cm.count_query(hit)
     assert cm.stats.hit_tokens == 16 and cm.stats.saved_tokens == 10
     # a hit that would recompute the whole prefix is no hit
     assert cm.lookup(tokens[:5]).pages == [] and cm.lookup(tokens[:9]).start == 2
+    cm.check_no_leak()
+    # freed during its replay, a sequence gives back its copies and the shared pages
+    hit = cm.lookup(tokens + [1])
+    cm.allocate("c", 16, hit)
+    cm.free("c")
+    cm.free("a")
+    cm.free("b")
+    assert cm.free_pages == 10
     cm.check_no_leak()
 
 
@@ -207,7 +222,7 @@ class FakeTokenizer:
 class PrefixFakeModel(FakeOps):
     """A model whose pages hold the tokens of their positions and whose slot is a ring keyed by
     position with the real rings' slack: the tokens of the last window + max_backtrack positions
-    written. A step reads the earlier tokens from the chunk's pages, checks that the slot holds
+    written, and the position it was first written from. A step reads the earlier tokens from the chunk's pages, checks that the slot holds
     the last `window` of them (unless cleared for bounded replay), refuses to write
     a page another sequence holds or the prefix cache has registered, and derives each row's
     logits from the whole token history: a wrong page, a lost restore or a write into a shared
@@ -227,10 +242,11 @@ class PrefixFakeModel(FakeOps):
         for c in chunks:
             hist = [self.pages[c.pages[q // P]][q % P] for q in range(c.start)]
             assert None not in hist, f"slot {c.slot}: its pages lack an earlier token"
-            ring = dict(self.slots[c.slot])
-            if ring:  # (empty: a cleared slot, where bounded replay starts)
-                for q in range(max(0, c.start - self.window), c.start):
-                    assert ring.get(q) == hist[q], f"slot {c.slot}: the ring lacks position {q}"
+            # a cleared slot's ring starts with the first chunk after it (where bounded replay starts)
+            first, ring = self.slots[c.slot] or (c.start, [])
+            ring = dict(ring)
+            for q in range(max(first, c.start - self.window), c.start):
+                assert ring.get(q) == hist[q], f"slot {c.slot}: the ring lacks position {q}"
             for q, t in zip(range(c.start, c.start + len(c.tokens)), c.tokens):
                 page = c.pages[q // P]
                 assert self.cache.refs(page) == 1 and page not in self.cache._hash_of, \
@@ -239,7 +255,7 @@ class PrefixFakeModel(FakeOps):
                 ring[q] = t
             hist += c.tokens
             slack = self.window + self.cfg.dspark_block_size + 1
-            self.slots[c.slot] = sorted((q, t) for q, t in ring.items() if q >= len(hist) - slack)
+            self.slots[c.slot] = [first, sorted((q, t) for q, t in ring.items() if q >= len(hist) - slack)]
             self.rows += len(c.tokens)
             if c.sample:
                 row = torch.linspace(0, 1, VOCAB)
@@ -438,8 +454,9 @@ def test_bounded_replay_recomputes_keep_tokens_and_leaves_the_shared_pages_uncha
     inner = engine.executor.step
     engine.executor.step = lambda chunks: rows.append([(c.start, len(c.tokens)) for c in chunks]) or inner(chunks)
     hit = llm.generate(prompt_token_ids=[prompt], sampling_params=greedy, use_tqdm=False)[0]
-    # resumed at 128 - 22 = 106 on a private copy of page 0: the shared page is as it was
-    assert rows[0] == [(106, 150 - 106)]
+    # the replay of 106..127 on a private copy of page 0, then the prompt's rest on the shared page,
+    # which is as it was
+    assert rows[:2] == [[(106, 22)], [(128, 150 - 128)]]
     assert all(torch.equal(a, b) for a, b in zip(before, paged(engine, page)))
     st = llm.last_run_stats["prefix"]
     assert st["hit_tokens"] == 128 and st["prefill_tokens_saved"] == 106
