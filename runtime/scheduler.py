@@ -81,8 +81,8 @@ class Scheduler:
             seq = self.running[i]
             n = self._chunk(seq.num_cached, min(seq.num_uncached, budget))
             replay_end = self.cache.replay_end(seq.request_id) if self.cache.prefix else None
-            if replay_end is not None:  # a bounded replay's chunks end where the cached prefix does
-                n = min(n, replay_end - seq.num_cached)
+            if replay_end is not None and seq.num_cached < replay_end:
+                n = min(n, replay_end - seq.num_cached)  # a bounded replay's chunks end where the cached prefix does
             drafts = 0
             if verify and seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
                 drafts = min(len(seq.drafts), budget - n)
