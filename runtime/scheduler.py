@@ -102,6 +102,8 @@ class Scheduler:
         bucketed = self.verify_seqs is not None and any(s.num_drafts for s in batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not bucketed:
             seq = self.waiting[0]
+            if not self.cache.free_slots:
+                break
             hit = self.cache.lookup(seq.token_ids) if self.cache.prefix else None
             start = hit.start if hit else 0
             n = self._chunk(start, min(len(seq.token_ids) - start, budget))
