@@ -258,7 +258,9 @@ def _load_llm(args):
         raise EngineConfigError("give a compiled PLAN_DIR or --model, not both")
     return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-               speculative=_speculative(args.speculative))
+               speculative=_speculative(args.speculative), enable_prefix_caching=args.prefix_cache,
+               **{k: v for k, v in (("swa_replay", args.swa_replay), ("swa_replay_keep", args.swa_replay_keep))
+                  if v is not None})
 
 
 def _speculative(text: str | None):
@@ -298,6 +300,10 @@ def cmd_generate(args) -> int:
         print(f"speculative ({st['speculative']} drafts): mean accepted length {st['mean_accepted_length']:.2f} "
               f"tokens, {st['verify_rows_per_step']:.1f} verify rows/step, acceptance {st['acceptance_rate']:.1%}, "
               f"draft time {st['draft_time_share']:.0%} of the run's steps")
+    if "prefix" in st:
+        px = st["prefix"]
+        print(f"prefix cache: hit rate {px['hit_rate']:.1%} ({px['hit_tokens']} of {px['query_tokens']} prompt tokens), "
+              f"{px['prefill_tokens_saved']} prefill tokens saved")
     return 0
 
 
@@ -326,6 +332,12 @@ def add_generate(sub):
                    "the interpreter)")
     p.add_argument("--speculative", metavar="off|N", help="DSpark drafts verified per step (default: the draft "
                    "block where the executor can verify drafts; off where it cannot)")
+    p.add_argument("--prefix-cache", action="store_true", help="share the cached pages of common prompt prefixes "
+                   "between requests (prints the hit rate and the prefill tokens saved)")
+    p.add_argument("--swa-replay", metavar="exact|bounded", help="with --prefix-cache: restore the window rings "
+                   "saved with each page (exact, the default) or recompute the hit's last KEEP tokens (bounded)")
+    p.add_argument("--swa-replay-keep", type=int, metavar="KEEP",
+                   help="tokens bounded replay recomputes (default 140; >= window + the largest rollback)")
     p.set_defaults(func=cmd_generate)
 
 

@@ -12,6 +12,12 @@ Speculative decoding (DSpark drafts verified by the target, spec §5) is on by d
 model has the draft head and the executor runs verify steps (the interpreter, cpu plans, and GPU
 plans compiled with verify buckets, `deepinfer compile --verify-batches`). `llm.last_run_stats`
 reports the last generate/chat call: mean accepted length, verify rows per step, draft time share.
+
+`LLM(enable_prefix_caching=True)` shares the compressed-KV pages of common prompt prefixes
+between requests (vLLM's flag; runtime/cache.py), with the window rings restored exactly from the
+slot state saved with each page, or, with `swa_replay="bounded"`, rebuilt by recomputing the
+last `swa_replay_keep` tokens (spec §7); `last_run_stats["prefix"]` reports the hit rate and the
+prefill tokens saved.
 """
 from __future__ import annotations
 
@@ -21,11 +27,12 @@ from collections.abc import Mapping, Sequence
 from tqdm import tqdm
 
 from .models.checkpoint import load_checkpoint
-from .models.config import load_config
+from .models.config import config_from_dict, load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
+from .runtime.cache import DEFAULT_SWA_REPLAY_KEEP
 from .runtime.engine import (EngineConfigError, LLMEngine, RequestError, check_fixed_acceptance, check_limits,
-                             check_speculative)
+                             check_prefix_options, check_speculative, prefix_policy)
 from .runtime.executor import InterpreterExecutor
 from .runtime.sampling_params import SamplingParams
 from .runtime.sequence import RequestOutput
@@ -48,7 +55,8 @@ class LLM:
                  max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
                  verify_budget: int | None = None, fixed_acceptance: float | None = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, enable_prefix_caching: bool = False, swa_replay: str = "exact",
+                 swa_replay_keep: int = DEFAULT_SWA_REPLAY_KEEP):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
         values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
@@ -63,7 +71,10 @@ class LLM:
         measured step-time curve (GPU plans), else every draft. `fixed_acceptance`: a benchmark
         mode, not inference: each draft is accepted with this probability (seeded by `seed`), so
         the output is not the model's distribution (runtime/engine.py).
-        `tensor_parallel_size`: vLLM's; only 1 (one device) runs here."""
+        `tensor_parallel_size`: vLLM's; only 1 (one device) runs here.
+        `enable_prefix_caching`: share cached prompt prefixes (module doc); `swa_replay`: "exact"
+        (window rings restored from the state saved with each page) or "bounded" (the last
+        `swa_replay_keep` tokens of a hit recomputed, >= window + the largest rollback)."""
         check_limits(tensor_parallel_size=tensor_parallel_size)
         if tensor_parallel_size != 1:
             raise param_error(EngineConfigError, "tensor_parallel_size",
@@ -72,7 +83,10 @@ class LLM:
         if verify_budget is not None:
             check_limits(verify_budget=verify_budget)
         check_fixed_acceptance(fixed_acceptance)
-        self._spec = {"speculative": speculative, "verify_budget": verify_budget, "fixed_acceptance": fixed_acceptance}
+        check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
+        self._engine_options = {"speculative": speculative, "verify_budget": verify_budget, "fixed_acceptance": fixed_acceptance,
+                      "enable_prefix_caching": enable_prefix_caching, "swa_replay": swa_replay,
+                      "swa_replay_keep": swa_replay_keep}
         self.last_run_stats: dict = {}
         if plan is None and model is None:
             raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
@@ -97,6 +111,7 @@ class LLM:
             num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
         check_limits(num_pages=num_pages)
         cfg = load_config(model)
+        prefix_policy(cfg, PAGE_TOKENS, enable_prefix_caching, swa_replay, swa_replay_keep)  # (before the weights load)
         program = build_model(cfg)
         params = load_params(program, load_checkpoint(weights, cfg))
         executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)
@@ -104,7 +119,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed, **self._spec)
+                                seed=seed, **self._engine_options)
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
@@ -115,6 +130,8 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
+        prefix_policy(config_from_dict(loaded["model"]["config"], model_id=loaded["model"]["id"]), opts["page_tokens"],
+                      *(self._engine_options[k] for k in ("enable_prefix_caching", "swa_replay", "swa_replay_keep")))
         # the plan's limits are the defaults: a plan compiled for less than the interpreter's
         # defaults runs without repeating its flags
         max_model_len = opts["max_model_len"] if max_model_len is None else max_model_len
@@ -124,7 +141,7 @@ class LLM:
             if target != "cpu":  # a GPU plan's steps must fit its largest step bucket
                 largest = max(e["num_tokens"] for e in loaded["buckets"]["step"].values())
                 max_num_batched_tokens = min(max_num_batched_tokens, largest)
-        if target != "cpu" and not opts.get("verify_drafts") and self._spec["speculative"] not in (None, False, 0):
+        if target != "cpu" and not opts.get("verify_drafts") and self._engine_options["speculative"] not in (None, False, 0):
             # said before the weights load: the engine would refuse it after
             raise EngineConfigError(f"speculative decoding needs verify steps, which this {target} plan has no "
                                     "buckets for (compile it with --verify-batches); use speculative=0 / "
@@ -148,7 +165,7 @@ class LLM:
         self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                                seed=seed, **self._spec)
+                                seed=seed, **self._engine_options)
 
     @staticmethod
     def _device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages):
@@ -172,6 +189,13 @@ class LLM:
             raise EngineConfigError(f"num_pages {num_pages} exceeds the plan's pool "
                                     f"({loaded['options']['num_pages'] - 1} usable pages)")
         return CudaPlanExecutor(plan, weights)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes (vLLM's); False where prefix caching is off."""
+        if self.engine.cache.prefix is None:
+            return False
+        self.engine.cache.reset_prefix()
+        return True
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
@@ -259,6 +283,7 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
         before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
+        prefix_before = self.engine.cache.stats.copy()
         request_ids = [self.engine.add_request(text, p, prompt_ids)
                        for text, p, prompt_ids in zip(texts, params, ids)]
         wanted = set(request_ids)
@@ -278,6 +303,8 @@ class LLM:
                     self.engine.abort_request(rid)
             self.last_run_stats = {"steps": self.engine.num_steps - steps, "speculative": self.engine.num_speculative,
                                    **self.engine.spec_stats.since(before).summary()}
+            if self.engine.cache.prefix is not None:
+                self.last_run_stats["prefix"] = self.engine.cache.stats.since(prefix_before).summary()
         return [done[rid] for rid in request_ids]
 
 

@@ -32,7 +32,7 @@ from .plan_executor import (LoadedPlan, choose_bucket, draft_bucket_inputs, refe
                             verify_seqs, verify_shapes)
 from .plan_file import PlanError
 from .plan_runner import PlanRunner
-from .state import allocate_state
+from .state import SlotStateOps, allocate_state
 from .triton_aot import TritonKernels
 
 TORCH_TEMPLATES = ("torch_ref", "torch_device")
@@ -90,7 +90,7 @@ def load_instance(root: Path, inst: str, k: dict, device: int):
     return TritonKernels(inst, launches, cubins, device)
 
 
-class CudaPlanExecutor:
+class CudaPlanExecutor(SlotStateOps):
     def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash=None, device: int = 0,
                  cuda_graphs: bool = True):
         if not torch.cuda.is_available():
@@ -111,6 +111,8 @@ class CudaPlanExecutor:
         pool_slots, pool_pages = opts["num_slots"], opts["num_pages"]
         state = allocate_state(lp.state_types, num_slots=pool_slots, num_pages=pool_pages)
         self.state = {k: to_device(v, self.device) for k, v in state.items()}
+        # slot states a prefix cache saves stay on the device with the state
+        self.slot_names, self.page_names = lp.slot_buffers, lp.paged_buffers
         self.num_slots, self.num_pages = pool_slots - 1, pool_pages - 1  # the last of each is the padding's scratch
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
@@ -238,6 +240,3 @@ class CudaPlanExecutor:
         bucket, inputs = draft_bucket_inputs(self.plan, self.cfg, seqs, self.num_slots)
         outs = self.runner.run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
         return outs["drafts"][:b].cpu(), outs["confidence"][:b].float().cpu()
-
-    def reset_slot(self, slot: int) -> None:
-        self.loaded.zero_slot(self.state, slot)

@@ -29,6 +29,12 @@ min_tokens, bad_words: `SamplingParams.depends_on_history`) gets no drafts: each
 processes its one row from the sequence as it stands. min_p and logprobs need no history and
 speculate (verification filters with min_p; logprobs are taken from the row each token came from).
 
+Prefix caching (`enable_prefix_caching`, runtime/cache.py): after each step the full pages a
+sequence has computed are registered (with its slot state in exact mode), and a new sequence
+whose tokens start with registered pages shares them and starts after them; `swa_replay`
+"bounded" resumes `swa_replay_keep` tokens earlier instead of saving slot states (spec §7).
+`stats()["prefix"]` counts the hit rate and the prefill tokens saved.
+
 A request with n samples runs as n sequences (seeds `sampler.sample_seed`); its output comes when
 the last of them finishes.
 
@@ -46,11 +52,11 @@ from itertools import count
 
 import torch
 
-from ..models.deepseek_v41 import PAGE_TOKENS
-from ..validate import check_positive_ints
+from ..models.deepseek_v41 import PAGE_TOKENS, max_backtrack
+from ..validate import check_positive_ints, param_error
 from ..models.tokenizer import Tokenizer
 from .batch import DraftSeq, SeqChunk
-from .cache import CacheManager
+from .cache import DEFAULT_SWA_REPLAY_KEEP, SLOT_OPS, CacheManager, PrefixPolicy, check_prefix_caching
 from .executor import Executor
 from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
@@ -82,6 +88,29 @@ def check_fixed_acceptance(p) -> None:
     """None (verification by §5.5) or an acceptance probability in [0, 1] (benchmark mode)."""
     if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1):
         raise EngineConfigError(f"fixed_acceptance must be None or a probability in [0, 1], got {p!r}")
+
+
+def check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep) -> None:
+    """The prefix-cache settings on their own (before any model is loaded)."""
+    if not isinstance(enable_prefix_caching, bool):
+        raise param_error(EngineConfigError, "enable_prefix_caching",
+                          f"must be True or False, got {enable_prefix_caching!r}")
+    check_prefix_caching(PrefixPolicy(swa_replay, swa_replay_keep), PAGE_TOKENS, EngineConfigError, model=False)
+    if not enable_prefix_caching and (swa_replay != "exact" or swa_replay_keep != DEFAULT_SWA_REPLAY_KEEP):
+        raise EngineConfigError("swa_replay and swa_replay_keep apply to prefix caching, which is off "
+                                "(enable_prefix_caching=True turns it on)")
+
+
+def prefix_policy(cfg, page_tokens: int, enable_prefix_caching: bool, swa_replay: str,
+                  swa_replay_keep: int) -> PrefixPolicy | None:
+    """The prefix cache's policy for a model (its ModelConfig `cfg`), checked; None: off."""
+    check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
+    if not enable_prefix_caching:
+        return None
+    policy = PrefixPolicy(swa_replay, swa_replay_keep, cfg.sliding_window, max_backtrack(cfg),
+                          tuple(sorted({r for r in cfg.compress_ratios if r})))
+    check_prefix_caching(policy, page_tokens, EngineConfigError)
+    return policy
 
 
 def resolve_speculative(speculative, max_draft_len: int) -> int:
@@ -129,7 +158,9 @@ class LLMEngine:
     def __init__(self, executor: Executor, tokenizer: Tokenizer, *, max_num_seqs: int = 16,
                  max_num_batched_tokens: int = 512, max_model_len: int = 4096, seed: int | None = None,
                  overlap: bool | None = None, speculative: int | bool | None = None,
-                 verify_budget: int | None = None, fixed_acceptance: float | None = None):
+                 verify_budget: int | None = None, fixed_acceptance: float | None = None,
+                 enable_prefix_caching: bool = False, swa_replay: str = "exact",
+                 swa_replay_keep: int = DEFAULT_SWA_REPLAY_KEEP):
         """`overlap`: schedule step N+1 while step N runs (default: when the executor submits
         asynchronously and the engine does not speculate). `speculative`: drafts proposed per
         sequence; None = the draft block where the executor can run verify steps, 0 / False = off.
@@ -137,7 +168,8 @@ class LLMEngine:
         out by confidence (§5.6); None = from the executor's step-time curve where it has one,
         else every draft. `fixed_acceptance`: benchmark mode (module doc): each draft accepted
         with this probability, from a stream seeded by `seed`; the drafts' rates (§5.6) become
-        p, p^2, ..., the acceptance this mode gives them."""
+        p, p^2, ..., the acceptance this mode gives them. `enable_prefix_caching`, `swa_replay`
+        ("exact" or "bounded"), `swa_replay_keep`: prefix caching (module doc)."""
         check_limits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                      max_model_len=max_model_len)
         if verify_budget is not None:
@@ -160,8 +192,16 @@ class LLMEngine:
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
+        check_prefix_options(enable_prefix_caching, swa_replay, swa_replay_keep)
+        cfg = getattr(executor, "cfg", None)
+        if enable_prefix_caching and (cfg is None or not all(hasattr(executor, op) for op in SLOT_OPS)):
+            raise EngineConfigError(f"{type(executor).__name__} cannot save and restore slot states, which prefix "
+                                    "caching needs")
+        prefix = prefix_policy(cfg, getattr(executor, "page_tokens", PAGE_TOKENS), enable_prefix_caching, swa_replay,
+                               swa_replay_keep)
         self.cache = CacheManager(executor.num_slots, executor.num_pages,
-                                  getattr(executor, "page_tokens", PAGE_TOKENS))
+                                  getattr(executor, "page_tokens", PAGE_TOKENS), prefix=prefix,
+                                  ops=executor if prefix else None)
         if self.cache.pages_for(max_model_len) > executor.num_pages:
             # one sequence at max_model_len must fit alone, or preemption could never make room for it
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "
@@ -281,6 +321,8 @@ class LLMEngine:
         emitted = self.sample(prepared, logits)
         finished += self.accept(prepared, emitted, replace=self.overlap,
                                 logprobs=self._logprobs(prepared, logits, emitted))
+        for sch, chunk in zip(prepared.batch, prepared.chunks):
+            self._register_pages(sch.seq, chunk)
         if planned:
             planned = [s for s in planned if not s.seq.finished]
             if planned:
@@ -386,6 +428,7 @@ class LLMEngine:
         the rejected rows. Returns the sequences that finished."""
         now, finished = time.time(), []
         logprobs = logprobs or [None] * len(emitted)
+        chunk_of = {id(s.seq): c for s, c in zip(prepared.batch, prepared.chunks)}
         for seq, tokens, drafts, entries in zip(prepared.sampled, emitted, prepared.drafts, logprobs):
             if seq.finished:
                 continue  # aborted while its step ran: the tokens are dropped
@@ -402,6 +445,7 @@ class LLMEngine:
                     seq.first_token_time = now
                 reason = self._check_stop(seq, token)
                 if reason:
+                    self._register_pages(seq, chunk_of[id(seq)])  # (before its pages are released)
                     self._finish(seq, reason)
                     finished.append(seq)
                     break
@@ -412,6 +456,12 @@ class LLMEngine:
                 self.cache.shrink(seq.request_id, seq.num_cached)
         self.num_steps += 1
         return finished
+
+    def _register_pages(self, seq: Sequence, chunk: SeqChunk) -> None:
+        """The prefix cache takes the sequence's newly computed full pages (`chunk`: the rows the
+        step wrote into its slot)."""
+        if self.cache.prefix is not None and not seq.finished:
+            self.cache.register(seq.request_id, seq.token_ids, seq.num_cached, chunk.start + len(chunk.tokens))
 
     # ---- speculation ----------------------------------------------------------------------------
 
@@ -530,4 +580,5 @@ class LLMEngine:
         return {"steps": self.num_steps, "preemptions": self.scheduler.num_preemptions,
                 "free_slots": self.cache.free_slots, "free_pages": self.cache.free_pages,
                 "free_tokens": self.cache.free_tokens, "speculative": self.num_speculative,
-                **({"spec": self.spec_stats.summary()} if self.num_speculative else {})}
+                **({"spec": self.spec_stats.summary()} if self.num_speculative else {}),
+                **({"prefix": self.cache.stats.summary()} if self.cache.prefix else {})}

@@ -10,7 +10,7 @@ import torch
 from ..ir import interpret
 from ..models.deepseek_v41 import PAGE_TOKENS, ModelProgram
 from .batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
-from .state import allocate_state, slot_buffers, zero_slot
+from .state import SlotStateOps, allocate_state, paged_buffers, slot_buffers
 
 
 @runtime_checkable
@@ -18,7 +18,9 @@ class Executor(Protocol):
     """An executor may also declare `page_tokens` (raw tokens per page); without it the engine uses
     the V4.1 graphs' PAGE_TOKENS. And `max_draft_len`: the drafts one sequence's verify chunk may
     carry, [t*, d_0 .. d_{m-1}] with logits for all of its rows (`SeqChunk.logit_rows`); absent or
-    0, the executor cannot run verify steps and the engine does not speculate."""
+    0, the executor cannot run verify steps and the engine does not speculate. For prefix caching
+    it needs `cfg` (the ModelConfig: window, draft block, compressor ratios) and `save_slot`,
+    `restore_slot` and `copy_page` (runtime/state.SlotStateOps)."""
 
     num_slots: int  # state slots (window rings, compressor rings, Engram history) in the pool
     num_pages: int  # pages of the compressed caches in the pool
@@ -37,13 +39,13 @@ class Executor(Protocol):
         ...
 
 
-class InterpreterExecutor:
+class InterpreterExecutor(SlotStateOps):
     """Runs the model program's graphs with the IR interpreter (each op's torch reference) on CPU."""
 
     def __init__(self, program: ModelProgram, params: dict, num_slots: int, num_pages: int, check: bool = False):
         if num_slots < 1 or num_pages < 1:
             raise ValueError(f"an executor needs >= 1 slot and >= 1 page, got {num_slots} slots, {num_pages} pages")
-        self.program, self.params = program, params
+        self.program, self.params, self.cfg = program, params, program.cfg
         self.num_slots, self.num_pages, self.page_tokens = num_slots, num_pages, PAGE_TOKENS
         self.vocab_size = program.cfg.vocab_size
         # the interpreter takes any shape, so any chunk up to the draft block
@@ -52,7 +54,7 @@ class InterpreterExecutor:
         self.check = check
         self.state = allocate_state(program.state, num_slots=num_slots, num_pages=num_pages)
         # which state buffers are indexed by slot (the rest are paged); dim 0 is the slot/page index
-        self._slot_buffers = slot_buffers(program.state)
+        self.slot_names, self.page_names = slot_buffers(program.state), paged_buffers(program.state)
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         for c in chunks:
@@ -71,6 +73,3 @@ class InterpreterExecutor:
         inputs = draft_inputs(seqs, cfg.dspark_block_size, cfg.dspark_noise_token_id)
         outs, self.state, _ = interpret(self.program.draft, inputs, self.params, self.state, check=self.check)
         return outs["drafts"], outs["confidence"]
-
-    def reset_slot(self, slot: int) -> None:
-        zero_slot(self.state, self._slot_buffers, slot)

@@ -19,7 +19,7 @@ from ..models.deepseek_v41 import materialize_params
 from .batch import DraftSeq, SeqChunk, bucket_inputs, draft_inputs, step_inputs
 from .plan_file import PlanError, load_plan
 from .plan_runner import PlanGraph, PlanRunner
-from .state import allocate_state, slot_buffers, zero_slot
+from .state import SlotStateOps, allocate_state, paged_buffers, slot_buffers
 
 
 class LoadedPlan:
@@ -60,12 +60,10 @@ class LoadedPlan:
                     self.params.pop(v, None)
         self.state_types = {k: parse_type(v) for k, v in plan["state"].items()}
         self.slot_buffers = slot_buffers(self.state_types)
-
-    def zero_slot(self, state: dict, slot: int) -> None:
-        zero_slot(state, self.slot_buffers, slot)
+        self.paged_buffers = paged_buffers(self.state_types)
 
 
-class PlanExecutor:
+class PlanExecutor(SlotStateOps):
     def __init__(self, plan_dir, weights=None, num_slots: int | None = None, num_pages: int | None = None,
                  pad_to_buckets: bool = False, *, checkpoint=None, config_hash: str | None = None):
         """`pad_to_buckets` runs every step at its bucket's shape, padded as a device executor pads
@@ -91,6 +89,7 @@ class PlanExecutor:
         if pad_to_buckets:  # the last slot and page take the padding rows' writes
             num_slots, num_pages = num_slots + 1, num_pages + 1
         self.state = allocate_state(lp.state_types, num_slots=num_slots, num_pages=num_pages)
+        self.slot_names, self.page_names = lp.slot_buffers, lp.paged_buffers
         self.num_slots, self.num_pages = num_slots - self.pad, num_pages - self.pad
         # padded steps run the plan's call lists the way a device executor does, with references
         self.runner = PlanRunner(lp, self.params, self.state, reference_call, torch.device("cpu"))
@@ -131,9 +130,6 @@ class PlanExecutor:
         inputs = draft_inputs(seqs, self.cfg.dspark_block_size, self.cfg.dspark_noise_token_id)
         outs = self.runner.run("draft", None, inputs)
         return outs["drafts"], outs["confidence"]
-
-    def reset_slot(self, slot: int) -> None:
-        self.loaded.zero_slot(self.state, slot)
 
 
 def step_shapes(plan: dict, kinds=("decode", "verify")) -> list[tuple[str, str, int, int]]:

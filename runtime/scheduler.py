@@ -8,6 +8,13 @@ by recompute: its slot and pages go back to the pool and it returns to the front
 with its generated tokens as part of its prompt (the sampler's positions make its later tokens
 the same as if it had never stopped).
 
+Prefix caching (runtime/cache.py): a waiting sequence is admitted from the longest cached prefix
+of its tokens and resumes after it (or, with bounded replay, `keep` tokens before its end, in
+chunks that stop at its end: the replay must finish before the sequence reads the shared pages). In
+exact mode a prefill chunk that crosses a page boundary ends at the last one it crosses (unless
+it ends within the rings' rollback slack past it): the slot state is saved with a page only at
+the end of a step, so this is what lets a prompt's pages end an exact hit.
+
 Speculation: a decoding sequence that holds drafts gets the verify chunk [t*, d_0 .. d_{m-1}],
 with as many drafts as the token budget and the free pages allow. Drafts never preempt anyone:
 they are cut first. A preempted sequence drops its drafts.
@@ -17,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .cache import CacheManager
+from .cache import CacheManager, PrefixHit
 from .sequence import Sequence, SeqStatus
 
 
@@ -72,7 +79,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncached, budget)
+            n = self._chunk(seq.num_cached, min(seq.num_uncached, budget))
+            replay_end = self.cache.replay_end(seq.request_id) if self.cache.prefix else None
+            if replay_end is not None and seq.num_cached < replay_end:
+                n = min(n, replay_end - seq.num_cached)  # a bounded replay's chunks end where the cached prefix does
             drafts = 0
             if verify and seq.drafts and seq.num_uncached == 1:  # a decode row: verify what budget and pages allow
                 drafts = min(len(seq.drafts), budget - n)
@@ -92,16 +102,39 @@ class Scheduler:
         bucketed = self.verify_seqs is not None and any(s.num_drafts for s in batch)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not bucketed:
             seq = self.waiting[0]
-            n = min(seq.num_uncached, budget)
-            if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, n):
+            if not self.cache.free_slots:
+                break
+            hit = self.cache.lookup(seq.token_ids) if self.cache.prefix else None
+            start = hit.start if hit else 0
+            n = self._chunk(start, min(len(seq.token_ids) - start, budget))
+            if hit and start and self.cache.prefix.mode == "bounded":
+                n = min(n, hit.num_tokens - start)
+            if hit and start and not self.cache.can_cover(seq.request_id, start + n, hit):
+                # (bounded replay's private copies may need pages a miss does not): admit it as a miss
+                hit, start = PrefixHit(query_tokens=len(seq.token_ids)), 0
+                n = self._chunk(0, min(len(seq.token_ids), budget))
+            if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, start + n, hit):
                 break  # first come first served: nobody overtakes the head of the queue
-            self.cache.allocate(seq.request_id, n)
+            self.cache.allocate(seq.request_id, start + n, hit)
+            if hit:
+                self.cache.count_query(hit)
+            seq.num_cached = start
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             batch.append(Scheduled(seq, n))
             budget -= n
         return batch
+
+    def _chunk(self, start: int, n: int) -> int:
+        """A chunk of n rows from `start`, cut at the last page boundary it crosses when exact
+        prefix caching saves slot states (module doc)."""
+        prefix = self.cache.prefix
+        if prefix is None or prefix.mode != "exact" or n < 2:
+            return n
+        end = start + n
+        boundary = end // self.cache.page_tokens * self.cache.page_tokens
+        return boundary - start if boundary > start and end - boundary > prefix.max_backtrack else n
 
     def advance(self, batch: list[Scheduled]) -> None:
         """After the step ran: the caches now hold each scheduled chunk (of a verify chunk, its

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from deepinfer.codegen.library.ascend_attention import attention_plan
-from deepinfer.codegen.library.ascend_common import SIMT_CONTEXT_UB
+from deepinfer.codegen.library.ascend_common import SIMT_CONTEXT_BYTES
 from deepinfer.codegen.library.ascend_gemm import dequant_plan
 from deepinfer.codegen.library.ascend_moe import grouped_plan
 from deepinfer.codegen.library.tilelang_attention import attention_dims
@@ -85,7 +85,7 @@ def test_grouped_fp4_gemm_widens_both_operands_for_the_cube_mma():
     assert "asc_copy_l0c2ub" in src.text and "asc_copy_l0c2gm" not in src.text
     assert CHECK(src, None) is None and src.grid == (4,)  # 4 experts x 1 N tile
     # the UB TileLang-Ascend keeps for SIMT thread contexts is part of the plan
-    assert SIMT_CONTEXT_UB in src.meta["buffers"]["ub"]
+    assert SIMT_CONTEXT_BYTES in src.meta["buffers"]["ub"]
 
 
 def test_grouped_fp4_real_shapes_fit_and_oversized_tiles_fail():
@@ -177,7 +177,7 @@ def test_sparse_attention_renders_gathers_two_cube_gemms_and_the_sink():
     assert len(re.findall(r"ascend_gemm_l1<", src.text)) == 2 and src.text.count("asc_copy_ub2l1") == 3
     assert "exp2" in src.text
     assert CHECK(src, None) is None and src.grid == (8,)  # 2 rows x 4 head groups
-    assert SIMT_CONTEXT_UB in src.meta["buffers"]["ub"]
+    assert SIMT_CONTEXT_BYTES in src.meta["buffers"]["ub"]
 
 
 @pytest.mark.slow

@@ -130,6 +130,14 @@ GENERATE_FLAGS = [
     (["--max-num-seqs", "0"], "--max-num-seqs must be an integer >= 1, got 0"),
     (["--max-model-len", "-1"], "--max-model-len must be an integer >= 1, got -1"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens must be an integer >= 1, got 0"),
+    # prefix caching: bounded replay must rebuild a whole ring (the tiny model's 16-token window + 6
+    # rows of rollback), checked against the model before its weights load
+    (["--prefix-cache", "--swa-replay", "bounded", "--swa-replay-keep", "21"],
+     "--swa-replay-keep 21 is below the window (16) plus the largest rollback (6): bounded replay needs >= 22 "
+     "tokens to rebuild the rings"),
+    (["--prefix-cache", "--swa-replay", "fuzzy"], "--swa-replay must be one of exact, bounded, got 'fuzzy'"),
+    (["--swa-replay", "bounded"], "swa_replay and swa_replay_keep apply to prefix caching, which is off "
+                                  "(enable_prefix_caching=True turns it on)"),
 ]
 
 
@@ -419,3 +427,36 @@ def test_generate_chat_encodes_spelt_control_tokens_as_text(tiny_plan_and_weight
     plain, raw = tok.render_chat(messages), tok.encode(tok.render_chat_prompt(messages))
     assert len(raw) < len(plain)  # the rendered text, encoded raw, would turn the spellings into tokens
     assert f"1 requests, {len(plain)} prompt tokens" in capsys.readouterr().out
+
+
+# ---- prefix caching's arguments (the API's names; the flags' are above) ----------------------------
+
+PREFIX_ARGS = [
+    (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be True or False, got 'yes'"),
+    (dict(enable_prefix_caching=True, swa_replay="bounded", swa_replay_keep=21),
+     "swa_replay_keep 21 is below the window (16) plus the largest rollback (6): bounded replay needs >= 22 tokens "
+     "to rebuild the rings"),
+    (dict(enable_prefix_caching=True, swa_replay_keep=2.5), "swa_replay_keep must be an integer, got 2.5"),
+    (dict(enable_prefix_caching=True, swa_replay=None), "swa_replay must be one of exact, bounded, got None"),
+    (dict(swa_replay_keep=200), "swa_replay and swa_replay_keep apply to prefix caching, which is off"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error", PREFIX_ARGS, ids=[e for _, e in PREFIX_ARGS])
+def test_prefix_cache_arguments(tmp_path, kwargs, error):
+    """Refused before the weights load (there are none in tmp_path), in one line."""
+    from deepinfer import LLM
+    from deepinfer.runtime.engine import EngineConfigError
+
+    with pytest.raises(EngineConfigError) as e:
+        LLM(TINY, tmp_path, **kwargs)
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+
+
+def test_prefix_cache_arguments_on_a_plan(tiny_plan_and_weights, tmp_path):
+    from deepinfer import LLM
+    from deepinfer.runtime.engine import EngineConfigError
+
+    plan, _ = tiny_plan_and_weights
+    with pytest.raises(EngineConfigError, match=r"^swa_replay_keep 10 is below the window \(16\)"):
+        LLM(plan=plan, weights=tmp_path, enable_prefix_caching=True, swa_replay="bounded", swa_replay_keep=10)

@@ -99,7 +99,7 @@ def record_states(engine) -> dict:
     """request id -> valid_state of its sequence when it last gave its slot back (at its finish;
     an earlier preemption's record is replaced)."""
     ex, cache, free = engine.executor, engine.cache, engine.cache.free
-    slots = [k for k in ex.state if k in set(ex._slot_buffers)]
+    slots = [k for k in ex.state if k in set(ex.slot_names)]
     backtrack = max_backtrack(ex.program.cfg)
     states = {}
 

@@ -27,7 +27,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import SIMT_CONTEXT_UB, align32, e2m1_f32, lower_ascend
+from .ascend_common import SIMT_CONTEXT_BYTES, align32, e2m1_f32, lower_ascend
 from .tilelang_attention import LOG2E, MODES, NEG, attention_dims
 from .tilelang_gemm import ceil_div, e8m0_f32
 
@@ -46,7 +46,7 @@ def attention_plan(mode: str, d: dict, config: dict, cores: int) -> dict:
     ub += [align32(hg * bi * 4), align32(hg * bi * 2), align32((hg + 1) * bi * 2)]  # S, P (+ nd2nz)
     ub += [align32(hg * dd * 4), align32(hg * dd * 4), align32(hg * dd * 2)]  # running O, block O, O bf16
     ub += [align32(hg * 4)] * 3 + [align32(bi * 4)] * 3  # m, l, alpha; key validity, source, row
-    ub.append(SIMT_CONTEXT_UB)
+    ub.append(SIMT_CONTEXT_BYTES)
     units = d["n"] * (d["H"] // hg)
     return {"units": units, "grid": min(cores, units),
             "buffers": {"ub": ub, "l1": [align32(hg * dd * 2), align32(bi * dd * 2), align32(dd * bi * 2),

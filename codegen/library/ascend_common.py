@@ -3,19 +3,39 @@ of the IR dtypes, and lowering a prim_func to AscendC source (TileLang's Ascend 
 entered around `tilelang.lower`)."""
 from __future__ import annotations
 
+import math
+
 BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8, "u8": 1, "i8": 1, "f8e4m3": 1, "fp8e4m3": 1, "e8m0": 1}
-# TileLang dtype of each IR storage dtype (ue8m0 scales are raw exponent bytes)
-TL_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "i32": "int32", "i64": "int64", "u8": "uint8",
-            "i8": "int8", "e8m0": "uint8", "fp8e4m3": "float8_e4m3fn"}
 GRANULE = 32  # bytes: UB / L1 buffers and their GM transfers are 32-byte granular (capacity.ASCEND_ALIGN)
-# TileLang-Ascend keeps 32 KiB of the UB for SIMT thread contexts in any kernel with a SIMT region
-# (its auto scheduler's GetSharedMemoryLimit: 248 KiB physical - 32 KiB); a buffer plan of such a
-# kernel lists it, so the check against the 248 KiB UB sees what the scheduler will refuse
-SIMT_CONTEXT_UB = 32 * 1024
+# UB a kernel with SIMT regions cannot use: the SIMT threads' context (TileLang-Ascend's
+# auto-schedule takes it off the 248 KiB before placing buffers, GetSharedMemoryLimit in
+# src/ascend/transform/auto_schedule.cc); such a kernel's buffer plan lists it
+SIMT_CONTEXT_BYTES = 32 * 1024
+
+# IR dtype -> the TileLang dtype of its storage: e8m0 scales are raw exponent bytes, fp4 packs two
+# codes a byte (its storage shape halves the last dim)
+TL_DTYPE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "i32": "int32", "i64": "int64",
+            "u8": "uint8", "i8": "int8", "fp8e4m3": "float8_e4m3fn", "e8m0": "uint8", "fp4e2m1": "uint8"}
 
 
 def align32(n: int) -> int:
     return -(-n // GRANULE) * GRANULE
+
+
+def ub_bytes(shape, dtype: str) -> int:
+    """Bytes of an on-chip buffer of `shape` in an IR dtype's storage, rounded up to the granule."""
+    return align32(math.prod(shape) * (1 if dtype == "fp4e2m1" else BYTES[dtype]))
+
+
+def const_at(values, j, dtype: str):
+    """values[j] for a loop variable j over Python constants, as a select chain: an explicitly
+    unrolled loop makes j a literal and the chain folds to the one constant."""
+    from tvm import tirx
+
+    e = tirx.const(values[-1], dtype)
+    for k in range(len(values) - 2, -1, -1):
+        e = tirx.Select(j == k, tirx.const(values[k], dtype), e)
+    return e
 
 
 def lower_ascend(prim_func) -> str:

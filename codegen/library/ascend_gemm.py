@@ -20,7 +20,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import SIMT_CONTEXT_UB
+from .ascend_common import SIMT_CONTEXT_BYTES
 from .ascend_common import align32 as _align32
 from .ascend_common import lower_ascend
 
@@ -254,7 +254,7 @@ def dequant_plan(m: int, n: int, k: int, config: dict, cores: int) -> dict:
     p = gemm_plan(m, n, k, {**config, "stages": 1}, cores)
     bm, bn, bk = p["block_M"], config["block_N"], config["block_K"]
     ub = [_align32(bm * bk), _align32(bn * bk), _align32(bm * bk // 32), _align32(bn * bk // 32)]
-    ub += [_align32(r * bk * 2) for r in (bm, bm + 1, bn, bn + 1)] + [SIMT_CONTEXT_UB]
+    ub += [_align32(r * bk * 2) for r in (bm, bm + 1, bn, bn + 1)] + [SIMT_CONTEXT_BYTES]
     return {**p, "buffers": {**p["buffers"], "ub": ub}}
 
 

@@ -35,7 +35,7 @@ import functools
 
 from ..targets import building
 from ..template import KernelSource, KernelSpec, Template, register
-from .ascend_common import SIMT_CONTEXT_UB, align32, e2m1_f32, lower_ascend
+from .ascend_common import SIMT_CONTEXT_BYTES, align32, e2m1_f32, lower_ascend
 from .tilelang_gemm import e8m0_f32
 
 _THREADS = 128
@@ -59,7 +59,7 @@ def grouped_plan(kind: str, m: int, n: int, k: int, units: int, config: dict, co
         ub += [align32(bm * bn * 2)]  # the output tile on its way to the guarded store
     else:
         ub += [align32(bn * bk)]
-    ub.append(SIMT_CONTEXT_UB)
+    ub.append(SIMT_CONTEXT_BYTES)
     from .ascend_gemm import _k_chunk
 
     kc = _k_chunk(bm, bn, bk)
