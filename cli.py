@@ -274,11 +274,32 @@ def _speculative(text: str | None):
     return int(text)
 
 
+def _constraint(args) -> dict:
+    """--regex TEXT, --json-schema FILE, --grammar FILE (EBNF) as SamplingParams arguments."""
+    from .runtime.sampling_params import SamplingParamsError
+    from .validate import param_error
+
+    out = {"regex": args.regex} if args.regex is not None else {}
+    for name in ("json_schema", "grammar"):
+        path = getattr(args, name)
+        if path is None:
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if name == "json_schema":
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as e:
+                raise param_error(SamplingParamsError, name, f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        out[name] = text
+    return out
+
+
 def cmd_generate(args) -> int:
     from .runtime.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, **_constraint(args))
     prompts = _read_prompts(args)
     llm = _load_llm(args)
     t = time.perf_counter()
@@ -326,6 +347,11 @@ def add_generate(sub):
                    "the interpreter)")
     p.add_argument("--speculative", metavar="off|N", help="DSpark drafts verified per step (default: the draft "
                    "block where the executor can verify drafts; off where it cannot)")
+    p.add_argument("--regex", help="structured output: every output matches this regular expression")
+    p.add_argument("--json-schema", metavar="FILE", help="structured output: every output is JSON valid under the "
+                   "schema in FILE")
+    p.add_argument("--grammar", metavar="FILE", help="structured output: every output is a sentence of the EBNF "
+                   "grammar in FILE (xgrammar's GBNF dialect, start rule root)")
     p.set_defaults(func=cmd_generate)
 
 

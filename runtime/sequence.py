@@ -42,6 +42,7 @@ class Sequence:
     logprobs: list[dict[int, "Logprob"]] | None = None  # per output token, when the params ask for them
     cumulative_logprob: float | None = None
     stop_text_from: int = 0  # stop strings count from this character on (the text before min_tokens)
+    grammar: object | None = None  # a structured-output request's matcher (runtime/structured.py)
 
     def __post_init__(self):
         if not self.token_ids:
