@@ -55,7 +55,7 @@ from .executor import Executor
 from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
-from .sequence import Logprob, RequestOutput, Sequence, SeqStatus
+from .sequence import Logprob, ParsedOutput, RequestOutput, Sequence, SeqStatus, StreamOffsets
 from .structured import GrammarCompiler
 from .speculative import SpecStats, budget_from_curve, confidence_rates, split_by_confidence
 
@@ -201,8 +201,11 @@ class LLMEngine:
             raise RequestError(f"prompt token {bad!r} is not an id in [0, {vocab})")
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
-                    prompt_token_ids: list[int] | None = None, request_id: str | None = None) -> str:
-        """Queue a request (text, or token ids); returns its id. Text prompts start with BOS."""
+                    prompt_token_ids: list[int] | None = None, request_id: str | None = None, *,
+                    chat: bool = False, thinking: bool = False) -> str:
+        """Queue a request (text, or token ids); returns its id. Text prompts start with BOS.
+        `chat`: the output is an assistant turn, parsed as the official API does (content,
+        reasoning_content, tool_calls); `thinking`: the prompt opened its reasoning."""
         if prompt_token_ids is None:
             if prompt is None:
                 raise RequestError("a request needs a prompt or prompt_token_ids")
@@ -222,7 +225,11 @@ class LLMEngine:
         now, group = time.time(), []
         for i, seq_id in enumerate(seq_ids):
             seq = Sequence(seq_id, prompt, prompt_token_ids, params, sample_seed(seed, i), now, group_id=request_id,
-                           index=i, bad_word_ids=bad_word_ids, grammar=grammars[i])
+                           index=i, bad_word_ids=bad_word_ids, grammar=grammars[i],
+                           detok=self.tokenizer.text_stream(params.skip_special_tokens), streamed=StreamOffsets())
+            if chat:
+                seq.parser = self.tokenizer.output_parser(thinking=thinking, tool_calls=True, stop=params.stop or ())
+                seq.parsed = ParsedOutput()
             if params.logprobs is not None:
                 seq.logprobs, seq.cumulative_logprob = [], 0.0
             self._sequences[seq_id] = seq
@@ -259,6 +266,11 @@ class LLMEngine:
                 self._aborted.append(seq)
                 aborted = True
         return aborted
+
+    def request_samples(self, request_id: str) -> list[Sequence]:
+        """The sequences of a queued request (its n samples), for streaming its deltas
+        (`RequestOutput.delta_of`); they stay valid after it finishes."""
+        return list(self._requests[str(request_id)])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
@@ -532,25 +544,25 @@ class LLMEngine:
     # ---- finishing ------------------------------------------------------------------------------
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
+        """Why `token` ends the sequence, or None. A token that does not end it as a token (EOS,
+        stop_token_ids, the grammar's end) is part of the text, decoded incrementally; a stop
+        string is looked for where the new text could complete one (earlier text was searched)."""
         p = seq.params
-        if len(seq.output_token_ids) < p.min_tokens:  # (EOS and the stop ids were masked)
+        if len(seq.output_token_ids) >= p.min_tokens:  # (before, EOS and the stop ids were masked)
+            if ((seq.grammar is not None and seq.grammar.terminated)  # it took EOS where the grammar may end
+                    or (not p.ignore_eos and token == self.tokenizer.eos_id)
+                    or (p.stop_token_ids and token in p.stop_token_ids)):
+                seq.stop_reason = token  # the token ends the text; it is not part of it
+                return "stop"
+        before = len(seq.text)
+        seq.text += seq.detok.push(token)
+        if seq.parser is not None:
+            seq.parsed.add(seq.parser.push([token]))
+        if len(seq.output_token_ids) < p.min_tokens:  # vLLM checks no stop string before min_tokens
             return "length" if len(seq.token_ids) >= self.max_model_len else None
-        if len(seq.output_token_ids) == p.min_tokens and p.min_tokens > 1:
-            # a stop string must end in the tokens from min_tokens on (vLLM checks none before)
-            seq.stop_text_from = len(self.tokenizer.decode(seq.output_token_ids[:-1],
-                                                           skip_special_tokens=p.skip_special_tokens))
-        if seq.grammar is not None and seq.grammar.terminated:  # it took EOS where the grammar may end
-            seq.stop_reason = token
-            return "stop"
-        if not p.ignore_eos and token == self.tokenizer.eos_id:
-            seq.stop_reason = token
-            return "stop"
-        if p.stop_token_ids and token in p.stop_token_ids:
-            seq.stop_reason = token
-            return "stop"
         if p.stop:
-            text = self._detokenize(seq)
-            hits = [(at, s) for s in p.stop if (at := text.find(s, max(0, seq.stop_text_from - len(s) + 1))) >= 0]
+            text = seq.text
+            hits = [(at, s) for s in p.stop if (at := text.find(s, max(0, before - len(s) + 1))) >= 0]
             if hits:
                 at, s = min(hits)
                 # like vLLM, the stop string is not emitted unless include_stop_str_in_output
@@ -561,17 +573,13 @@ class LLMEngine:
             return "length"
         return None
 
-    def _detokenize(self, seq: Sequence) -> str:
-        ids = seq.output_token_ids
-        if seq.stop_reason is not None and not isinstance(seq.stop_reason, str):
-            ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
-        return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
-
     def _finish(self, seq: Sequence, reason: str) -> None:
         if not seq.finished:
             self.scheduler.finish(seq, reason)
-        if not isinstance(seq.stop_reason, str):  # a stop string already cut the text
-            seq.text = self._detokenize(seq)
+        if not isinstance(seq.stop_reason, str):  # (a stop string cut the text: nothing after it is output)
+            seq.text += seq.detok.finish()
+        if seq.parser is not None:
+            seq.parsed.add(seq.parser.finish())
         seq.finish_time = time.time()
         del self._sequences[seq.request_id]
 
