@@ -160,18 +160,17 @@ def test_a_stop_string_ends_the_parsed_answer_too():
 
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    torch.set_num_threads(1)
+def llm(tmp_path_factory, one_torch_thread):
     ckpt = make_checkpoint(MODEL, tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
     return LLM(MODEL, ckpt, max_num_seqs=4, max_model_len=96, speculative=0)
 
 
 def test_streamed_deltas_concatenate_to_the_output(llm):
-    params = SamplingParams(temperature=1.0, seed=2, max_tokens=10, n=2)
+    params = SamplingParams(temperature=1.0, seed=2, max_tokens=6, n=2)
     whole = llm.generate(["Hello", "Hi"], params, use_tqdm=False)
-    (first,) = llm.generate(["Hello"], SamplingParams(temperature=1.0, seed=2, max_tokens=10), use_tqdm=False)
+    (first,) = llm.generate(["Hello"], SamplingParams(temperature=1.0, seed=2, max_tokens=6), use_tqdm=False)
     stop = first.text[len(first.text) // 2:][:2]
-    stopped = SamplingParams(temperature=1.0, seed=2, max_tokens=10, stop=[stop])
+    stopped = SamplingParams(temperature=1.0, seed=2, max_tokens=6, stop=[stop])
     (cut,) = llm.generate(["Hello"], stopped, use_tqdm=False)
     assert cut.finish_reason == "stop"
     streams = [list(llm.generate(["Hello", "Hi"], params, stream=True)), list(llm.generate(["Hello"], stopped,
@@ -190,7 +189,7 @@ def test_streamed_deltas_concatenate_to_the_output(llm):
                 assert sum((p.token_ids for p in parts), []) == c.token_ids
                 assert parts[-1].finish_reason == c.finish_reason and parts[-1].stop_reason == c.stop_reason
     # a stream left early aborts what it had not finished
-    stream = llm.generate(["Hello"], SamplingParams(temperature=1.0, seed=2, max_tokens=10), stream=True)
+    stream = llm.generate(["Hello"], SamplingParams(temperature=1.0, seed=2, max_tokens=6), stream=True)
     next(stream)
     stream.close()
     assert not llm.engine.has_unfinished_requests()
