@@ -308,6 +308,10 @@ def cmd_generate(args) -> int:
     for i, out in enumerate(outs):
         prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
         print(f"[{i}] prompt: {json.dumps(prompt, ensure_ascii=False)}")
+        if out.outputs[0].reasoning_content:
+            print(f"[{i}] reasoning: {json.dumps(out.outputs[0].reasoning_content, ensure_ascii=False)}")
+        for call in out.outputs[0].tool_calls or []:
+            print(f"[{i}] tool call: {call.function.name} {call.function.arguments}")
         print(f"[{i}] output: {json.dumps(out.text, ensure_ascii=False)}  "
               f"({len(out.token_ids)} tokens, {out.finish_reason})")
     n_prompt = sum(len(o.prompt_token_ids) for o in outs)
