@@ -399,6 +399,9 @@ class LLMEngine:
         for d in drafts:
             if not (0 <= d < len(req.allowed[-1]) and req.allowed[-1][d]) or not grammar.accept(d):
                 break
+            if grammar.terminated:  # a drafted EOS: its row samples it fresh (no row after an ended grammar)
+                grammar.rollback(1)
+                break
             kept += 1
             req.allowed.append(grammar.allowed())
         return drafts[:kept]

@@ -126,6 +126,9 @@ def test_drafts_are_checked_by_the_matcher_which_rolls_back_the_rejected():
     # every draft right: all taken, then the row after them
     emitted, seq = verify_with_grammar(drafts, drafts + [tok.eos_id])
     assert emitted == drafts + [tok.eos_id] and seq.grammar.terminated
+    # a drafted EOS is left to its row (nothing is masked after an ended grammar): the same output
+    emitted, seq = verify_with_grammar(drafts + [tok.eos_id], drafts + [tok.eos_id, None])
+    assert emitted == drafts + [tok.eos_id] and seq.grammar.terminated
     # a draft the grammar disallows (and those after it) is never accepted, even where the target
     # would take it: its row samples from the masked distribution
     bad = tok.encode("x")[0]
