@@ -294,13 +294,14 @@ class LLM:
                                    **self.engine.spec_stats.since(before).summary()}
         return [done[rid] for rid in request_ids]
 
-    def _add(self, texts, ids, params, chat: dict | None) -> list[str]:
+    def _add(self, texts, ids, params, chat: dict | None, stream: bool = False) -> list[str]:
         extra = {"chat": True, **chat} if chat is not None else {}
-        return [self.engine.add_request(text, p, prompt_ids, **extra) for text, p, prompt_ids in zip(texts, params, ids)]
+        return [self.engine.add_request(text, p, prompt_ids, stream=stream, **extra)
+                for text, p, prompt_ids in zip(texts, params, ids)]
 
     def _stream(self, texts, ids, params, chat: dict | None) -> Iterator[RequestOutput]:
         before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
-        request_ids = self._add(texts, ids, params, chat)
+        request_ids = self._add(texts, ids, params, chat, stream=True)
         samples = {rid: self.engine.request_samples(rid) for rid in request_ids}
         try:
             while samples:

@@ -202,10 +202,11 @@ class LLMEngine:
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
                     prompt_token_ids: list[int] | None = None, request_id: str | None = None, *,
-                    chat: bool = False, thinking: bool = False) -> str:
+                    chat: bool = False, thinking: bool = False, stream: bool = False) -> str:
         """Queue a request (text, or token ids); returns its id. Text prompts start with BOS.
         `chat`: the output is an assistant turn, parsed as the official API does (content,
-        reasoning_content, tool_calls); `thinking`: the prompt opened its reasoning."""
+        reasoning_content, tool_calls); `thinking`: the prompt opened its reasoning. `stream`:
+        its text is wanted as it grows (`RequestOutput.delta_of`)."""
         if prompt_token_ids is None:
             if prompt is None:
                 raise RequestError("a request needs a prompt or prompt_token_ids")
@@ -226,7 +227,9 @@ class LLMEngine:
         for i, seq_id in enumerate(seq_ids):
             seq = Sequence(seq_id, prompt, prompt_token_ids, params, sample_seed(seed, i), now, group_id=request_id,
                            index=i, bad_word_ids=bad_word_ids, grammar=grammars[i],
-                           detok=self.tokenizer.text_stream(params.skip_special_tokens), streamed=StreamOffsets())
+                           streamed=StreamOffsets(), incremental=stream or bool(params.stop))
+            if seq.incremental:
+                seq.detok = self.tokenizer.text_stream(params.skip_special_tokens)
             if chat:
                 seq.parser = self.tokenizer.output_parser(thinking=thinking, tool_calls=True, stop=params.stop or ())
                 seq.parsed = ParsedOutput()
@@ -557,6 +560,9 @@ class LLMEngine:
                     or (p.stop_token_ids and token in p.stop_token_ids)):
                 seq.stop_reason = token  # the token ends the text; it is not part of it
                 return "stop"
+        if not seq.incremental:  # (its text is decoded once, when it finishes)
+            return "length" if len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len \
+                else None
         before = len(seq.text)
         seq.text += seq.detok.push(token)
         if seq.parser is not None:
@@ -579,7 +585,14 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         if not seq.finished:
             self.scheduler.finish(seq, reason)
-        if not isinstance(seq.stop_reason, str):  # (a stop string cut the text: nothing after it is output)
+        if not seq.incremental:
+            ids = seq.output_token_ids
+            if seq.stop_reason is not None:
+                ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
+            seq.text = self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
+            if seq.parser is not None and ids:
+                seq.parsed.add(seq.parser.push(ids))
+        elif not isinstance(seq.stop_reason, str):  # (a stop string cut the text: nothing after it is output)
             seq.text += seq.detok.finish()
         if seq.parser is not None:
             seq.parsed.add(seq.parser.finish())

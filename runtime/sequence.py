@@ -42,7 +42,10 @@ class Sequence:
     logprobs: list[dict[int, "Logprob"]] | None = None  # per output token, when the params ask for them
     cumulative_logprob: float | None = None
     grammar: object | None = None  # a structured-output request's matcher (runtime/structured.py)
-    detok: object | None = None  # the raw text's incremental decoder (Tokenizer.text_stream)
+    # the text is decoded as tokens come (stop strings, streaming), by `detok` (Tokenizer.text_stream);
+    # else once, when it finishes (a whole decode: the same text, a fraction of the cost per token)
+    incremental: bool = False
+    detok: object | None = None
     # a chat request's output parsed as the official API does (Tokenizer.output_parser): content,
     # reasoning_content and tool calls
     parser: object | None = None

@@ -122,7 +122,7 @@ def scripted_engine(text: str, eos: bool = True):
 def test_reasoning_and_tool_calls_are_parsed_as_the_official_api_does():
     engine, script = scripted_engine(THOUGHT + "</think>" + ANSWER + CALL)
     rid = engine.add_request(prompt_token_ids=[0, 5], params=SamplingParams(temperature=0, max_tokens=200),
-                             chat=True, thinking=True)
+                             chat=True, thinking=True, stream=True)
     samples = engine.request_samples(rid)
     deltas = []
     while engine.has_unfinished_requests():
