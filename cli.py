@@ -276,11 +276,32 @@ def _speculative(text: str | None):
     return int(text)
 
 
+def _constraint(args) -> dict:
+    """--regex TEXT, --json-schema FILE, --grammar FILE (EBNF) as SamplingParams arguments."""
+    from .runtime.sampling_params import SamplingParamsError
+    from .validate import param_error
+
+    out = {"regex": args.regex} if args.regex is not None else {}
+    for name in ("json_schema", "grammar"):
+        path = getattr(args, name)
+        if path is None:
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if name == "json_schema":
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as e:
+                raise param_error(SamplingParamsError, name, f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        out[name] = text
+    return out
+
+
 def cmd_generate(args) -> int:
     from .runtime.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, **_constraint(args))
     prompts = _read_prompts(args)
     llm = _load_llm(args)
     t = time.perf_counter()
@@ -289,6 +310,10 @@ def cmd_generate(args) -> int:
     for i, out in enumerate(outs):
         prompt = out.prompt if out.prompt is not None else str(out.prompt_token_ids)
         print(f"[{i}] prompt: {json.dumps(prompt, ensure_ascii=False)}")
+        if out.outputs[0].reasoning_content:
+            print(f"[{i}] reasoning: {json.dumps(out.outputs[0].reasoning_content, ensure_ascii=False)}")
+        for call in out.outputs[0].tool_calls or []:
+            print(f"[{i}] tool call: {call.function.name} {call.function.arguments}")
         print(f"[{i}] output: {json.dumps(out.text, ensure_ascii=False)}  "
               f"({len(out.token_ids)} tokens, {out.finish_reason})")
     n_prompt = sum(len(o.prompt_token_ids) for o in outs)
@@ -338,6 +363,11 @@ def add_generate(sub):
                    "saved with each page (exact, the default) or recompute the hit's last KEEP tokens (bounded)")
     p.add_argument("--swa-replay-keep", type=int, metavar="KEEP",
                    help="tokens bounded replay recomputes (default 140; >= window + the largest rollback)")
+    p.add_argument("--regex", help="structured output: every output matches this regular expression")
+    p.add_argument("--json-schema", metavar="FILE", help="structured output: every output is JSON valid under the "
+                   "schema in FILE")
+    p.add_argument("--grammar", metavar="FILE", help="structured output: every output is a sentence of the EBNF "
+                   "grammar in FILE (xgrammar's GBNF dialect, start rule root)")
     p.set_defaults(func=cmd_generate)
 
 

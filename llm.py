@@ -22,7 +22,7 @@ prefill tokens saved.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from tqdm import tqdm
 
@@ -203,13 +203,19 @@ class LLM:
     def generate(self, prompts: str | Mapping | list[str | Mapping] | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  prompt_token_ids: list[int] | list[list[int]] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, stream: bool = False) -> list[RequestOutput] | Iterator[RequestOutput]:
         """Run the prompts (text, which gets BOS, or token ids) to completion; outputs in input order.
+        `stream`: instead, an iterator of RequestOutputs as the requests advance, each holding what
+        its request added since the last (vLLM's DELTA output kind: per sample the new text and
+        token ids; `finished` on a request's last). A request's deltas concatenate to its whole
+        output. Closing the iterator early aborts the requests still running.
         A prompt is a string, {"prompt": text} or {"prompt_token_ids": ids} (vLLM's prompt dicts; with
         both keys the ids are the prompt and the text its display form), alone or in a list.
         With both arguments given, `prompt_token_ids` are the prompts and `prompts` their display text.
         Text prompts are raw: spellings of control tokens in them (`<｜User｜>`) are those tokens;
         `chat` renders the chat format and keeps them plain text."""
+        if not isinstance(stream, bool):
+            raise RequestError(f"stream must be True or False, got {stream!r}")
         if isinstance(prompts, (str, Mapping)):
             prompts = [prompts]
         if prompts is not None:
@@ -218,7 +224,7 @@ class LLM:
             if prompts is None:
                 raise RequestError("generate needs prompts or prompt_token_ids")
             texts, ids = zip(*(self._prompt(i, p) for i, p in enumerate(prompts))) if prompts else ((), ())
-            return self._run(list(texts), list(ids), sampling_params, use_tqdm)
+            return self._run(list(texts), list(ids), sampling_params, use_tqdm, stream)
         _check_list("prompt_token_ids", prompt_token_ids)
         if prompt_token_ids and isinstance(prompt_token_ids[0], int):
             prompt_token_ids = [prompt_token_ids]
@@ -231,7 +237,7 @@ class LLM:
             if len(prompts) != len(prompt_token_ids):
                 raise RequestError(f"{len(prompts)} prompts but {len(prompt_token_ids)} prompt_token_ids")
         texts = list(prompts) if prompts is not None else [None] * len(prompt_token_ids)
-        return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm)
+        return self._run(texts, [list(ids) for ids in prompt_token_ids], sampling_params, use_tqdm, stream)
 
     def _prompt(self, i: int, prompt: str | Mapping) -> tuple[str | None, list[int]]:
         """(display text, token ids) of prompt i, a string or a prompt dict."""
@@ -255,9 +261,15 @@ class LLM:
 
     def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
-             thinking: bool = False, reasoning_effort: str | None = None) -> list[RequestOutput]:
+             thinking: bool = False, reasoning_effort: str | None = None,
+             stream: bool = False) -> list[RequestOutput] | Iterator[RequestOutput]:
         """Generate the assistant turn of one conversation (a list of messages) or of several.
-        Message text is encoded as plain text: a control token spelt in it stays those characters."""
+        Message text is encoded as plain text: a control token spelt in it stays those characters.
+        The turn is parsed as the official API parses it: `outputs[i].text` is the answer,
+        `reasoning_content` the reasoning (thinking mode), `tool_calls` the DSML tool calls
+        (`ToolCall(id, function=FunctionCall(name, arguments))`). `stream` as in `generate`."""
+        if not isinstance(stream, bool):
+            raise RequestError(f"stream must be True or False, got {stream!r}")
         if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
             raise RequestError(f"chat: expected a list of messages or a list of conversations, "
                                f"got {type(messages).__name__}")
@@ -269,9 +281,10 @@ class LLM:
                 ids.append(self.tokenizer.render_chat(conv, thinking, reasoning_effort))
             except (ValueError, KeyError, TypeError) as e:
                 raise RequestError(f"chat: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-        return self._run(texts, ids, sampling_params, use_tqdm)
+        return self._run(texts, ids, sampling_params, use_tqdm, stream, chat={"thinking": thinking})
 
-    def _run(self, texts: list[str | None], ids: list[list[int]], sampling_params, use_tqdm: bool):
+    def _run(self, texts: list[str | None], ids: list[list[int]], sampling_params, use_tqdm: bool,
+             stream: bool = False, chat: dict | None = None):
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(ids)
         else:
@@ -282,10 +295,11 @@ class LLM:
             self.engine.validate_prompt(prompt_ids)
             if not isinstance(p, SamplingParams):
                 raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
+        if stream:  # (a generator: nothing is queued until it is iterated)
+            return self._stream(texts, ids, params, chat)
         before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
         prefix_before = self.engine.cache.stats.copy()
-        request_ids = [self.engine.add_request(text, p, prompt_ids)
-                       for text, p, prompt_ids in zip(texts, params, ids)]
+        request_ids = self._add(texts, ids, params, chat)
         wanted = set(request_ids)
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="requests", unit="req", disable=not use_tqdm)
@@ -306,6 +320,35 @@ class LLM:
             if self.engine.cache.prefix is not None:
                 self.last_run_stats["prefix"] = self.engine.cache.stats.since(prefix_before).summary()
         return [done[rid] for rid in request_ids]
+
+    def _add(self, texts, ids, params, chat: dict | None, stream: bool = False) -> list[str]:
+        extra = {"chat": True, **chat} if chat is not None else {}
+        return [self.engine.add_request(text, p, prompt_ids, stream=stream, **extra)
+                for text, p, prompt_ids in zip(texts, params, ids)]
+
+    def _stream(self, texts, ids, params, chat: dict | None) -> Iterator[RequestOutput]:
+        before, steps = self.engine.spec_stats.copy(), self.engine.num_steps
+        prefix_before = self.engine.cache.stats.copy()
+        request_ids = self._add(texts, ids, params, chat, stream=True)
+        samples = {rid: self.engine.request_samples(rid) for rid in request_ids}
+        try:
+            while samples:
+                self.engine.step()
+                for rid in list(samples):
+                    delta = RequestOutput.delta_of(samples[rid])
+                    if delta is not None:
+                        if delta.finished:
+                            del samples[rid]
+                        yield delta
+        finally:
+            for rid in samples:  # closed early: nothing stays queued behind the stream
+                self.engine.abort_request(rid)
+            if samples:
+                self.engine.step()  # (it reports the aborted requests, which the engine then forgets)
+            self.last_run_stats = {"steps": self.engine.num_steps - steps, "speculative": self.engine.num_speculative,
+                                   **self.engine.spec_stats.since(before).summary()}
+            if self.engine.cache.prefix is not None:
+                self.last_run_stats["prefix"] = self.engine.cache.stats.since(prefix_before).summary()
 
 
 def _check_list(name: str, value) -> None:

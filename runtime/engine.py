@@ -61,7 +61,8 @@ from .executor import Executor
 from .sampler import MASK64, SampleRequest, banned_tokens, sample, sample_seed, token_logprobs, verify_drafts
 from .sampling_params import SamplingParams
 from .scheduler import Scheduled, Scheduler
-from .sequence import Logprob, RequestOutput, Sequence, SeqStatus
+from .sequence import Logprob, ParsedOutput, RequestOutput, Sequence, SeqStatus, StreamOffsets
+from .structured import GrammarCompiler
 from .speculative import SpecStats, budget_from_curve, confidence_rates, split_by_confidence
 
 
@@ -207,6 +208,7 @@ class LLMEngine:
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "
                                     f"pages; the executor has {executor.num_pages}")
         self.executor, self.tokenizer = executor, tokenizer
+        self.grammars = GrammarCompiler(tokenizer, executor.vocab_size)  # compiled constraints, cached
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.cache, max_num_seqs, max_num_batched_tokens)
         self.scheduler.verify_seqs = getattr(executor, "max_verify_seqs", None)
@@ -239,8 +241,12 @@ class LLMEngine:
             raise RequestError(f"prompt token {bad!r} is not an id in [0, {vocab})")
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None,
-                    prompt_token_ids: list[int] | None = None, request_id: str | None = None) -> str:
-        """Queue a request (text, or token ids); returns its id. Text prompts start with BOS."""
+                    prompt_token_ids: list[int] | None = None, request_id: str | None = None, *,
+                    chat: bool = False, thinking: bool = False, stream: bool = False) -> str:
+        """Queue a request (text, or token ids); returns its id. Text prompts start with BOS.
+        `chat`: the output is an assistant turn, parsed as the official API does (content,
+        reasoning_content, tool_calls); `thinking`: the prompt opened its reasoning. `stream`:
+        its text is wanted as it grows (`RequestOutput.delta_of`)."""
         if prompt_token_ids is None:
             if prompt is None:
                 raise RequestError("a request needs a prompt or prompt_token_ids")
@@ -256,10 +262,17 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(64)
         bad_word_ids = self._bad_word_ids(params.bad_words or [])
+        grammars = [self._grammar(params) for _ in seq_ids] if params.constrained else [None] * len(seq_ids)
         now, group = time.time(), []
         for i, seq_id in enumerate(seq_ids):
             seq = Sequence(seq_id, prompt, prompt_token_ids, params, sample_seed(seed, i), now, group_id=request_id,
-                           index=i, bad_word_ids=bad_word_ids)
+                           index=i, bad_word_ids=bad_word_ids, grammar=grammars[i],
+                           streamed=StreamOffsets(), incremental=stream or bool(params.stop))
+            if seq.incremental:
+                seq.detok = self.tokenizer.text_stream(params.skip_special_tokens)
+            if chat:
+                seq.parser = self.tokenizer.output_parser(thinking=thinking, tool_calls=True, stop=params.stop or ())
+                seq.parsed = ParsedOutput()
             if params.logprobs is not None:
                 seq.logprobs, seq.cumulative_logprob = [], 0.0
             self._sequences[seq_id] = seq
@@ -267,6 +280,13 @@ class LLMEngine:
             group.append(seq)
         self._requests[request_id] = group
         return request_id
+
+    def _grammar(self, params: SamplingParams):
+        """A matcher of the params' constraint (compiled once per constraint: the compiler caches)."""
+        try:
+            return self.grammars.matcher(params)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
         """vLLM's tokenization of bad words: each word alone and after a space (a word inside text
@@ -289,6 +309,11 @@ class LLMEngine:
                 self._aborted.append(seq)
                 aborted = True
         return aborted
+
+    def request_samples(self, request_id: str) -> list[Sequence]:
+        """The sequences of a queued request (its n samples), for streaming its deltas
+        (`RequestOutput.delta_of`); they stay valid after it finishes."""
+        return list(self._requests[str(request_id)])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
@@ -375,18 +400,29 @@ class LLMEngine:
 
     def sample(self, prepared: PreparedStep, logits) -> list[list[int]]:
         """The tokens each sampled chunk emits: one, or a verify chunk's accepted drafts and one
-        more (§5.5)."""
+        more (§5.5). A structured-output sequence's rows are masked by its grammar, and its
+        matcher takes the emitted tokens (module doc of runtime/structured.py)."""
+        checked = [self._grammar_rows(seq, req, drafts) if seq.grammar is not None else drafts
+                   for seq, req, drafts in zip(prepared.sampled, prepared.samples, prepared.drafts)]
         if not any(prepared.drafts):
-            return [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
+            out = [[t] for t in sample(logits, prepared.samples)] if prepared.samples else []
+            self._grammar_take(prepared, checked, out)
+            return out
         out, row, st = [], 0, self.spec_stats
         accept = self._fixed_accept if self.fixed_acceptance is not None else None
-        for req, drafts in zip(prepared.samples, prepared.drafts):
-            rows = logits[row:row + 1 + len(drafts)]
+        for req, drafts, kept in zip(prepared.samples, prepared.drafts, checked):
+            rows = logits[row:row + 1 + len(kept)]
             row += 1 + len(drafts)
             if not drafts:
                 out.append(sample(rows, [req]))
                 continue
-            tokens, accepted = verify_drafts(rows, drafts, req, accept)
+            if not kept:  # (the grammar disallows the first draft: the row samples as a plain one)
+                out.append(sample(rows, [req]))
+                st.verifies += 1
+                st.drafts_verified += len(drafts)
+                st.verify_rows += 1 + len(drafts)
+                continue
+            tokens, accepted = verify_drafts(rows, kept, req, accept)
             out.append(tokens)
             st.verifies += 1
             st.drafts_verified += len(drafts)
@@ -395,7 +431,35 @@ class LLMEngine:
         if row != logits.shape[0]:
             raise RuntimeError(f"the step returned {logits.shape[0]} logits rows for {row} sampled rows")
         st.spec_steps += 1
+        self._grammar_take(prepared, checked, out)
         return out
+
+    @staticmethod
+    def _grammar_rows(seq: Sequence, req: SampleRequest, drafts: list[int]) -> list[int]:
+        """Sets `req.allowed` (a mask per row) by walking the matcher through the drafts; returns
+        the drafts up to the first one its row disallows (the matcher has accepted those)."""
+        grammar = seq.grammar
+        req.allowed = [grammar.allowed()]
+        kept = 0
+        for d in drafts:
+            if not (0 <= d < len(req.allowed[-1]) and req.allowed[-1][d]) or not grammar.accept(d):
+                break
+            if grammar.terminated:  # a drafted EOS: its row samples it fresh (no row after an ended grammar)
+                grammar.rollback(1)
+                break
+            kept += 1
+            req.allowed.append(grammar.allowed())
+        return drafts[:kept]
+
+    @staticmethod
+    def _grammar_take(prepared: PreparedStep, checked: list[list[int]], emitted: list[list[int]]) -> None:
+        """Each matcher rolls back the drafts it accepted that the verification rejected and
+        takes the token the verification drew."""
+        for seq, kept, tokens in zip(prepared.sampled, checked, emitted):
+            if seq.grammar is not None:
+                accepted = len(tokens) - 1
+                seq.grammar.rollback(len(kept) - accepted)
+                seq.grammar.take(tokens[-1])
 
     def _fixed_accept(self, j: int) -> bool:
         return float(torch.rand((), generator=self._acceptance_rng, dtype=torch.float64)) < self.fixed_acceptance
@@ -536,22 +600,28 @@ class LLMEngine:
     # ---- finishing ------------------------------------------------------------------------------
 
     def _check_stop(self, seq: Sequence, token: int) -> str | None:
+        """Why `token` ends the sequence, or None. A token that does not end it as a token (EOS,
+        stop_token_ids, the grammar's end) is part of the text, decoded incrementally; a stop
+        string is looked for where the new text could complete one (earlier text was searched)."""
         p = seq.params
-        if len(seq.output_token_ids) < p.min_tokens:  # (EOS and the stop ids were masked)
+        if len(seq.output_token_ids) >= p.min_tokens:  # (before, EOS and the stop ids were masked)
+            if ((seq.grammar is not None and seq.grammar.terminated)  # it took EOS where the grammar may end
+                    or (not p.ignore_eos and token == self.tokenizer.eos_id)
+                    or (p.stop_token_ids and token in p.stop_token_ids)):
+                seq.stop_reason = token  # the token ends the text; it is not part of it
+                return "stop"
+        if not seq.incremental:  # (its text is decoded once, when it finishes)
+            return "length" if len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len \
+                else None
+        before = len(seq.text)
+        seq.text += seq.detok.push(token)
+        if seq.parser is not None:
+            seq.parsed.add(seq.parser.push([token]))
+        if len(seq.output_token_ids) < p.min_tokens:  # vLLM checks no stop string before min_tokens
             return "length" if len(seq.token_ids) >= self.max_model_len else None
-        if len(seq.output_token_ids) == p.min_tokens and p.min_tokens > 1:
-            # a stop string must end in the tokens from min_tokens on (vLLM checks none before)
-            seq.stop_text_from = len(self.tokenizer.decode(seq.output_token_ids[:-1],
-                                                           skip_special_tokens=p.skip_special_tokens))
-        if not p.ignore_eos and token == self.tokenizer.eos_id:
-            seq.stop_reason = token
-            return "stop"
-        if p.stop_token_ids and token in p.stop_token_ids:
-            seq.stop_reason = token
-            return "stop"
         if p.stop:
-            text = self._detokenize(seq)
-            hits = [(at, s) for s in p.stop if (at := text.find(s, max(0, seq.stop_text_from - len(s) + 1))) >= 0]
+            text = seq.text
+            hits = [(at, s) for s in p.stop if (at := text.find(s, max(0, before - len(s) + 1))) >= 0]
             if hits:
                 at, s = min(hits)
                 # like vLLM, the stop string is not emitted unless include_stop_str_in_output
@@ -562,17 +632,20 @@ class LLMEngine:
             return "length"
         return None
 
-    def _detokenize(self, seq: Sequence) -> str:
-        ids = seq.output_token_ids
-        if seq.stop_reason is not None and not isinstance(seq.stop_reason, str):
-            ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
-        return self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
-
     def _finish(self, seq: Sequence, reason: str) -> None:
         if not seq.finished:
             self.scheduler.finish(seq, reason)
-        if not isinstance(seq.stop_reason, str):  # a stop string already cut the text
-            seq.text = self._detokenize(seq)
+        if not seq.incremental:
+            ids = seq.output_token_ids
+            if seq.stop_reason is not None:
+                ids = ids[:-1]  # the EOS / stop token ends the text; it is not part of it
+            seq.text = self.tokenizer.decode(ids, skip_special_tokens=seq.params.skip_special_tokens)
+            if seq.parser is not None and ids:
+                seq.parsed.add(seq.parser.push(ids))
+        elif not isinstance(seq.stop_reason, str):  # (a stop string cut the text: nothing after it is output)
+            seq.text += seq.detok.finish()
+        if seq.parser is not None:
+            seq.parsed.add(seq.parser.finish())
         seq.finish_time = time.time()
         del self._sequences[seq.request_id]
 

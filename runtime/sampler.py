@@ -105,10 +105,12 @@ class SampleRequest:
     prompt_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     banned: list[int] = field(default_factory=list)  # ids masked at this row (banned_tokens)
+    # a structured-output request: per logits row (a verify chunk's 1 + m), the ids its grammar allows
+    allowed: list[torch.Tensor] | None = None
 
     @property
     def processed(self) -> bool:
-        return bool(self.banned) or self.params.has_penalties
+        return bool(self.banned) or self.params.has_penalties or self.allowed is not None
 
 
 def banned_tokens(output_ids: list[int], min_tokens: int, stop_ids: list[int],
@@ -123,10 +125,17 @@ def banned_tokens(output_ids: list[int], min_tokens: int, stop_ids: list[int],
     return banned
 
 
+def grammar_masked(row: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """`row` with the ids a grammar disallows at -inf (before every other processing and filter)."""
+    return row.float().masked_fill(~allowed.to(row.device), float("-inf"))
+
+
 def process_logits(row: torch.Tensor, req: SampleRequest) -> torch.Tensor:
     """One row (fp32) with vLLM's history-dependent processing: the banned ids at -inf, then the
     repetition penalty (prompt and output tokens), then frequency and presence (output tokens)."""
     p, row = req.params, row.float().clone()
+    if req.allowed is not None:
+        row = grammar_masked(row, req.allowed[0])
     if req.banned:
         row[req.banned] = float("-inf")
     vocab = row.shape[-1]
@@ -199,6 +208,10 @@ def verify_drafts(logits: torch.Tensor, drafts: list[int], req: SampleRequest,
     p = req.params
     if p.depends_on_history:  # row j's history would hold d_0 .. d_{j-1}: such requests do not speculate
         raise ValueError("verify_drafts does not apply penalties, min_tokens or bad_words")
+    if req.allowed is not None:  # a structured-output request: row j masked by its grammar after d_0 .. d_{j-1}
+        if len(req.allowed) != logits.shape[0]:
+            raise ValueError(f"{len(req.allowed)} grammar masks for {logits.shape[0]} verify rows")
+        logits = torch.stack([grammar_masked(row, allowed) for row, allowed in zip(logits, req.allowed)])
     out = []
     for j, x in enumerate(drafts):
         row, pos = logits[j], req.pos + j

@@ -39,6 +39,11 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids are masked, stop strings unchecked, until this many tokens
     include_stop_str_in_output: bool = False
     bad_words: list[str] | None = None  # words never completed: each one's last token is masked after the rest
+    # structured outputs (runtime/structured.py), at most one: the output matches a regular expression,
+    # a JSON schema (a dict or its JSON text) or an EBNF grammar (xgrammar's GBNF dialect)
+    regex: str | None = None
+    json_schema: dict | str | None = None
+    grammar: str | None = None
     # vLLM options this runtime does not have: refused unless left at their "off" value
     best_of: int | None = None
     use_beam_search: bool = False
@@ -90,10 +95,36 @@ class SamplingParams:
             if isinstance(self.bad_words, str) or not all(isinstance(w, str) and w.strip() for w in self.bad_words):
                 bad("bad_words", f"must be a list of non-blank strings, got {self.bad_words!r}")
             object.__setattr__(self, "bad_words", list(self.bad_words))
+        self._check_constraint(bad)
         if self.best_of is not None and self.best_of != self.n:
             bad("best_of", f"{self.best_of!r} is not supported (no ranking of extra samples); ask for n samples")
         if self.use_beam_search is not False:
             bad("use_beam_search", "is not supported: this runtime samples (or takes the argmax), it has no beam search")
+
+    def _check_constraint(self, bad) -> None:
+        given = [name for name in CONSTRAINTS if getattr(self, name) is not None]
+        if len(given) > 1:
+            bad(given[1], f"cannot be combined with {given[0]}: give one structured-output constraint")
+        if not given:
+            return
+        name = given[0]
+        value = getattr(self, name)
+        if not (isinstance(value, str) or (name == "json_schema" and isinstance(value, dict))):
+            bad(name, f"must be {'a dict or ' if name == 'json_schema' else ''}a string, got {type(value).__name__}")
+        if isinstance(value, str) and not value.strip():
+            bad(name, "is empty")
+        if self.min_tokens:
+            # before min_tokens EOS is masked, and where the grammar has ended EOS is all it allows
+            bad("min_tokens", f"cannot be combined with {name} (EOS may be the only token the grammar allows)")
+        from .structured import check_constraint, constraint_of
+
+        reason = check_constraint(*constraint_of(self))
+        if reason:
+            bad(name, f"is invalid: {reason}")
+
+    @property
+    def constrained(self) -> bool:
+        return self.regex is not None or self.json_schema is not None or self.grammar is not None
 
     @property
     def greedy(self) -> bool:
@@ -110,6 +141,9 @@ class SamplingParams:
         drafts d_0 .. d_{j-1} as history, and the simpler correct choice is one row per step,
         processed from the sequence as it stands (the engine proposes it no drafts)."""
         return self.has_penalties or self.min_tokens > 0 or bool(self.bad_words)
+
+
+CONSTRAINTS = ("regex", "json_schema", "grammar")
 
 
 def _is_int(value) -> bool:

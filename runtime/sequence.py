@@ -41,7 +41,16 @@ class Sequence:
     bad_word_ids: list[list[int]] = field(default_factory=list)  # the params' bad_words, tokenized
     logprobs: list[dict[int, "Logprob"]] | None = None  # per output token, when the params ask for them
     cumulative_logprob: float | None = None
-    stop_text_from: int = 0  # stop strings count from this character on (the text before min_tokens)
+    grammar: object | None = None  # a structured-output request's matcher (runtime/structured.py)
+    # the text is decoded as tokens come (stop strings, streaming), by `detok` (Tokenizer.text_stream);
+    # else once, when it finishes (a whole decode: the same text, a fraction of the cost per token)
+    incremental: bool = False
+    detok: object | None = None
+    # a chat request's output parsed as the official API does (Tokenizer.output_parser): content,
+    # reasoning_content and tool calls
+    parser: object | None = None
+    parsed: "ParsedOutput | None" = None
+    streamed: "StreamOffsets | None" = None  # what a stream has handed out of this sample
 
     def __post_init__(self):
         if not self.token_ids:
@@ -82,15 +91,60 @@ class Logprob:
 
 
 @dataclass
+class FunctionCall:
+    name: str
+    arguments: str  # JSON text of the arguments
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model made (the Chat Completions shape vLLM's `tool_calls` have)."""
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+@dataclass
+class ParsedOutput:
+    """A chat output as the official API parses it, gathered from the parser's deltas."""
+    content: str = ""
+    reasoning_content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def add(self, delta) -> None:
+        self.content += delta.content
+        self.reasoning_content += delta.reasoning_content
+        for call in delta.tool_calls:  # Chat Completions deltas: the first of an index names it
+            index, function = call["index"], call.get("function") or {}
+            while len(self.tool_calls) <= index:
+                self.tool_calls.append(ToolCall("", FunctionCall("", "")))
+            out = self.tool_calls[index]
+            out.id = call.get("id") or out.id
+            out.function.name += function.get("name") or ""
+            out.function.arguments += function.get("arguments") or ""
+
+
+@dataclass
+class StreamOffsets:
+    tokens: int = 0
+    text: int = 0
+    reasoning: int = 0
+
+
+@dataclass
 class CompletionOutput:
-    """One of a request's n samples (vLLM's CompletionOutput)."""
+    """One of a request's n samples (vLLM's CompletionOutput). A chat request's `text` is the
+    answer's content, its reasoning in `reasoning_content` and its calls in `tool_calls`, parsed
+    as the official API does; a generate request's `text` is the raw decoded output."""
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None  # None unless the params ask for logprobs
     logprobs: list[dict[int, Logprob]] | None  # per token: the top-N and the sampled token
-    finish_reason: str  # "stop", "length" or "abort"
+    finish_reason: str | None  # "stop", "length" or "abort"; None while a stream is under way
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 @dataclass
@@ -123,11 +177,57 @@ class RequestOutput:
     def of(cls, samples: list[Sequence]) -> "RequestOutput":
         """The output of a request from its samples' sequences (index order)."""
         first = samples[0]
-        outputs = [CompletionOutput(s.index, s.text, list(s.output_token_ids), s.cumulative_logprob, s.logprobs,
-                                    s.finish_reason, s.stop_reason) for s in samples]
+        outputs = [completion(s) for s in samples]
         first_tokens = [s.first_token_time for s in samples if s.first_token_time is not None]
         finishes = [s.finish_time for s in samples if s.finish_time is not None]
         metrics = RequestMetrics(first.arrival_time, min(first_tokens, default=None), max(finishes, default=None),
                                  sum(s.num_preemptions for s in samples))
         return cls(first.group_id, first.prompt, list(first.prompt_token_ids), outputs,
                    all(s.finished for s in samples), metrics)
+
+    @classmethod
+    def delta_of(cls, samples: list[Sequence]) -> "RequestOutput | None":
+        """What the request's samples added since its last delta (`stream_delta`), or None."""
+        outputs = [d for s in samples if (d := stream_delta(s)) is not None]
+        if not outputs:
+            return None
+        whole = cls.of(samples)
+        return cls(whole.request_id, whole.prompt, whole.prompt_token_ids, outputs, whole.finished, whole.metrics)
+
+
+def completion(seq: Sequence) -> CompletionOutput:
+    out = CompletionOutput(seq.index, seq.text, list(seq.output_token_ids), seq.cumulative_logprob, seq.logprobs,
+                           seq.finish_reason, seq.stop_reason)
+    if seq.parsed is not None:
+        out.text, out.reasoning_content = seq.parsed.content, seq.parsed.reasoning_content
+        out.tool_calls = list(seq.parsed.tool_calls)
+    return out
+
+
+def stream_delta(seq: Sequence) -> CompletionOutput | None:
+    """What `seq` has added since the last delta (vLLM's DELTA output kind), or None when nothing:
+    new tokens, and the text no stop string can still take back (while it runs, a raw text's last
+    len(longest stop) - 1 characters wait; a parsed chat output's parser holds back itself). The
+    tool calls come with the last delta, whole."""
+    offsets = seq.streamed
+    n_tokens = len(seq.token_ids) - len(seq.prompt_token_ids)
+    if seq.parsed is not None:
+        text, reasoning = seq.parsed.content, seq.parsed.reasoning_content
+    else:
+        text, reasoning = seq.text, ""
+        if not seq.finished and seq.params.stop:
+            text = text[:max(offsets.text, len(text) - max(map(len, seq.params.stop)) + 1)]
+    if seq.finished and offsets.tokens < 0:
+        return None  # the last delta is out
+    if not seq.finished and n_tokens == offsets.tokens and len(text) == offsets.text:
+        return None
+    out = CompletionOutput(seq.index, text[offsets.text:], list(seq.token_ids[len(seq.prompt_token_ids) +
+                                                                              offsets.tokens:]),
+                           seq.cumulative_logprob, seq.logprobs[offsets.tokens:] if seq.logprobs is not None else None,
+                           seq.finish_reason if seq.finished else None, seq.stop_reason if seq.finished else None)
+    if seq.parsed is not None:
+        out.reasoning_content = reasoning[offsets.reasoning:]
+        out.tool_calls = list(seq.parsed.tool_calls) if seq.finished else []
+    offsets.text, offsets.reasoning = len(text), len(reasoning)
+    offsets.tokens = -1 if seq.finished else n_tokens
+    return out

@@ -138,6 +138,8 @@ GENERATE_FLAGS = [
     (["--prefix-cache", "--swa-replay", "fuzzy"], "--swa-replay must be one of exact, bounded, got 'fuzzy'"),
     (["--swa-replay", "bounded"], "swa_replay and swa_replay_keep apply to prefix caching, which is off "
                                   "(enable_prefix_caching=True turns it on)"),
+    (["--regex", "a[b"], "--regex is invalid: Regex parsing error at position 4: Unclosed '['"),
+    (["--regex", "(ab"], "--regex is invalid: Regex parsing error at position 4: The parenthesis is not closed."),
 ]
 
 
@@ -145,6 +147,56 @@ GENERATE_FLAGS = [
 def test_generate_flags(tmp_path, capsys, flags, error):
     assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x", *flags]) == 2
     assert one_error_line(capsys) == f"deepinfer: error: {error}"
+
+
+# ---- structured outputs: a bad constraint is one line naming it, before anything loads --------------
+
+STRUCTURED = [
+    ({"regex": "a[b"}, "regex is invalid: Regex parsing error at position 4: Unclosed '['"),
+    ({"regex": ""}, "regex is empty"),
+    ({"json_schema": {"type": "foo"}}, 'json_schema is invalid: Unsupported type "foo"'),
+    ({"json_schema": "{not json"}, "json_schema is invalid: Failed to parse JSON: syntax error at line 1 near: "
+                                   "not json"),
+    ({"json_schema": ["a"]}, "json_schema must be a dict or a string, got list"),
+    ({"grammar": 'root ::= "a" | b'}, 'grammar is invalid: EBNF parser error at line 1, column 16: Rule "b" is '
+                                      "not defined"),
+    ({"grammar": "start ::= \"a\""}, 'grammar is invalid: EBNF parser error at line 1, column 1: The root rule with '
+                                     'name "root" is not found'),
+    ({"regex": "a", "json_schema": {}}, "json_schema cannot be combined with regex"),
+    ({"regex": "a", "min_tokens": 2}, "min_tokens cannot be combined with regex"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error", STRUCTURED, ids=[e for _, e in STRUCTURED])
+def test_bad_constraints_are_one_line(kwargs, error):
+    from deepinfer import SamplingParams
+    from deepinfer.runtime.sampling_params import SamplingParamsError
+
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**kwargs)
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("content,error", [
+    ("{not json", "--json-schema {path}: not JSON (Expecting property name enclosed in double quotes at line 1)"),
+    ('{"type": "foo"}', '--json-schema is invalid: Unsupported type "foo"'),
+    (None, "No such file or directory: {path}"),
+])
+def test_json_schema_files(tmp_path, capsys, content, error):
+    path = tmp_path / "schema.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x",
+                 "--json-schema", str(path)]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {error.format(path=path)}"
+
+
+def test_grammar_file_errors_are_one_line(tmp_path, capsys):
+    path = tmp_path / "g.ebnf"
+    path.write_text('root ::= "(" num ")"')
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x", "--grammar", str(path)]) == 2
+    assert one_error_line(capsys) == ('deepinfer: error: --grammar is invalid: EBNF parser error at line 1, '
+                                      'column 14: Rule "num" is not defined')
 
 
 # ---- compile's flags: refused before compiling, so no plan nothing can use is written -------------

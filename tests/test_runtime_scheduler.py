@@ -31,6 +31,22 @@ class FakeTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return "".join(chr(ord("a") + t % 26) for t in ids)
 
+    def text_stream(self, skip_special_tokens=True):
+        return FakeTextStream(self)
+
+
+class FakeTextStream:
+    """One character per token: each token's text is its own decode."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def push(self, token):
+        return self.tokenizer.decode([token])
+
+    def finish(self):
+        return ""
+
 
 def next_token(history: list[int]) -> int:
     """The fake model's greedy choice after `history`; never EOS, so lengths are decided by max_tokens."""
