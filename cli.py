@@ -24,6 +24,7 @@ _USER_ERRORS = {
     "models.config": ("ConfigError",),
     "models.deepseek_v41": ("BuildError",),
     "runtime.plan_file": ("PlanError",),
+    "runtime.distributed": ("DistributedError",),
     "runtime.engine": ("RequestError", "EngineConfigError"),
     "runtime.sampling_params": ("SamplingParamsError",),
     "codegen.targets": ("UnknownTargetError",),

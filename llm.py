@@ -108,6 +108,7 @@ class LLM:
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
+        from .runtime.distributed import launch_executor, launched_world
         from .runtime.plan_file import load_plan
         from .runtime.plan_executor import PlanExecutor
 
@@ -141,7 +142,12 @@ class LLM:
                 pages = -(-max_model_len // PAGE_TOKENS)
                 num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
-            executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+            if loaded.get("layout", {}).get("world_size", 1) > 1 or launched_world() > 1:
+                # one rank of a multi-rank plan (under torchrun): rank 0 runs the engine, the others
+                # follow it inside this call and exit when it stops (runtime/distributed.py)
+                executor = launch_executor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+            else:
+                executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
         else:
             executor = self._device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages)
         self.config = executor.cfg

@@ -30,7 +30,7 @@ def has_generated_template(target: str, op: str) -> bool:
     return any(op in t.ops and target in t.targets and t.name != "torch_device" for t in templates().values())
 
 
-def _passes(manifest, ep: int) -> dict:
+def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
     return {
         "verify": verify,
         "infer_shapes": infer_shapes,
@@ -38,7 +38,7 @@ def _passes(manifest, ep: int) -> dict:
         "fuse": fuse,
         "fuse_decode": fuse_decode,
         "lower_sparse_attention": lower_sparse_attention,
-        "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep),
+        "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep, dp=dp, redundant=redundant),
         "fuse_moe_shared": fuse_moe_shared,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,
@@ -47,7 +47,8 @@ def _passes(manifest, ep: int) -> dict:
     }
 
 
-def pipeline(target: str, ep: int = 1, variant: str = "prefill") -> list[tuple[str, object]]:
+def pipeline(target: str, ep: int = 1, variant: str = "prefill", dp: int = 1,
+             redundant: int = 0) -> list[tuple[str, object]]:
     """The target's (name, pass) list; `variant` "decode" is the graph of decode buckets (at most
     block + 1 rows per sequence)."""
     from ..codegen.targets import get_manifest  # here: passes and codegen never import each other at module level
@@ -55,7 +56,7 @@ def pipeline(target: str, ep: int = 1, variant: str = "prefill") -> list[tuple[s
     if variant not in VARIANTS:
         raise ValueError(f"unknown pipeline variant {variant!r} (known: {', '.join(VARIANTS)})")
     manifest = get_manifest(target)
-    bound = _passes(manifest, ep)
+    bound = _passes(manifest, ep, dp, redundant)
     out = []
     for name in manifest.passes:
         if name not in bound:

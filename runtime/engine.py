@@ -160,8 +160,9 @@ class LLMEngine:
         if executor.num_slots < max_num_seqs:
             raise EngineConfigError(f"max_num_seqs {max_num_seqs} needs as many state slots; "
                                     f"the executor has {executor.num_slots}")
-        self.cache = CacheManager(executor.num_slots, executor.num_pages,
-                                  getattr(executor, "page_tokens", PAGE_TOKENS))
+        make_cache = getattr(executor, "make_cache", None)  # a multi-rank executor partitions its pool
+        self.cache = make_cache() if make_cache else CacheManager(executor.num_slots, executor.num_pages,
+                                                                  getattr(executor, "page_tokens", PAGE_TOKENS))
         if self.cache.pages_for(max_model_len) > executor.num_pages:
             # one sequence at max_model_len must fit alone, or preemption could never make room for it
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "
