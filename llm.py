@@ -142,7 +142,7 @@ class LLM:
                 pages = -(-max_model_len // PAGE_TOKENS)
                 num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
-            if loaded.get("layout", {}).get("world_size", 1) > 1 or launched_world() > 1:
+            if launched_world() > 1:
                 # one rank of a multi-rank plan (under torchrun): rank 0 runs the engine, the others
                 # follow it inside this call and exit when it stops (runtime/distributed.py)
                 executor = launch_executor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)

@@ -385,8 +385,12 @@ class DistributedExecutor:
 
     max_draft_len = 0  # drafting is not part of the protocol yet (module doc)
 
-    def __init__(self, runner: RankRunner):
+    def __init__(self, runner: RankRunner, load=None, eplb_interval: int = 0):
+        """`load` (eplb.ExpertLoad): the window the runner's dispatches record into; with
+        `eplb_interval` > 0 the experts are re-placed from it every that many steps."""
         self.runner, self.group = runner, runner.group
+        self.load, self.eplb_interval = load, eplb_interval
+        self.num_rebalances = 0
         self.cfg, self.plan = runner.cfg, runner.plan
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = runner.local.page_tokens
@@ -419,6 +423,10 @@ class DistributedExecutor:
         rows = max(sampled_rows(c) for c in groups)
         got = self.group.gather_rows(mine if mine is not None else torch.zeros(0, self.vocab_size), rows)
         self.num_steps += 1
+        if self.load is not None:
+            self.load.end_step()
+            if self.eplb_interval and self.num_steps % self.eplb_interval == 0:
+                self.rebalance()
         taken = [0] * self.groups
         out = []
         for c, g in zip(chunks, where):
@@ -441,6 +449,22 @@ class DistributedExecutor:
         self.group.broadcast_ints(cmd)
         self.runner.apply_placement(cmd)
 
+    def rebalance(self) -> dict[str, list[int]]:
+        """Re-place every MoE block's experts from the load window (spec §11), between steps."""
+        from .eplb import rebalance
+
+        shard = self.runner.shard
+        new = {}
+        for prefix, b in shard.blocks.items():
+            history = self.load.history(prefix)
+            if len(history):
+                new[prefix] = rebalance(history, b["slots"], self.group.world)
+        changed = {p: s for p, s in new.items() if s != shard.placements[p]}
+        if changed:
+            self.place(changed)
+            self.num_rebalances += 1
+        return changed
+
     def stop(self) -> None:
         """Tell the other ranks to exit (once; not after the group failed or was interrupted)."""
         if self.stopped:
@@ -454,14 +478,22 @@ class DistributedExecutor:
             self.group.close()
 
 
-def launch_executor(plan_dir, weights, num_slots: int | None = None, num_pages: int | None = None,
-                    on_load=None) -> DistributedExecutor:
+def launch_executor(plan_dir, weights, num_slots: int | None = None,
+                    num_pages: int | None = None) -> DistributedExecutor:
     """Join the run's process group and load this rank's shard. On rank 0: the executor the
-    engine drives. Elsewhere: follow rank 0 until it stops, then exit the process."""
+    engine drives, re-placing experts every DEEPINFER_EPLB_INTERVAL steps (0 = never) from a
+    window of DEEPINFER_EPLB_WINDOW steps. Elsewhere: follow rank 0 until it stops, then exit."""
+    from .eplb import ExpertLoad, interval_from_env
+
+    try:
+        interval, window = interval_from_env()
+    except ValueError as e:
+        raise DistributedError(str(e)) from None
     group = ProcessGroup()
-    runner = RankRunner(plan_dir, weights, group, num_slots, num_pages, on_load=on_load if group.rank == 0 else None)
+    load = ExpertLoad(window) if group.rank == 0 else None
+    runner = RankRunner(plan_dir, weights, group, num_slots, num_pages, on_load=load.record if load else None)
     if group.rank == 0:
-        return DistributedExecutor(runner)
+        return DistributedExecutor(runner, load, interval)
     try:
         serve(runner)
     finally:
