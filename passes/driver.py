@@ -177,7 +177,9 @@ def layout_record(layout, graphs: dict[str, Graph]) -> dict:
                 weights = sorted({p for p in g.params if p.startswith(prefix + ".experts.")})
                 blocks[prefix] = {"experts": n_exp, "slots": g.types[slots].shape[0], "placement": slots,
                                   "weights": weights}
-    return dict(layout.record(), moe_blocks=blocks)
+    tables = {n.inputs[1]: {"rows": n.attr["rows"], "rows_per_rank": g.types[n.inputs[1]].shape[0]}
+              for g in graphs.values() for n in g.nodes if n.op == "engram_gather_sharded"}
+    return dict(layout.record(), moe_blocks=blocks, tables=tables)
 
 
 def load_time_nodes(g: Graph) -> set[int]:
@@ -313,6 +315,62 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     return out
 
 
+def bucket_envs(options: CompileOptions, cfg, split: bool):
+    """(max pages per sequence, buckets, cache pool, {graph: {bucket: size symbols}})."""
+    max_pages = -(-options.max_model_len // PAGE_TOKENS)
+    decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
+    buckets = default_buckets(options.max_num_seqs, decode=decode,
+                              prefill=options.prefill_tokens or (512, 2048, 8192), verify=options.verify_batches,
+                              rows_per_seq=max_backtrack(cfg))
+    pool = options.pool(max_pages)
+    # verify steps bring at most max_backtrack rows per sequence: the decode graph's rules hold
+    few = ("decode", "verify")
+    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
+            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
+            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
+    return max_pages, buckets, pool, envs
+
+
+def rank_memory(graphs: dict[str, Graph], state: dict, envs: dict, pool: dict) -> dict:
+    """Device bytes one rank of a plan needs: the weights its steps read (after the load program:
+    w13, not w1 and w3), the cache pool's state buffers, and the largest activation arena of its
+    buckets. Planned from the graphs alone: no kernel is built for it."""
+    from .memory import _bytes
+
+    weights, peaks = {}, {}
+    for name, g in graphs.items():
+        if not envs.get(name):
+            continue
+        load = load_time_nodes(g)
+        for p in _step_graph_record(g, load)["params"]:
+            weights[p] = _bytes(g.types[p], {})
+        resident = {o for i in load for o in g.nodes[i].outputs}
+        for b, env in envs[name].items():
+            peaks[f"{name}/{b}"] = plan_memory(g, env, resident)["peak_bytes"]
+    state_bytes = sum(_bytes(t, pool) for t in state.values())
+    top = max(peaks, key=peaks.get)
+    total = sum(weights.values()) + state_bytes + peaks[top]
+    return {"weights_bytes": sum(weights.values()), "state_bytes": state_bytes, "activation_peak_bytes": peaks[top],
+            "activation_peak_bucket": top, "total_bytes": total}
+
+
+def plan_rank_memory(model: str, options: CompileOptions) -> dict:
+    """rank_memory of the plan `compile_model` would write for these options, without building
+    its kernels (the passes, buckets and memory plan only)."""
+    cfg = load_config(model)
+    options.check_model(cfg)
+    program = build_model(cfg)
+    lay = {"dp": options.dp, "redundant": options.redundant_experts}
+    split = decode_pipeline_differs(options.target)
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep, **lay)}
+    if split:
+        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode", **lay)
+    if program.draft.nodes:
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, **lay)
+    _, _, pool, envs = bucket_envs(options, cfg, split)
+    return dict(rank_memory(graphs, program.state, envs, pool), layout=options.layout.record(), pool=pool)
+
+
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
     from ..codegen.plan import check_plan_target, versions, write_plan
     from ..codegen.targets import get_target
@@ -342,17 +400,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                                        **lay)
 
     t = time.perf_counter()
-    max_pages = -(-options.max_model_len // PAGE_TOKENS)
-    decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
-    buckets = default_buckets(options.max_num_seqs, decode=decode,
-                              prefill=options.prefill_tokens or (512, 2048, 8192), verify=options.verify_batches,
-                              rows_per_seq=max_backtrack(cfg))
-    pool = options.pool(max_pages)
-    # verify steps bring at most max_backtrack rows per sequence: the decode graph's rules hold
-    few = ("decode", "verify")
-    envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
-            "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
-            "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
+    max_pages, buckets, pool, envs = bucket_envs(options, cfg, split)
     files: dict[str, bytes] = {}
     instances: dict[str, tuple] = {}
     tuning = Tuning(options.tuning_db, target)
@@ -397,6 +445,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
             # a MoE block's expert placement is no checkpoint tensor: the runtime sets it (EPLB moves it)
             params[p] = {"type": str(g.types[p]), "sources": sources.get(p, [])}
     calls_per_template = Counter(c["kernel"] for pg in plan_graphs.values() for c in pg["calls"])
+    per_rank = rank_memory({n: g for n, g in graphs.items() if n in plan_graphs}, program.state, envs, pool)
     plan = {
         # the config.json as read, so loading rebuilds exactly this config (vision flag included)
         "model": {"id": cfg.model_id, "config_hash": cfg.config_hash,
@@ -410,7 +459,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                     "decode_rows_max": max_backtrack(cfg),
                     # drafts a verify bucket's sequence may carry (0: the plan has no verify bucket)
                     "verify_drafts": max_backtrack(cfg) - 1 if options.verify_batches else 0} | pool,
-        "layout": layout_record(options.layout, graphs),
+        "layout": layout_record(options.layout, graphs) | {"rank_memory": per_rank},
         "buckets": {name: envs[name] for name in plan_graphs},
         "bucket_kinds": {b.name: b.kind for b in buckets},
         "state": {k: str(v) for k, v in program.state.items()},

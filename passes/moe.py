@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..ir import dtypes as dt
 from ..ir.graph import Graph, Node
-from ..ir.ops.expert_parallel import initial_slots
+from ..ir.ops.expert_parallel import initial_slots, table_rows_per_rank
 from ..ir.registry import get_op
 from ..ir.types import TensorType
 from .rewrite import Context, Rewrite, apply_rules
@@ -131,6 +131,27 @@ def _shard_experts(g: Graph, layout: ExpertLayout, n_logical: dict[str, int]) ->
                                  TensorType(t.scale.dtype, (n_slots // layout.ep, *t.scale.shape[1:])), t.block)
         g.add_param(slots, TensorType(dt.i32, (n_slots,)))
     return g
+
+
+def shard_tables(g: Graph, ep: int = 1) -> Graph:
+    """With ep > 1 each rank holds 1/ep of every Engram table's rows (the tables are 40% of the
+    real model: replicated they alone would not fit one GPU), and gathers the rows it needs from
+    their owners (`engram_gather_sharded`)."""
+    if ep == 1:
+        return g
+    g = g.copy()
+    nodes = []
+    for n in g.nodes:
+        if n.op == "engram_gather":
+            table = n.inputs[1]
+            t = g.types[table]
+            rows = t.data.shape[0]
+            per = table_rows_per_rank(rows, ep)
+            g.types[table] = type(t)(TensorType(t.data.dtype, (per, t.data.shape[1])),
+                                     TensorType(t.scale.dtype, (per, t.scale.shape[1])), t.block)
+            n = Node.make("engram_gather_sharded", n.inputs, n.outputs, {"ranks": ep, "rows": rows})
+        nodes.append(n)
+    return g.replace_nodes(nodes)
 
 
 def lower_moe_dispatch(g: Graph, ep: int = 1, dp: int = 1, redundant: int = 0) -> Graph:

@@ -10,7 +10,7 @@ from ..ir.verify import verify
 from .attention import lower_sparse_attention
 from .fuse import fuse, fuse_decode, fuse_moe_shared
 from .kernels import select_kernels
-from .moe import lower_moe_dispatch
+from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
 from .shapes import infer_shapes
 
@@ -39,6 +39,7 @@ def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
         "fuse_decode": fuse_decode,
         "lower_sparse_attention": lower_sparse_attention,
         "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep, dp=dp, redundant=redundant),
+        "shard_tables": partial(shard_tables, ep=ep),
         "fuse_moe_shared": fuse_moe_shared,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,

@@ -158,6 +158,7 @@ class RankShard:
         self.group_size = world // self.dp
         self.group = rank // self.group_size
         self.blocks = layout["moe_blocks"]
+        self.tables = layout.get("tables", {})
         self.placements = {prefix: initial_slots(b["experts"], b["slots"]) for prefix, b in self.blocks.items()}
 
     def local_experts(self, prefix: str) -> list[int]:
@@ -167,7 +168,8 @@ class RankShard:
     def sources(self, plan: dict, sources: dict[str, list[str]], only: set[str] | None = None) -> dict:
         """The checkpoint tensors of this rank's params: each stacked expert weight from its local
         slots' experts only (the full list holds [e0.weight, e0.scale, e1.weight, ...])."""
-        out = {k: v for k, v in sources.items() if k not in {b["placement"] for b in self.blocks.values()}}
+        own = {b["placement"] for b in self.blocks.values()} | set(self.tables)  # local_params makes these
+        out = {k: v for k, v in sources.items() if k not in own}
         for prefix, b in self.blocks.items():
             if only is not None and prefix not in only:
                 continue
@@ -177,8 +179,23 @@ class RankShard:
                 out[w] = [name for e in experts for name in full[2 * e:2 * e + 2]]
         return out if only is None else {k: out[k] for b in only for k in self.blocks[b]["weights"]}
 
-    def placement_params(self, plan: dict) -> dict[str, torch.Tensor]:
-        return {b["placement"]: torch.tensor(self.placements[p], dtype=torch.int32) for p, b in self.blocks.items()}
+    def local_params(self, plan: dict, checkpoint) -> dict:
+        """The expert placements, and this rank's rows of each Engram table (a safetensors slice
+        of each; the last rank's share padded with zero rows)."""
+        from ..ir.quant import QTensor
+
+        out = {b["placement"]: torch.tensor(self.placements[p], dtype=torch.int32) for p, b in self.blocks.items()}
+        for name, t in self.tables.items():
+            per = t["rows_per_rank"]
+            start, stop = self.rank * per, min((self.rank + 1) * per, t["rows"])
+            weight, scale = plan["params"][name]["sources"]
+            parts = []
+            for src in (weight, scale):
+                rows = checkpoint.rows(src, start, stop) if hasattr(checkpoint, "rows") else checkpoint[src][start:stop]
+                pad = torch.zeros((per - rows.shape[0], *rows.shape[1:]), dtype=rows.dtype)
+                parts.append(torch.cat([rows, pad]) if len(pad) else rows)
+            out[name] = QTensor(*parts)
+        return out
 
 
 class PartitionedCache:

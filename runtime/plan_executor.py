@@ -54,7 +54,7 @@ class LoadedPlan:
         sources = {k: v["sources"] for k, v in plan["params"].items()}
         extra = {}
         if shard is not None:  # this rank's expert slots only: no rank reads the whole model
-            sources, extra = shard.sources(plan, sources), shard.placement_params(plan)
+            sources, extra = shard.sources(plan, sources), shard.local_params(plan, checkpoint)
         self.params = materialize_params(sources, checkpoint) | extra
         self.run_load_program(self.params)
         self.state_types = {k: parse_type(v) for k, v in plan["state"].items()}

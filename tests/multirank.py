@@ -29,10 +29,31 @@ def rank_env(rank: int, world: int, port: int, **extra) -> dict:
     return env
 
 
-def start_ranks(argv: list[str], world: int, cwd, **extra) -> list[subprocess.Popen]:
+def start_ranks(argv: list[str], world: int, cwd, logs: Path | None = None, **extra) -> list[subprocess.Popen]:
+    """`logs`: each rank's stderr goes to logs/rank{r}.err (readable while it runs), else a pipe."""
     port = free_port()
-    return [subprocess.Popen([sys.executable, *argv], env=rank_env(r, world, port, **extra), cwd=cwd,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    procs = []
+    for r in range(world):
+        err = open(logs / f"rank{r}.err", "w") if logs else subprocess.PIPE
+        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env(r, world, port, **extra), cwd=cwd,
+                                      stdout=subprocess.PIPE, stderr=err, text=True))
+        if logs:
+            err.close()
+    return procs
+
+
+def wait_for(path: Path, text: str, procs: list[subprocess.Popen], timeout: float) -> None:
+    """Until `text` shows in the file at `path` (a rank's log); fails if a rank exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.5)
+    for p in procs:
+        p.kill()
+    raise AssertionError(f"{text!r} did not show in {path.name}: {path.read_text(errors='replace')[-2000:]}")
 
 
 def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:

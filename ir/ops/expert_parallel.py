@@ -231,3 +231,60 @@ def ep_combine(y, counts, slots, pairs, *, ep, dp):
 
 
 EXCHANGE_OPS = {"ep_dispatch": dispatch_rows, "ep_combine": combine_rows}
+
+
+# ---- Engram tables sharded by rows -----------------------------------------------------------
+
+def table_rows_per_rank(rows: int, ranks: int) -> int:
+    """Rank r holds table rows [r * per, (r + 1) * per) (the last rank's share padded)."""
+    return -(-rows // ranks)
+
+
+def gather_table_rows(cols: torch.Tensor, table: QTensor, *, ranks: int, rows: int, exchange=SINGLE) -> QTensor:
+    """engram_gather over a table split by rows: each rank asks the owners of its columns' rows
+    for them (one all-to-all of row ids, one of the fp8 rows and their scales back)."""
+    if exchange.world != ranks:
+        raise ValueError(f"the plan's Engram tables are split over {ranks} ranks; this process group has "
+                         f"{exchange.world}")
+    per = table_rows_per_rank(rows, ranks)
+    n = cols.shape[0]
+    idx = cols.long().flatten()
+    owner = idx // per
+    order = torch.sort(owner, stable=True).indices  # my requests grouped by owner
+    asked = torch.zeros(ranks, dtype=torch.int32).scatter_add_(0, owner, torch.ones_like(owner, dtype=torch.int32))
+    counts = exchange.all_gather(asked).tolist()  # counts[s][o]: rows rank s asks rank o for
+    me = exchange.rank
+    requests = exchange.all_to_all(list(torch.split(idx[order].to(torch.int32).unsqueeze(1), counts[me])),
+                                   [counts[s][me] for s in range(ranks)])
+    local = torch.cat(requests).long().flatten() - me * per
+    width = table.data.shape[1]
+    found = torch.cat([table.data[local].view(torch.uint8), table.scale[local].view(torch.uint8)], dim=1)
+    back = exchange.all_to_all(list(torch.split(found, [counts[s][me] for s in range(ranks)])), counts[me])
+    got = torch.cat(back)
+    rows_out = torch.empty_like(got)
+    rows_out[order] = got
+    data = rows_out[:, :width].contiguous().view(table.data.dtype).reshape(n, -1)
+    scale = rows_out[:, width:].contiguous().view(table.scale.dtype).reshape(n, -1)
+    return QTensor(data, scale)
+
+
+def _sharded_gather_rule(ins, a):
+    cols = want_index(ins[0], "hash columns", rank=2)
+    table = want_quant(ins[1], "table shard", "fp8e4m3")
+    if table.rank != 2 or table.block != (1, 32):
+        raise ShapeError(f"table must be fp8 [rows, dim] with per-row per-32 scales, got {table}")
+    if a["ranks"] < 2 or table.shape[0] != table_rows_per_rank(a["rows"], a["ranks"]):
+        raise ShapeError(f"a table of {a['rows']} rows over {a['ranks']} ranks has "
+                         f"{table_rows_per_rank(a['rows'], a['ranks'])} rows per rank, got {table}")
+    return [quantized("fp8e4m3", (cols.shape[0], cols.shape[1] * table.shape[1]), "e8m0", (1, 32))]
+
+
+@op("engram_gather_sharded", infer=_sharded_gather_rule,
+    flops=lambda i, o, a: Cost(0, i[0].nbytes + o[0].nbytes, o[0].nbytes), attrs={"ranks": REQUIRED, "rows": REQUIRED},
+    n_inputs=2)
+def engram_gather_sharded(cols, table, *, ranks, rows):
+    """engram_gather of a table whose rows are spread over `ranks` ranks (see gather_table_rows)."""
+    return gather_table_rows(cols, table, ranks=ranks, rows=rows)
+
+
+EXCHANGE_OPS["engram_gather_sharded"] = gather_table_rows
