@@ -148,6 +148,9 @@ class LLM:
                 executor = launch_executor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
             else:
                 executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+        elif launched_world() > 1:
+            raise EngineConfigError(f"plan {plan}: multi-rank runs of {target} plans are not wired yet (the CUDA "
+                                    "executor takes no expert shard); cpu plans run under torchrun")
         else:
             executor = self._device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages)
         self.config = executor.cfg

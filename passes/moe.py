@@ -26,12 +26,11 @@ from dataclasses import dataclass
 
 from ..ir import dtypes as dt
 from ..ir.graph import Graph, Node
-from ..ir.ops.expert_parallel import initial_slots, table_rows_per_rank
+from ..ir.ops.expert_parallel import SLOTS_SUFFIX, initial_slots, table_rows_per_rank
 from ..ir.registry import get_op
 from ..ir.types import TensorType
 from .rewrite import Context, Rewrite, apply_rules
 
-SLOTS_SUFFIX = ".expert_slots"
 
 
 @dataclass(frozen=True)
@@ -139,19 +138,20 @@ def shard_tables(g: Graph, ep: int = 1) -> Graph:
     their owners (`engram_gather_sharded`)."""
     if ep == 1:
         return g
-    g = g.copy()
-    nodes = []
+    nodes, types = [], {}
     for n in g.nodes:
         if n.op == "engram_gather":
             table = n.inputs[1]
             t = g.types[table]
             rows = t.data.shape[0]
             per = table_rows_per_rank(rows, ep)
-            g.types[table] = type(t)(TensorType(t.data.dtype, (per, t.data.shape[1])),
-                                     TensorType(t.scale.dtype, (per, t.scale.shape[1])), t.block)
+            types[table] = type(t)(TensorType(t.data.dtype, (per, t.data.shape[1])),
+                                   TensorType(t.scale.dtype, (per, t.scale.shape[1])), t.block)
             n = Node.make("engram_gather_sharded", n.inputs, n.outputs, {"ranks": ep, "rows": rows})
         nodes.append(n)
-    return g.replace_nodes(nodes)
+    out = g.replace_nodes(nodes)
+    out.types.update(types)
+    return out
 
 
 def lower_moe_dispatch(g: Graph, ep: int = 1, dp: int = 1, redundant: int = 0) -> Graph:

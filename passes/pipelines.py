@@ -17,6 +17,7 @@ from .shapes import infer_shapes
 VARIANTS = ("prefill", "decode")
 # rules valid only with few rows per sequence: they join the graph of decode buckets alone
 DECODE_ONLY = {"fuse_decode"}
+MULTI_RANK_ONLY = {"shard_tables"}  # one rank holds every table row: nothing to do, no stage to dump
 # a rule whose output op has no template but the torch fallback on a device target would trade
 # kernels for a slower path: it joins a pipeline only once a generated template of that op exists
 # (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
@@ -63,6 +64,8 @@ def pipeline(target: str, ep: int = 1, variant: str = "prefill", dp: int = 1,
         if name not in bound:
             raise ValueError(f"{target}'s manifest lists an unknown pass {name!r}")
         if name in DECODE_ONLY and variant != "decode":
+            continue
+        if name in MULTI_RANK_ONLY and ep == 1:
             continue
         if name in NEEDS_TEMPLATE and not has_generated_template(target, NEEDS_TEMPLATE[name]):
             continue

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 
-from ..ir.ops.expert_parallel import EXCHANGE_OPS, Routing, initial_slots
+from ..ir.ops.expert_parallel import EXCHANGE_OPS, SLOTS_SUFFIX, Routing, initial_slots
 from .batch import SeqChunk
 from .cache import CacheFull, CacheManager
 from .plan_executor import PlanExecutor, reference_call
@@ -35,6 +35,9 @@ from .plan_file import load_plan
 TIMEOUT_ENV = "DEEPINFER_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
 STEP, PLACE, STOP = 1, 2, 3  # commands rank 0 broadcasts
+# how gloo and NCCL word a peer that died, hung or went away (any other error is this rank's own bug)
+PEER_FAILURES = ("connection", "closed", "reset by peer", "broken pipe", "timed out", "timeout", "transport",
+                 "socket", "peer")
 
 
 class DistributedError(RuntimeError):
@@ -90,8 +93,7 @@ class ProcessGroup:
             self.broken = True
             raise
         except (RuntimeError, ValueError, TypeError) as e:
-            if not isinstance(e, self.dist.DistBackendError) and "closed" not in str(e).lower() \
-                    and "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            if not isinstance(e, self.dist.DistBackendError) and not any(w in str(e).lower() for w in PEER_FAILURES):
                 raise  # a bug in what this rank passed, not a failed peer
             self.broken = True
             raise DistributedError(f"rank {self.rank}: {what} failed: another rank died or did not answer within "
@@ -331,7 +333,7 @@ class RankRunner:
         group = self.group
         if call["op"] != "ep_dispatch" or self.on_load is None:
             return lambda *xs: fn(*xs, **attrs, exchange=group)
-        block = call["inputs"][4][: -len(".expert_slots")]
+        block = call["inputs"][4][: -len(SLOTS_SUFFIX)]
 
         def dispatch(*xs):
             out = fn(*xs, **attrs, exchange=group)

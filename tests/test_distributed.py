@@ -135,9 +135,10 @@ LONG_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def long_prompts():
-    """Three prompts of 125 tokens: at 128 tokens each needs a second page."""
+    """A prompt of 126 tokens, which needs a second page at 128, and two short ones: the first
+    and the third share attention group 0 (PartitionedCache: most free slots, then the lowest)."""
     g = torch.Generator().manual_seed(3)
-    return [torch.randint(3, 129000, (125,), generator=g).tolist() for _ in range(3)]
+    return [torch.randint(3, 129000, (n,), generator=g).tolist() for n in (126, 3, 4)]
 
 
 def test_dp2_ep2_with_preemption_and_replacement_equals_single_process(plans, long_prompts, tmp_path):

@@ -34,6 +34,9 @@ from .core import want_dims, want_float
 from .quantized import want_quant
 
 
+SLOTS_SUFFIX = ".expert_slots"  # `<block>.expert_slots`: a MoE block's placement param
+
+
 class SingleProcess:
     """The exchange of a world of one rank."""
 
