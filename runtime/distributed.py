@@ -83,6 +83,7 @@ class ProcessGroup:
             except (RuntimeError, ValueError) as e:
                 raise DistributedError(f"could not join the process group ({_first_line(e)})") from None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        exit_on_interrupt()
 
     def _run(self, what: str, fn):
         if self.broken:
@@ -143,6 +144,39 @@ class ProcessGroup:
     def close(self) -> None:
         if self.dist.is_initialized() and not self.broken:
             self.dist.destroy_process_group()
+
+
+_WAKEUP: list = []  # the socket pair of exit_on_interrupt
+
+
+def exit_on_interrupt() -> None:
+    """Ctrl-C ends this rank at once with one line and exit status 130, wherever it is: Python's
+    own handler runs only between bytecodes, which a rank blocked in a collective never reaches.
+    The interpreter's C handler still writes the signal to the wakeup fd, which a thread watches."""
+    import signal
+    import socket
+    import sys
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (an embedding application keeps its own)
+    if _WAKEUP:
+        return
+    reader, writer = socket.socketpair()
+    _WAKEUP.extend((reader, writer))  # kept open for the life of the process
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno())
+    signal.signal(signal.SIGINT, lambda *_: None)  # the watcher below answers it
+
+    def watch():
+        while True:
+            data = reader.recv(64)
+            if not data:
+                return
+            if signal.SIGINT in data:
+                print("deepinfer: interrupted", file=sys.stderr, flush=True)
+                os._exit(130)
+    threading.Thread(target=watch, name="deepinfer-interrupt", daemon=True).start()
 
 
 def _first_line(e: BaseException) -> str:
