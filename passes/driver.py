@@ -13,6 +13,7 @@ from ..ir.text import print_graph
 from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
 from ..validate import check_positive_ints, param_error
+from .coverage import TORCH_TEMPLATES, coverage_lines, plan_coverage
 from .kernels import kernel_spec
 from .memory import plan_memory
 from .pipelines import decode_pipeline_differs, pipeline
@@ -115,6 +116,7 @@ class CompileReport:
     unique_kernels: int = 0
     peak_bytes: dict[str, int] = field(default_factory=dict)
     build_status: dict[str, int] = field(default_factory=dict)  # built / unbuilt / failed / invalid / torch
+    coverage: dict = field(default_factory=dict)  # passes/coverage.py: instances, torch instances, kernels per step
 
     def summary(self) -> str:
         lines = [f"plan written to {self.plan_dir}"]
@@ -122,6 +124,8 @@ class CompileReport:
                                                           sorted(self.calls_per_template.items(), key=lambda kv: -kv[1])))
         lines.append(f"  unique kernel instances: {self.unique_kernels} ("
                      + ", ".join(f"{v} {k}" for k, v in sorted(self.build_status.items())) + ")")
+        if self.coverage:
+            lines += coverage_lines(self.coverage)
         lines.append("  peak activation memory: " + ", ".join(f"{b} {v / 2**20:.1f} MiB"
                                                                for b, v in self.peak_bytes.items()))
         lines.append("  time per stage: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
@@ -194,7 +198,6 @@ def load_time_nodes(g: Graph) -> set[int]:
     return out
 
 
-TORCH_TEMPLATES = ("torch_ref", "torch_device")  # run the op's reference: nothing to render or build
 
 
 def _step_graph_record(g: Graph, load: set[int]) -> dict:
@@ -315,8 +318,8 @@ def _kernels(instances: dict, target, jobs: int, files: dict, on_done=None) -> d
     return out
 
 
-def bucket_envs(options: CompileOptions, cfg, split: bool):
-    """(max pages per sequence, buckets, cache pool, {graph: {bucket: size symbols}})."""
+def bucket_envs(cfg, options: CompileOptions, split: bool):
+    """(max pages, cache pool, buckets, per graph: bucket -> its size symbols) of a compile."""
     max_pages = -(-options.max_model_len // PAGE_TOKENS)
     decode = options.decode_batches or tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= options.max_num_seqs)
     buckets = default_buckets(options.max_num_seqs, decode=decode,
@@ -328,7 +331,38 @@ def bucket_envs(options: CompileOptions, cfg, split: bool):
     envs = {"step": {b.name: b.env(max_pages) | pool for b in buckets if not (split and b.kind in few)},
             "step_decode": {b.name: b.env(max_pages) | pool for b in buckets if b.kind in few},
             "draft": {f"draft_b{b}": {"num_seqs": b, "max_pages": max_pages} | pool for b in decode}}
-    return max_pages, buckets, pool, envs
+    return max_pages, pool, buckets, envs
+
+
+def select_instances(model: str, options: CompileOptions) -> dict:
+    """Every kernel instance a compile would make (key -> (id, template, spec, config, tuning)),
+    with nothing rendered or built: what the coverage report of a target reads."""
+    from ..codegen.targets import get_target
+
+    cfg, _, graphs, split = _pipeline_graphs(model, options)
+    _, _, _, envs = bucket_envs(cfg, options, split)
+    target, instances = get_target(options.target), {}
+    tuning = Tuning(options.tuning_db, target)
+    for name, g in graphs.items():
+        if envs[name]:
+            _calls(g, load_time_nodes(g), envs[name], target, instances, tuning)
+    return instances
+
+
+def _pipeline_graphs(model: str, options: CompileOptions):
+    """(config, program, {graph: its pipeline's output}, whether decode has its own graph): the
+    graphs a compile would plan, without its dumps and timings."""
+    cfg = load_config(model)
+    options.check_model(cfg)
+    program = build_model(cfg)
+    lay = {"dp": options.dp, "redundant": options.redundant_experts}
+    split = decode_pipeline_differs(options.target)
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep, **lay)}
+    if split:
+        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode", **lay)
+    if program.draft.nodes:
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, **lay)
+    return cfg, program, graphs, split
 
 
 def rank_memory(graphs: dict[str, Graph], state: dict, envs: dict, pool: dict) -> dict:
@@ -357,17 +391,8 @@ def rank_memory(graphs: dict[str, Graph], state: dict, envs: dict, pool: dict) -
 def plan_rank_memory(model: str, options: CompileOptions) -> dict:
     """rank_memory of the plan `compile_model` would write for these options, without building
     its kernels (the passes, buckets and memory plan only)."""
-    cfg = load_config(model)
-    options.check_model(cfg)
-    program = build_model(cfg)
-    lay = {"dp": options.dp, "redundant": options.redundant_experts}
-    split = decode_pipeline_differs(options.target)
-    graphs = {"step": run_pipeline(program.step, options.target, options.ep, **lay)}
-    if split:
-        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode", **lay)
-    if program.draft.nodes:
-        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, **lay)
-    _, _, pool, envs = bucket_envs(options, cfg, split)
+    cfg, program, graphs, split = _pipeline_graphs(model, options)
+    _, pool, _, envs = bucket_envs(cfg, options, split)
     return dict(rank_memory(graphs, program.state, envs, pool), layout=options.layout.record(), pool=pool)
 
 
@@ -400,7 +425,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
                                        **lay)
 
     t = time.perf_counter()
-    max_pages, buckets, pool, envs = bucket_envs(options, cfg, split)
+    max_pages, pool, buckets, envs = bucket_envs(cfg, options, split)
     files: dict[str, bytes] = {}
     instances: dict[str, tuple] = {}
     tuning = Tuning(options.tuning_db, target)
@@ -470,6 +495,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "kernels": kernels,
         "recipes": recipes,
     }
+    plan["coverage"] = plan_coverage(plan)
     t = time.perf_counter()
     out = write_plan(plan, files, out_dir)
     timings["write"] = time.perf_counter() - t
@@ -478,4 +504,4 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     status = Counter(k.get("build", {}).get("status", "torch") for k in kernels.values())
     return CompileReport(out, timings, dict(calls_per_template), len(instances),
                          {b: m["peak_bytes"] for name in ("step_decode", "step") for b, m in memory.get(name, {}).items()},
-                         dict(status))
+                         dict(status), plan["coverage"])

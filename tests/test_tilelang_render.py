@@ -58,6 +58,31 @@ def test_sm90_builds_without_spills():
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_sm100_gemm_fp8_scales_inside_the_block_scaled_mma():
+    """sm100: the tcgen05 mxf8f6f4 block-scaled MMA with the ue8m0 scales in tensor memory (no
+    promotion in registers), for decode (split K) and prefill rows; built without spills. K steps
+    that are not 128 deep keep the promotion program."""
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+    t = get_target("sm100")
+    for spec in (gemm_spec(64, 1280, 5120), gemm_spec(256, 1024, 512)):
+        tpl = select(t, spec)
+        cfg = tpl.default_config(t, spec)
+        src = tpl.render(t, spec, cfg)
+        assert "tcgen05mma_blockscaled_ss<tl::DataType::kFloat8_e4m3" in src.text and "tcgen05_cp" in src.text
+        assert "wgmma" not in src.text and src.grid[2] == cfg["split_k"]
+        # the [rows, K/32] scale bytes are read as [rows, K/128] words: four K-blocks per word
+        assert dict((n, ty.removeprefix("const ")) for n, ty in _signature(src))["SA"] == "uint*"
+        rep = nvcc_report(src.text, t.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+    assert tpl.default_config(t, gemm_spec(64, 1280, 5120))["split_k"] > 1
+    spec = gemm_spec(64, 1280, 160)
+    src = select(t, spec).render(t, spec, select(t, spec).default_config(t, spec))
+    assert "tcgen05mma_blockscaled" not in src.text
+
+
 # ---- rendered structure (not bytes): entry, parameters, launch shape, shared memory, MMAs -------
 
 def _signature(src):

@@ -7,4 +7,6 @@ from . import tilelang_attention  # noqa: F401
 from . import tilelang_indexer  # noqa: F401
 from . import ascend_ops  # noqa: F401
 from . import ascend_gemm  # noqa: F401
+from . import ascend_vector  # noqa: F401
+from . import ascend_vector_quant  # noqa: F401
 from . import torch_device  # noqa: F401  (last: only where no generated template fits)

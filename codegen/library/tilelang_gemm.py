@@ -9,7 +9,15 @@ per 32 columns, B is the fp8 weight [N, K] with one ue8m0 byte per 32x32 tile. B
 every 32 elements of K, so the tensor cores accumulate one 32-deep slice at a time into a scratch
 fp32 tile and that tile is promoted into the fp32 accumulator with the product of the two scales
 (powers of two, so the promotion is exact up to the fp32 add). On sm90 the slice is one wgmma
-k32 instruction; sm100 renders the same program (TileLang lowers it without wgmma there).
+k32 instruction.
+
+sm100 multiplies with the scales inside the MMA: `tcgen05.mma ... kind::mxf8f6f4.block_scale` takes
+e4m3 operands with one ue8m0 scale per row and 32 K on each side and accumulates in tensor memory,
+so no promotion is needed. Four scale bytes of a row per 128-deep K step are one 32-bit word, so
+the [rows, K/32] activation scales are read as [rows, K/128] words; the weight's 32x32 tile scales
+are repeated to its 32 rows as the CTA stages them. The scales go through the warp transpose into
+tensor memory each K step. 128-row tiles (the instruction's M), single-buffered, one warp issues.
+K not a multiple of 128 keeps the promotion program. Built with nvcc for sm_100a here, never run.
 """
 # no `from __future__ import annotations`: TileLang reads the kernels' annotations as live objects
 
@@ -175,6 +183,71 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     return gemm_fp8
 
 
+def gemm_fp8_sm100_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_N=128, split_k=1):
+    """gemm_fp8_program's product on the block-scaled tcgen05 MMA (module docstring)."""
+    _, T = _tl()
+    block_M, block_K = 128, 128
+    assert K % block_K == 0 and block_N % 128 == 0
+    k_iters = K // block_K
+    assert k_iters % split_k == 0, "split_k must divide the number of K tiles"
+    per_split = k_iters // split_k
+    c_dtype = "float32" if split_k > 1 else out_dtype
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 128), "uint32"),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 128), "uint32"),
+                 C: T.Tensor((M, N), c_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k, threads=128) as (bx, by, bz):
+            A_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SA_s = T.alloc_shared((block_M,), "uint32")
+            SB_s = T.alloc_shared((block_N,), "uint32")
+            acc_t = T.alloc_tmem([block_M, block_N], "float32")
+            sa_t = T.alloc_tmem([block_M, 4], "uint32")
+            sb_t = T.alloc_tmem([block_M, block_N // 128 * 4], "uint32")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            c_s = T.alloc_shared((block_M, block_N), c_dtype)
+            mbar = T.alloc_barrier(1)
+            tx = T.get_thread_binding()
+            T.use_swizzle(panel_size=8)
+            for ko in T.serial(per_split):
+                k = bz * per_split + ko
+                T.copy(A[by * block_M, k * block_K], A_s)
+                T.copy(B[bx * block_N, k * block_K], B_s)
+                for i in T.Parallel(block_M):  # rows past M (decode tiles) scale zeros
+                    SA_s[i] = T.if_then_else(by * block_M + i < M, SA[T.min(by * block_M + i, M - 1), k], T.uint32(0))
+                for i in T.Parallel(block_N):
+                    SB_s[i] = SB[(bx * block_N + i) // 32, k]
+                # the MMA reads shared memory through the async proxy: order the stores before it
+                T.fence_proxy_async()
+                T.sync_threads()
+                if tx < 32:
+                    T.tcgen05_sf_warp_transpose(SA_s)
+                    T.tcgen05_sf_warp_transpose(SB_s)
+                    T.fence_proxy_async()
+                    T.sync_warp()
+                    T.tcgen05_cp_warpx4(SA_s, sa_t)
+                    T.tcgen05_cp_warpx4(SB_s, sb_t)
+                    T.tcgen05_gemm_blockscaled(A_s, B_s, acc_t, sa_t, sb_t, transpose_B=True, mbar=mbar,
+                                               clear_accum=ko == 0, k_start=k * block_K,
+                                               sf_a_granularity_k=32, sf_b_granularity_k=32)
+                T.mbarrier_wait_parity(mbar, ko % 2)
+                T.sync_threads()  # the next step's stores reuse the tiles this MMA read
+            T.copy(acc_t, acc)
+            if split_k > 1:
+                T.atomic_add(C[by * block_M, bx * block_N], acc)
+            else:
+                T.copy(acc, c_s)
+                T.copy(c_s, C[by * block_M, bx * block_N])
+
+    return gemm_fp8
+
+
+def block_scaled_gemm(target: Target, n: int, k: int) -> bool:
+    """The tcgen05 block-scaled program serves this product (sm100, 128-deep K steps)."""
+    return "tcgen05_mxf8f6f4" in target.features and k % 128 == 0 and n % 32 == 0
+
+
 DECODE_ROWS = 64  # one 64-row tile: every GEMM with at most this many rows runs the same kernel
 
 
@@ -211,20 +284,23 @@ GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 1
               "threads": (128, 256), "split_k": (1, 2, 4, 8)}
 
 
+def _decode_split(target: Target, tiles: int, k_steps: int) -> int:
+    """Split K (a divisor of the K steps) while the output tiles leave most SMs idle."""
+    return next((s for s in (8, 4, 2) if k_steps % s == 0 and tiles * s <= 2 * target.cores
+                 and tiles < target.cores), 1)
+
+
 def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
     """Prefill: 128-row tiles, 2 warpgroups. Decode (m <= 64): one 64-row tile, narrow N tiles and
     split K so that the weight stream is spread over most SMs. The K step of decode tiles and the
     N width of prefill tiles are the target's (`target.defaults["tilelang_gemm"]`: register budgets)."""
     own = target.defaults["tilelang_gemm"]
+    if block_scaled_gemm(target, n, k):
+        split = _decode_split(target, ceil_div(n, 128), k // 128) if m <= 64 else 1
+        return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 1, "threads": 128, "split_k": split}
     if m <= 64:
         bn, bk = 64, 128
-        tiles = ceil_div(n, bn)
-        kt = ceil_div(k, bk)
-        split = 1
-        for s in (8, 4, 2):
-            if kt % s == 0 and tiles * s <= 2 * target.cores and tiles < target.cores:
-                split = s
-                break
+        split = _decode_split(target, ceil_div(n, bn), ceil_div(k, bk))
         if k % own["decode_block_K"] == 0:
             # a shallower K step where 128-deep ones spill; the split stays a divisor of the K steps
             bk = own["decode_block_K"]
@@ -236,7 +312,10 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
 def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     m, n, k = _mnk(spec)
     c = dict(gemm_default_config(target, m, n, k), **config)
-    func = gemm_fp8_program(m, n, k, out_dtype_name(spec), **c)
+    if block_scaled_gemm(target, n, k):
+        func = gemm_fp8_sm100_program(m, n, k, out_dtype_name(spec), block_N=c["block_N"], split_k=c["split_k"])
+    else:
+        func = gemm_fp8_program(m, n, k, out_dtype_name(spec), **c)
     return source(func, target.arch, {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k),
                                       "atomic_f32_out": c["split_k"] > 1})
 

@@ -1,5 +1,6 @@
-"""sm100 (B200): TileLang kernels through nvcc and Triton AOT kernels; fp4 MoE weights go to the
-native block-scaled MMA. Its default tiles are narrower than sm90's where ptxas reports spills."""
+"""sm100 (B200): TileLang kernels through nvcc and Triton AOT kernels; the fp8 GEMMs and the fp4
+MoE weights go to the native block-scaled MMA. Its default tiles are narrower than sm90's where
+ptxas reports spills."""
 from .capacity import cuda_check
 from .manifest import Manifest, Target
 
@@ -9,8 +10,10 @@ TARGET = Target(
     # tcgen05.mma kind::mxf8f6f4: e4m3 x e2m1 operands with ue8m0 scales per 32 K, 128-row tiles
     features=("tcgen05_mxf8f6f4",),
     defaults={
-        # decode: 128-deep K steps spill (ptxas: 255 registers, 8 bytes, 3 or 4 stages), 64-deep ones
-        # do not (224 registers); prefill: 128x128 tiles spill (255 registers, 24 bytes), 128x64 not
+        # gemm_fp8 runs on the block-scaled tcgen05 MMA (no tile knobs of its own); these are for the
+        # promotion program that serves K not a multiple of 128. There: decode 128-deep K steps spill
+        # (ptxas: 255 registers, 8 bytes, 3 or 4 stages), 64-deep ones do not (224 registers);
+        # prefill 128x128 tiles spill (255 registers, 24 bytes), 128x64 not
         "tilelang_gemm": {"decode_block_K": 64, "prefill_block_N": 64},
         # the widening program (N not a multiple of 128) keeps the fp4->fp8 tile and the
         # accumulator in registers: the sm90 tiles spill here (255 registers, 16-72 bytes), these not
