@@ -24,6 +24,7 @@ _USER_ERRORS = {
     "models.config": ("ConfigError",),
     "models.deepseek_v41": ("BuildError",),
     "runtime.plan_file": ("PlanError",),
+    "runtime.distributed": ("DistributedError",),
     "runtime.engine": ("RequestError", "EngineConfigError"),
     "runtime.sampling_params": ("SamplingParamsError",),
     "codegen.targets": ("UnknownTargetError",),
@@ -88,6 +89,12 @@ def cmd_inspect(args) -> int:
         "state_buffers": len(prog.state),
         "graph_build_seconds": round(build_s, 2),
     }
+    if args.target:
+        from .passes.driver import CompileOptions, plan_rank_memory
+
+        opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                              ep=args.ep, dp=args.dp, redundant_experts=args.redundant_experts)
+        report["rank_memory"] = plan_rank_memory(args.model, opts)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -104,6 +111,12 @@ def cmd_inspect(args) -> int:
         print(f"  graph {name:5s} {gr['nodes']} nodes, {gr['params']} params; "
               + ", ".join(f"{k} {v}" for k, v in top))
     print(f"  built in {build_s:.2f} s, {report['state_buffers']} state buffers")
+    if "rank_memory" in report:
+        m, lay = report["rank_memory"], report["rank_memory"]["layout"]
+        print(f"  per rank on {args.target} (ep {lay['ep']}, dp {lay['dp']}, {lay['attention']} attention, "
+              f"{lay['exchange']} exchange): {m['total_bytes'] / 1e9:.1f} GB = weights {m['weights_bytes'] / 1e9:.1f}"
+              f" + caches {m['state_bytes'] / 1e9:.1f} ({m['pool']['num_slots']} slots, {m['pool']['num_pages']} "
+              f"pages) + activations {m['activation_peak_bytes'] / 1e9:.1f} (largest: {m['activation_peak_bucket']})")
     return 0
 
 
@@ -112,6 +125,11 @@ def add_inspect(sub):
     p.add_argument("--model", required=True, help="preset name (v4.1-flash, v4.1-flash-medium, "
                    "v4.1-flash-tiny) or a directory holding config.json")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--target", help="with it: the device memory one rank of the plan for this target and layout "
+                   "needs (planned from the graphs; no kernel is built)")
+    _add_layout(p)
+    p.add_argument("--max-model-len", type=int, default=65536, help="as compile's (for --target)")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="as compile's, per rank (for --target)")
     p.set_defaults(func=cmd_inspect)
 
 
@@ -144,7 +162,8 @@ def cmd_compile(args) -> int:
     from .passes.driver import CompileOptions, compile_model
 
     opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                          ep=args.ep, jobs=args.jobs, dump_ir=args.dump_ir,
+                          ep=args.ep, dp=args.dp, redundant_experts=args.redundant_experts, jobs=args.jobs,
+                          dump_ir=args.dump_ir,
                           decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens,
                           verify_batches=tuple(args.verify_batches), tuning_db=args.tuning_db)
     t = time.perf_counter()
@@ -152,6 +171,15 @@ def cmd_compile(args) -> int:
     print(report.summary())
     print(f"  total {time.perf_counter() - t:.1f} s")
     return 0
+
+
+def _add_layout(p) -> None:
+    p.add_argument("--ep", type=int, default=1, help="ranks the routed experts are spread over (one per GPU; "
+                   "run with torchrun --nproc-per-node EP)")
+    p.add_argument("--dp", type=int, default=1, help="attention groups over the EP ranks: EP = each rank runs its "
+                   "own sequences (data-parallel attention), 1 = every rank runs all of them")
+    p.add_argument("--redundant-experts", type=int, default=0, metavar="N",
+                   help="extra expert slots per MoE layer for EPLB's replicas of hot experts")
 
 
 def add_compile(sub):
@@ -165,7 +193,7 @@ def add_compile(sub):
     p.add_argument("--dump-ir", metavar="DIR", help="write every pipeline stage as NN-passname.ir")
     p.add_argument("--max-model-len", type=int, default=65536, help="longest sequence the plan serves")
     p.add_argument("--max-num-seqs", type=int, default=256, help="largest decode batch the plan serves")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (inserts the all-to-all)")
+    _add_layout(p)
     p.add_argument("--decode-batches", type=_int_list, metavar="B,B,...",
                    help="decode bucket sizes (default: powers of two up to --max-num-seqs)")
     p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...",

@@ -123,6 +123,7 @@ class LLM:
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                    tokenizer):
+        from .runtime.distributed import launch_executor, launched_world
         from .runtime.plan_file import load_plan
         from .runtime.plan_executor import PlanExecutor
 
@@ -158,7 +159,15 @@ class LLM:
                 pages = -(-max_model_len // PAGE_TOKENS)
                 num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
-            executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+            if launched_world() > 1:
+                # one rank of a multi-rank plan (under torchrun): rank 0 runs the engine, the others
+                # follow it inside this call and exit when it stops (runtime/distributed.py)
+                executor = launch_executor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+            else:
+                executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+        elif launched_world() > 1:
+            raise EngineConfigError(f"plan {plan}: multi-rank runs of {target} plans are not wired yet (the CUDA "
+                                    "executor takes no expert shard); cpu plans run under torchrun")
         else:
             executor = self._device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages)
         self.config = executor.cfg

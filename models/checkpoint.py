@@ -232,12 +232,22 @@ class Checkpoint(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.specs:
             raise KeyError(name)
+        t = self._handle(name).get_tensor(name)
+        # ir.dtypes keeps ue8m0 scales as raw exponent bytes; torch's e8m0 type has almost no ops.
+        return t.view(torch.uint8) if t.dtype == getattr(torch, "float8_e8m0fnu", None) else t
+
+    def _handle(self, name: str):
         shard = self._weight_map[name]
         if shard not in self._handles:
             from safetensors import safe_open
             self._handles[shard] = safe_open(str(self.path / shard), framework="pt", device=str(self._device))
-        t = self._handles[shard].get_tensor(name)
-        # ir.dtypes keeps ue8m0 scales as raw exponent bytes; torch's e8m0 type has almost no ops.
+        return self._handles[shard]
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of a tensor, read as a safetensors slice: the rest is never loaded."""
+        if name not in self.specs:
+            raise KeyError(name)
+        t = self._handle(name).get_slice(name)[start:stop]
         return t.view(torch.uint8) if t.dtype == getattr(torch, "float8_e8m0fnu", None) else t
 
     def __iter__(self) -> Iterator[str]:

@@ -30,6 +30,9 @@ class CompileOptions:
     max_model_len: int = 65536
     max_num_seqs: int = 256
     ep: int = 1
+    # attention groups over the ep ranks (dp = ep: every rank its own sequences; 1: replicated)
+    dp: int = 1
+    redundant_experts: int = 0  # extra expert slots per MoE layer for EPLB's replicas (spec §11)
     jobs: int = 1
     dump_ir: str | None = None
     decode_batches: tuple[int, ...] | None = None
@@ -48,7 +51,14 @@ class CompileOptions:
         # checked here, not where the sizes are used: a zero or negative size compiled to a plan
         # nothing could run, or failed minutes later inside shape inference
         check_positive_ints(CompileOptionsError, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                            ep=self.ep, jobs=self.jobs)
+                            ep=self.ep, dp=self.dp, jobs=self.jobs)
+        if self.ep % self.dp:
+            raise param_error(CompileOptionsError, "dp", f"{self.dp} does not divide ep {self.ep} (each attention "
+                              "group spans ep / dp ranks)")
+        if self.redundant_experts < 0 or isinstance(self.redundant_experts, bool):
+            raise param_error(CompileOptionsError, "redundant_experts", f"must be >= 0, got {self.redundant_experts!r}")
+        if self.redundant_experts and self.ep == 1:
+            raise param_error(CompileOptionsError, "redundant_experts", "needs ep > 1 (one rank holds every expert)")
         check_positive_ints(CompileOptionsError, **{k: getattr(self, k) for k in ("num_slots", "num_pages")
                                                     if getattr(self, k) is not None})
         for name in ("decode_batches", "prefill_tokens"):
@@ -76,9 +86,15 @@ class CompileOptions:
                 raise param_error(CompileOptionsError, "verify_batches", f"{v[0]}x{v[1]}: {v[0]} sequences bring at "
                                   f"most {v[0] * max_backtrack(cfg)} rows (1 + {max_backtrack(cfg) - 1} drafts each)")
         for key, n in experts.items():
-            if n % self.ep:  # every rank holds an equal share of the experts of each MoE layer
+            if n % self.ep and not self.redundant_experts:  # every rank holds an equal share of the experts of each MoE layer
                 raise param_error(CompileOptionsError, "ep", f"{self.ep} does not divide the model's {n} routed "
                                   f"experts ({key})")
+
+    @property
+    def layout(self):
+        from .moe import ExpertLayout
+
+        return ExpertLayout(self.ep, self.dp, self.redundant_experts)
 
     def pool(self, max_pages: int) -> dict[str, int]:
         """Kernels are built for a fixed cache pool, as DeepInfer sizes its own: slots for every
@@ -135,8 +151,9 @@ class _Progress:
 
 
 def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = None, tag: str = "",
-                 timings: dict | None = None, on_stage=None, variant: str = "prefill") -> Graph:
-    for k, (name, fn) in enumerate(pipeline(target, ep=ep, variant=variant)):
+                 timings: dict | None = None, on_stage=None, variant: str = "prefill", dp: int = 1,
+                 redundant: int = 0) -> Graph:
+    for k, (name, fn) in enumerate(pipeline(target, ep=ep, variant=variant, dp=dp, redundant=redundant)):
         t = time.perf_counter()
         g = fn(g)
         if timings is not None:
@@ -146,6 +163,27 @@ def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = Non
         if on_stage:
             on_stage(name)
     return g
+
+
+def layout_record(layout, graphs: dict[str, Graph]) -> dict:
+    """The parallel layout the plan's graphs are one rank of: ranks, attention groups, the
+    exchange, and per MoE block its logical experts, its slots and the stacked weights that hold
+    this rank's share of them."""
+    from .moe import SLOTS_SUFFIX
+
+    blocks = {}
+    for g in graphs.values():
+        for n in g.nodes:
+            if n.op == "ep_dispatch":
+                slots = n.inputs[4]
+                prefix = slots[: -len(SLOTS_SUFFIX)]
+                n_exp = g.types[n.inputs[3]].shape[0] - 1
+                weights = sorted({p for p in g.params if p.startswith(prefix + ".experts.")})
+                blocks[prefix] = {"experts": n_exp, "slots": g.types[slots].shape[0], "placement": slots,
+                                  "weights": weights}
+    tables = {n.inputs[1]: {"rows": n.attr["rows"], "rows_per_rank": g.types[n.inputs[1]].shape[0]}
+              for g in graphs.values() for n in g.nodes if n.op == "engram_gather_sharded"}
+    return dict(layout.record(), moe_blocks=blocks, tables=tables)
 
 
 def load_time_nodes(g: Graph) -> set[int]:
@@ -301,15 +339,7 @@ def select_instances(model: str, options: CompileOptions) -> dict:
     with nothing rendered or built: what the coverage report of a target reads."""
     from ..codegen.targets import get_target
 
-    cfg = load_config(model)
-    options.check_model(cfg)
-    program = build_model(cfg)
-    split = decode_pipeline_differs(options.target)
-    graphs = {"step": run_pipeline(program.step, options.target, options.ep)}
-    if split:
-        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode")
-    if program.draft.nodes:
-        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep)
+    cfg, _, graphs, split = _pipeline_graphs(model, options)
     _, _, _, envs = bucket_envs(cfg, options, split)
     target, instances = get_target(options.target), {}
     tuning = Tuning(options.tuning_db, target)
@@ -319,6 +349,53 @@ def select_instances(model: str, options: CompileOptions) -> dict:
     return instances
 
 
+def _pipeline_graphs(model: str, options: CompileOptions):
+    """(config, program, {graph: its pipeline's output}, whether decode has its own graph): the
+    graphs a compile would plan, without its dumps and timings."""
+    cfg = load_config(model)
+    options.check_model(cfg)
+    program = build_model(cfg)
+    lay = {"dp": options.dp, "redundant": options.redundant_experts}
+    split = decode_pipeline_differs(options.target)
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep, **lay)}
+    if split:
+        graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, variant="decode", **lay)
+    if program.draft.nodes:
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, **lay)
+    return cfg, program, graphs, split
+
+
+def rank_memory(graphs: dict[str, Graph], state: dict, envs: dict, pool: dict) -> dict:
+    """Device bytes one rank of a plan needs: the weights its steps read (after the load program:
+    w13, not w1 and w3), the cache pool's state buffers, and the largest activation arena of its
+    buckets. Planned from the graphs alone: no kernel is built for it."""
+    from .memory import _bytes
+
+    weights, peaks = {}, {}
+    for name, g in graphs.items():
+        if not envs.get(name):
+            continue
+        load = load_time_nodes(g)
+        for p in _step_graph_record(g, load)["params"]:
+            weights[p] = _bytes(g.types[p], {})
+        resident = {o for i in load for o in g.nodes[i].outputs}
+        for b, env in envs[name].items():
+            peaks[f"{name}/{b}"] = plan_memory(g, env, resident)["peak_bytes"]
+    state_bytes = sum(_bytes(t, pool) for t in state.values())
+    top = max(peaks, key=peaks.get)
+    total = sum(weights.values()) + state_bytes + peaks[top]
+    return {"weights_bytes": sum(weights.values()), "state_bytes": state_bytes, "activation_peak_bytes": peaks[top],
+            "activation_peak_bucket": top, "total_bytes": total}
+
+
+def plan_rank_memory(model: str, options: CompileOptions) -> dict:
+    """rank_memory of the plan `compile_model` would write for these options, without building
+    its kernels (the passes, buckets and memory plan only)."""
+    cfg, program, graphs, split = _pipeline_graphs(model, options)
+    _, pool, _, envs = bucket_envs(cfg, options, split)
+    return dict(rank_memory(graphs, program.state, envs, pool), layout=options.layout.record(), pool=pool)
+
+
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
     from ..codegen.plan import check_plan_target, versions, write_plan
     from ..codegen.targets import get_target
@@ -326,7 +403,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     target = get_target(options.target)
     check_plan_target(out_dir)  # before minutes of compiling, not after
     timings: dict[str, float] = {}
-    bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep)) + 2)
+    bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep, dp=options.dp)) + 2)
     t = time.perf_counter()
     cfg = load_config(model)
     options.check_model(cfg)
@@ -337,13 +414,15 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "00-input.ir").write_text(print_graph(program.step))
-    graphs = {"step": run_pipeline(program.step, options.target, options.ep, dump, "", timings, bar.step)}
+    lay = {"dp": options.dp, "redundant": options.redundant_experts}
+    graphs = {"step": run_pipeline(program.step, options.target, options.ep, dump, "", timings, bar.step, **lay)}
     split = decode_pipeline_differs(options.target)
     if split:  # decode buckets get their own graph (rules valid only with few rows per sequence)
         graphs["step_decode"] = run_pipeline(program.step, options.target, options.ep, dump, ".decode", timings,
-                                             variant="decode")
+                                             variant="decode", **lay)
     if program.draft.nodes:
-        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, dump, ".draft", timings, bar.step)
+        graphs["draft"] = run_pipeline(program.draft, options.target, options.ep, dump, ".draft", timings, bar.step,
+                                       **lay)
 
     t = time.perf_counter()
     max_pages, pool, buckets, envs = bucket_envs(cfg, options, split)
@@ -388,8 +467,10 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         if name not in plan_graphs:
             continue
         for p in g.params:
-            params[p] = {"type": str(g.types[p]), "sources": sources[p]}
+            # a MoE block's expert placement is no checkpoint tensor: the runtime sets it (EPLB moves it)
+            params[p] = {"type": str(g.types[p]), "sources": sources.get(p, [])}
     calls_per_template = Counter(c["kernel"] for pg in plan_graphs.values() for c in pg["calls"])
+    per_rank = rank_memory({n: g for n, g in graphs.items() if n in plan_graphs}, program.state, envs, pool)
     plan = {
         # the config.json as read, so loading rebuilds exactly this config (vision flag included)
         "model": {"id": cfg.model_id, "config_hash": cfg.config_hash,
@@ -397,11 +478,13 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "target": target.key(),
         "versions": versions(),
         "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
+                    "dp": options.dp,
                     "page_tokens": PAGE_TOKENS, "max_pages": max_pages,
                     # the decode graph serves steps with at most this many rows per sequence
                     "decode_rows_max": max_backtrack(cfg),
                     # drafts a verify bucket's sequence may carry (0: the plan has no verify bucket)
                     "verify_drafts": max_backtrack(cfg) - 1 if options.verify_batches else 0} | pool,
+        "layout": layout_record(options.layout, graphs) | {"rank_memory": per_rank},
         "buckets": {name: envs[name] for name in plan_graphs},
         "bucket_kinds": {b.name: b.kind for b in buckets},
         "state": {k: str(v) for k, v in program.state.items()},

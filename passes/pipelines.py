@@ -10,13 +10,14 @@ from ..ir.verify import verify
 from .attention import lower_sparse_attention
 from .fuse import fuse, fuse_decode, fuse_moe_shared
 from .kernels import select_kernels
-from .moe import lower_moe_dispatch
+from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
 from .shapes import infer_shapes
 
 VARIANTS = ("prefill", "decode")
 # rules valid only with few rows per sequence: they join the graph of decode buckets alone
 DECODE_ONLY = {"fuse_decode"}
+MULTI_RANK_ONLY = {"shard_tables"}  # one rank holds every table row: nothing to do, no stage to dump
 # a rule whose output op has no template but the torch fallback on a device target would trade
 # kernels for a slower path: it joins a pipeline only once a generated template of that op exists
 # (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
@@ -30,7 +31,7 @@ def has_generated_template(target: str, op: str) -> bool:
     return any(op in t.ops and target in t.targets and t.name != "torch_device" for t in templates().values())
 
 
-def _passes(manifest, ep: int) -> dict:
+def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
     return {
         "verify": verify,
         "infer_shapes": infer_shapes,
@@ -38,7 +39,8 @@ def _passes(manifest, ep: int) -> dict:
         "fuse": fuse,
         "fuse_decode": fuse_decode,
         "lower_sparse_attention": lower_sparse_attention,
-        "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep),
+        "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep, dp=dp, redundant=redundant),
+        "shard_tables": partial(shard_tables, ep=ep),
         "fuse_moe_shared": fuse_moe_shared,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,
@@ -47,7 +49,8 @@ def _passes(manifest, ep: int) -> dict:
     }
 
 
-def pipeline(target: str, ep: int = 1, variant: str = "prefill") -> list[tuple[str, object]]:
+def pipeline(target: str, ep: int = 1, variant: str = "prefill", dp: int = 1,
+             redundant: int = 0) -> list[tuple[str, object]]:
     """The target's (name, pass) list; `variant` "decode" is the graph of decode buckets (at most
     block + 1 rows per sequence)."""
     from ..codegen.targets import get_manifest  # here: passes and codegen never import each other at module level
@@ -55,12 +58,14 @@ def pipeline(target: str, ep: int = 1, variant: str = "prefill") -> list[tuple[s
     if variant not in VARIANTS:
         raise ValueError(f"unknown pipeline variant {variant!r} (known: {', '.join(VARIANTS)})")
     manifest = get_manifest(target)
-    bound = _passes(manifest, ep)
+    bound = _passes(manifest, ep, dp, redundant)
     out = []
     for name in manifest.passes:
         if name not in bound:
             raise ValueError(f"{target}'s manifest lists an unknown pass {name!r}")
         if name in DECODE_ONLY and variant != "decode":
+            continue
+        if name in MULTI_RANK_ONLY and ep == 1:
             continue
         if name in NEEDS_TEMPLATE and not has_generated_template(target, NEEDS_TEMPLATE[name]):
             continue

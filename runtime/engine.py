@@ -200,9 +200,16 @@ class LLMEngine:
                                     "caching needs")
         prefix = prefix_policy(cfg, getattr(executor, "page_tokens", PAGE_TOKENS), enable_prefix_caching, swa_replay,
                                swa_replay_keep)
-        self.cache = CacheManager(executor.num_slots, executor.num_pages,
-                                  getattr(executor, "page_tokens", PAGE_TOKENS), prefix=prefix,
-                                  ops=executor if prefix else None)
+        make_cache = getattr(executor, "make_cache", None)  # a multi-rank executor partitions its pool
+        if make_cache is not None:
+            if prefix is not None:
+                raise EngineConfigError(f"{type(executor).__name__}: prefix caching is not supported on multi-rank "
+                                        "plans")
+            self.cache = make_cache()
+        else:
+            self.cache = CacheManager(executor.num_slots, executor.num_pages,
+                                      getattr(executor, "page_tokens", PAGE_TOKENS), prefix=prefix,
+                                      ops=executor if prefix else None)
         if self.cache.pages_for(max_model_len) > executor.num_pages:
             # one sequence at max_model_len must fit alone, or preemption could never make room for it
             raise EngineConfigError(f"max_model_len {max_model_len} needs {self.cache.pages_for(max_model_len)} "

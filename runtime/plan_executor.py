@@ -27,9 +27,12 @@ class LoadedPlan:
     checkpoint tensor names to tensors (e.g. weights generated on the device), checked against the
     plan's model by `config_hash`."""
 
-    def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash: str | None = None):
+    def __init__(self, plan_dir, weights=None, *, checkpoint=None, config_hash: str | None = None, shard=None):
+        """`shard`: this process's rank of a multi-rank plan (runtime/distributed.RankShard): which
+        checkpoint tensors its expert weights are made of, and its expert placements."""
         self.root = root = Path(plan_dir)
         self.plan = plan = load_plan(root)
+        check_world(plan, root, shard.world if shard is not None else 1)
         self.target = plan["target"]["name"]
         self.cfg = cfg = config_from_dict(plan["model"]["config"], model_id=plan["model"]["id"])
         given = "given"
@@ -47,34 +50,58 @@ class LoadedPlan:
             raise PlanError(f"plan {root}: a graph record lacks {e}") from None
         self.page_tokens = plan["options"]["page_tokens"]
         needed = {p for g in self.graphs.values() for p in g.params}
+        self.checkpoint, self.needed = checkpoint, needed
         sources = {k: v["sources"] for k, v in plan["params"].items()}
-        self.params = materialize_params(sources, checkpoint)
-        for i, call in enumerate(plan["load_program"]):  # weight layouts the kernels want (e.g. w13 = [w1; w3])
-            outs = get_op(call["op"]).ref(*(self.params[v] for v in call["inputs"]), **call["attrs"])
-            outs = outs if isinstance(outs, tuple) and len(call["outputs"]) > 1 else (outs,)
-            self.params.update(zip(call["outputs"], outs))
-            # sources no later call and no step reads are dropped at once: the peak stays one layer's copy
-            later = {v for c in plan["load_program"][i + 1:] for v in c["inputs"]}
-            for v in call["inputs"]:
-                if v not in needed and v not in later:
-                    self.params.pop(v, None)
+        extra = {}
+        if shard is not None:  # this rank's expert slots only: no rank reads the whole model
+            sources, extra = shard.sources(plan, sources), shard.local_params(plan, checkpoint)
+        self.params = materialize_params(sources, checkpoint) | extra
+        self.run_load_program(self.params)
         self.state_types = {k: parse_type(v) for k, v in plan["state"].items()}
         self.slot_buffers = slot_buffers(self.state_types)
         self.paged_buffers = paged_buffers(self.state_types)
 
+    def run_load_program(self, params: dict, only: set[str] | None = None) -> None:
+        """The weight layouts the kernels want (e.g. w13 = [w1; w3]), made from `params` in place;
+        `only`: just the calls that read these params (weights re-read after a re-placement)."""
+        program = self.plan["load_program"]
+        for i, call in enumerate(program):
+            if only is not None and not only.intersection(call["inputs"]):
+                continue
+            outs = get_op(call["op"]).ref(*(params[v] for v in call["inputs"]), **call["attrs"])
+            outs = outs if isinstance(outs, tuple) and len(call["outputs"]) > 1 else (outs,)
+            params.update(zip(call["outputs"], outs))
+            # sources no later call and no step reads are dropped at once: the peak stays one layer's copy
+            later = {v for c in program[i + 1:] for v in c["inputs"]}
+            for v in call["inputs"]:
+                if v not in self.needed and v not in later:
+                    params.pop(v, None)
+
+def check_world(plan: dict, root, world: int) -> None:
+    """A plan is one rank of its layout: it runs in exactly as many processes."""
+    layout = plan.get("layout", {})
+    want = layout.get("world_size", 1)
+    if want != world:
+        how = f"torchrun --nproc-per-node {want}" if want > 1 else "one process"
+        raise PlanError(f"plan {root} is laid out for {want} rank{'s' * (want > 1)} (ep {layout.get('ep', 1)}, dp "
+                        f"{layout.get('dp', 1)}); this run has {world} process{'es' * (world > 1)}: launch it with "
+                        f"{how}")
+
 
 class PlanExecutor(SlotStateOps):
     def __init__(self, plan_dir, weights=None, num_slots: int | None = None, num_pages: int | None = None,
-                 pad_to_buckets: bool = False, *, checkpoint=None, config_hash: str | None = None):
+                 pad_to_buckets: bool = False, *, checkpoint=None, config_hash: str | None = None, shard=None,
+                 call_fn=None):
         """`pad_to_buckets` runs every step at its bucket's shape, padded as a device executor pads
         it (tests use it to check the padding never changes a real row). `checkpoint` and
-        `config_hash` instead of `weights`: as LoadedPlan takes them."""
+        `config_hash` instead of `weights`: as LoadedPlan takes them. `shard` and `call_fn` (the
+        calls' implementations; default their references): one rank of a multi-rank plan."""
         root = Path(plan_dir)
         target = load_plan(root)["target"]["name"]
         if target != "cpu":
             raise PlanError(f"plan {root}: compiled for {target}; this executor runs cpu plans "
                             "(runtime.cuda_executor runs sm90 / sm100 plans on their GPU)")
-        self.loaded = lp = LoadedPlan(root, weights, checkpoint=checkpoint, config_hash=config_hash)
+        self.loaded = lp = LoadedPlan(root, weights, checkpoint=checkpoint, config_hash=config_hash, shard=shard)
         self.plan, self.cfg, self.graphs = lp.plan, lp.cfg, lp.graphs
         from ..ir.ops.quantized import preload_dequantized
 
@@ -92,7 +119,7 @@ class PlanExecutor(SlotStateOps):
         self.slot_names, self.page_names = lp.slot_buffers, lp.paged_buffers
         self.num_slots, self.num_pages = num_slots - self.pad, num_pages - self.pad
         # padded steps run the plan's call lists the way a device executor does, with references
-        self.runner = PlanRunner(lp, self.params, self.state, reference_call, torch.device("cpu"))
+        self.runner = PlanRunner(lp, self.params, self.state, call_fn or reference_call, torch.device("cpu"))
         self.vocab_size = self.cfg.vocab_size
         self.page_tokens = lp.page_tokens
         self.state_types = lp.state_types

@@ -85,7 +85,7 @@ def test_import_resolution():
         "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_decode",
         "deepinfer.passes.fuse.fuse_moe_shared",
         "deepinfer.passes.kernels", "deepinfer.passes.kernels.select_kernels",
-        "deepinfer.passes.moe", "deepinfer.passes.moe.lower_moe_dispatch",
+        "deepinfer.passes.moe", "deepinfer.passes.moe.lower_moe_dispatch", "deepinfer.passes.moe.shard_tables",
         "deepinfer.passes.quant", "deepinfer.passes.quant.legalize_quant", "deepinfer.passes.quant.row_weight_scales",
         "deepinfer.passes.shapes", "deepinfer.passes.shapes.infer_shapes"]
 

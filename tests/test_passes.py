@@ -122,11 +122,14 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     assert all(x.attr["@operands"] == "fp4->fp8 in prologue" for x in g.nodes if x.op == "grouped_gemm_fp4")
 
 
-def test_expert_parallel_inserts_all_to_all():
+def test_expert_parallel_shards_experts_and_inserts_exchanges():
     g = build_model("v4.1-flash-tiny").step
     for name, fn in pipeline("cpu", ep=4):
         g = fn(g)
-    assert g.op_counts()["all_to_all"] == 2 * 10
+    ops = g.op_counts()
+    assert ops["ep_dispatch"] == ops["ep_combine"] == 10  # one exchange each way per MoE layer
+    w1 = g.types["layers.0.ffn.experts.w1"]
+    assert w1.data.shape[0] == 16 // 4 and g.types["layers.0.ffn.expert_slots"].shape == (16,)  # 4 slots per rank
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ PASSES = (
     "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
     "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
     "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
+    "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)
     # the cube's MX MMA reads per-row weight scales: a load-time repeat of the 32x32 block scales;
     # after the MoE lowering (its GEMMs are grouped, fp4), before the final type check
     "row_weight_scales",

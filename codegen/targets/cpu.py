@@ -16,6 +16,7 @@ PASSES = (
     "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
     "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
     "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
+    "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",
     "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats

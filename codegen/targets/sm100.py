@@ -37,6 +37,7 @@ PASSES = (
     "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
     "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
     "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
+    "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)
     "fuse_moe_shared",  # after lower_moe_dispatch makes the combine it fuses the shared expert's add into
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",

@@ -1,2 +1,2 @@
 """Importing this package registers every op with ir.registry (one module per family)."""
-from . import attention, core, engram, fused, heads, mhc, moe, quantized  # noqa: F401
+from . import attention, core, engram, expert_parallel, fused, heads, mhc, moe, quantized  # noqa: F401

@@ -341,23 +341,6 @@ def moe_combine_shared(y, pairs, offsets, like, shared, *, k):
     return (moe_combine(y, pairs, offsets, like, k=k) + shared.float()).to(torch.bfloat16)
 
 
-# ---- expert parallelism -------------------------------------------------------------------------
-
-def _a2a_rule(ins, a):
-    if a["direction"] not in ("dispatch", "combine") or a["ep"] < 2:
-        raise ShapeError("all_to_all needs direction dispatch|combine and ep >= 2")
-    return [ins[0]]
-
-
-@op("all_to_all", infer=_a2a_rule, flops=lambda i, o, a: Cost(0, i[0].nbytes, i[0].nbytes),
-    attrs={"ep": REQUIRED, "direction": REQUIRED}, n_inputs=1)
-def all_to_all(x, *, ep, direction):
-    """Expert-parallel exchange of expert-ordered rows: each rank's rows go to the rank holding
-    their expert (dispatch) and come back (combine). In one process, which holds every expert,
-    the exchange moves nothing: the identity is its exact single-process meaning."""
-    return x
-
-
 # ---- decode: RoPE + fp8 quantisation + window-ring write ------------------------------------------
 
 def _rope_quant_write_rule(ins, a):
