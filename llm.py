@@ -131,8 +131,11 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
-        prefix_policy(config_from_dict(loaded["model"]["config"], model_id=loaded["model"]["id"]), opts["page_tokens"],
-                      *(self._engine_options[k] for k in ("enable_prefix_caching", "swa_replay", "swa_replay_keep")))
+        prefix = [self._engine_options[k] for k in ("enable_prefix_caching", "swa_replay", "swa_replay_keep")]
+        check_prefix_options(*prefix)
+        if prefix[0]:  # the model's window and rollback bound bounded replay: checked before the weights load
+            prefix_policy(config_from_dict(loaded["model"]["config"], model_id=loaded["model"]["id"]),
+                          opts["page_tokens"], *prefix)
         # the plan's limits are the defaults: a plan compiled for less than the interpreter's
         # defaults runs without repeating its flags
         max_model_len = opts["max_model_len"] if max_model_len is None else max_model_len

@@ -28,7 +28,7 @@ import torch
 
 from ..ir.ops.expert_parallel import EXCHANGE_OPS, SLOTS_SUFFIX, Routing, initial_slots
 from .batch import SeqChunk
-from .cache import CacheFull, CacheManager
+from .cache import CacheFull, CacheManager, PrefixStats
 from .plan_executor import PlanExecutor, reference_call
 from .plan_file import load_plan
 
@@ -240,8 +240,13 @@ class PartitionedCache:
     local to the group. A new sequence goes to the group with the most free slots (ties: the
     lowest), so placement depends only on the request order."""
 
+    # no prefix cache across groups (the engine refuses one on multi-rank plans): the engine and
+    # scheduler see the single-process pool's prefix interface, always empty
+    prefix = None
+
     def __init__(self, groups: int, num_slots: int, num_pages: int, page_tokens: int):
         self.parts = [CacheManager(num_slots, num_pages, page_tokens) for _ in range(groups)]
+        self.stats = PrefixStats()
         self.slots_per_group, self.page_tokens = num_slots, page_tokens
         self.num_slots, self.num_pages = groups * num_slots, num_pages
         self._group: dict[object, int] = {}
@@ -279,10 +284,10 @@ class PartitionedCache:
     def extra_pages(self, owner, num_tokens: int) -> int:
         return self._part(owner).extra_pages(owner, num_tokens)
 
-    def can_cover(self, owner, num_tokens: int) -> bool:
+    def can_cover(self, owner, num_tokens: int, hit=None) -> bool:
         return self._part(owner).can_cover(owner, num_tokens)
 
-    def allocate(self, owner, num_tokens: int) -> int:
+    def allocate(self, owner, num_tokens: int, hit=None) -> int:
         part = self._part(owner)
         if not part.free_slots:
             raise CacheFull(f"no free state slot ({self.num_slots} in use)")
