@@ -185,13 +185,30 @@ def replace_dir(path: str | os.PathLike, write: Callable[[Path], T]) -> T:
         raise NotADirectoryError(f"{path}: exists and is not a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
-    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path, "tmp"), dir=path.parent))
+    # the name is chosen before the directory exists, so an interrupt landing anywhere after the
+    # mkdir (even before mkdtemp would have returned) finds the cleanup below armed
+    tmp = path.parent / f"{_temp_prefix(path, 'tmp')}{os.urandom(6).hex()}"
     displaced = None
     try:
+        os.mkdir(tmp, 0o700)
         result = write(tmp)
         _fsync_tree(tmp)
         displaced = _swap_in(tmp, path)
         fsync_dir(path.parent)
     finally:
-        shutil.rmtree(displaced or tmp, ignore_errors=True)
+        _remove_tree_uninterrupted(displaced or tmp)
     return result
+
+
+def _remove_tree_uninterrupted(tree: Path) -> None:
+    """Remove `tree` even when a KeyboardInterrupt arrives during the removal: the removal is
+    finished first, then the interrupt is raised again."""
+    interrupted = None
+    while True:
+        try:
+            shutil.rmtree(tree, ignore_errors=True)
+            break
+        except KeyboardInterrupt as e:
+            interrupted = e
+    if interrupted is not None:
+        raise interrupted
