@@ -406,15 +406,19 @@ def cmd_autotune(args) -> int:
     from .autotune.tuner import TuneError, table, tune
 
     modes = [m for m, on in (("--cost-model-only", args.cost_model_only), ("--build-candidates", args.build_candidates),
-                             ("--measure", args.measure)) if on]
+                             ("--measure", args.measure), ("--apply", args.apply)) if on]
     if len(modes) != 1:
         raise TuneError("give one of --cost-model-only (rank by the cost model here), --build-candidates DIR (build "
-                        "the candidates to measure, here) or --measure DIR (time them, on the GPU machine)"
-                        + (f", not {' and '.join(modes)}" if modes else ""))
+                        "the candidates to measure, here), --measure DIR (time them, on the GPU machine) or --apply "
+                        "DIR (write the tuned plan from them, there)" + (f", not {' and '.join(modes)}" if modes else ""))
+    if args.output and not args.apply:
+        raise TuneError("-o names the tuned plan that --apply writes")
     if args.measure:
         return _autotune_measure(args)
     if args.plan is None:
         raise TuneError(f"{modes[0]} tunes a compiled plan: give PLAN_DIR")
+    if args.apply:
+        return _autotune_apply(args)
     if args.build_candidates:
         from .autotune.candidates import build_candidates
 
@@ -458,6 +462,20 @@ def _autotune_measure(args) -> int:
     return 0
 
 
+def _autotune_apply(args) -> int:
+    from .autotune.apply import apply_tuning
+    from .autotune.db import TuningDB
+    from .autotune.tuner import TuneError
+
+    if not args.db or not args.output:
+        raise TuneError("--apply needs --db DB.jsonl (the measured rows) and -o TUNED_PLAN_DIR (the plan to write)")
+    if not Path(args.db).is_file():
+        raise TuneError(f"{args.db}: no such file")
+    report = apply_tuning(args.plan, args.apply, TuningDB.load(args.db), args.output)
+    print(report.summary())
+    return 0
+
+
 def _progress_line(i, n, name):
     if sys.stderr.isatty():
         print(f"\r[{i + 1}/{n}] {name[:50]:<50}", end="", file=sys.stderr, flush=True)
@@ -495,6 +513,10 @@ def add_autotune(sub):
                         "toolchain, into DIR (a manifest and cubins; rerunning skips what DIR holds)")
     p.add_argument("--measure", metavar="DIR", help="time the candidates of DIR on this machine's GPU (no compiler "
                    "needed) and write measured rows into --db; the compile that built DIR's kernels takes them")
+    p.add_argument("--apply", metavar="DIR", help="write PLAN_DIR tuned to -o: each instance whose --db row is one "
+                   "of DIR's built candidates takes that candidate's kernel (no compiler needed: the GPU machine's "
+                   "last step)")
+    p.add_argument("-o", "--output", metavar="TUNED_PLAN_DIR", help="the tuned plan --apply writes (PLAN_DIR is kept)")
     p.add_argument("--only", metavar="NAME,...", help="these templates' instances only, or these instances (by id, "
                    "as plan.json names them)")
     p.add_argument("--top-k", type=_positive(int), default=8, help="configs built per instance, besides the default "

@@ -4,6 +4,7 @@ the cost model's ranking, and a tuning run over a compiled tiny sm90 plan with a
 standing in for the GPU, whose rows the next compile takes."""
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -332,6 +333,55 @@ def test_measure_isolates_candidates_checks_them_and_compile_takes_the_row(plan,
     tuned = [v for v in k.values() if v["spec"] == e["spec"]]
     assert tuned and all(v["config"] == want_cfg and v["tuning"]["rung"] == "borrowed" and v["tuning"]["measured"]
                          and v["tuning"]["device"] == "FAKE H200" for v in tuned)
+    _apply_writes_what_the_compile_wrote(plan, d, tmp_path / "tuned.jsonl", plan2, inst, tmp_path, capsys)
+
+
+def _apply_writes_what_the_compile_wrote(plan, cands, db, compiled_dir, inst, tmp_path, capsys):
+    """`autotune PLAN --apply CANDS --db DB -o OUT` (no compiler: the GPU machine's last step)
+    writes the plan that a compile with --tuning-db DB wrote: the same configs, provenance and
+    binaries per instance, and the same host recipe for every launch; the untuned plan is kept.
+    An instance whose row is another bucket's (the nearest rung) with a config it has no candidate
+    of keeps its own config, and the report names it."""
+    import re
+
+    from deepinfer.cli import main
+    from deepinfer.codegen.plan import load_plan
+
+    before = (Path(plan) / "plan.json").read_bytes()
+    out = tmp_path / "applied"
+    assert main(["autotune", str(plan), "--apply", str(cands), "--db", str(db), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert re.search(rf"^{inst} +triton_rms_norm .* borrowed ", text, re.M) and "1 instances retuned" in text, text
+    assert (Path(plan) / "plan.json").read_bytes() == before
+    applied, compiled, untuned = load_plan(out), load_plan(compiled_dir), load_plan(plan)
+    kept = set(re.findall(r"^  (k\d+): kept its config, its row's config is not among", text, re.M))
+    assert all(compiled["kernels"][i]["tuning"]["rung"] == "nearest" for i in kept)
+    assert applied["kernels"].keys() == compiled["kernels"].keys()
+    for i, want in compiled["kernels"].items():
+        got = applied["kernels"][i]
+        if i in kept:
+            assert got["config"] == untuned["kernels"][i]["config"] != want["config"]
+            continue
+        assert [got.get(f) for f in ("template", "spec", "config", "grid", "block", "meta", "tuning")] == \
+               [want.get(f) for f in ("template", "spec", "config", "grid", "block", "meta", "tuning")], i
+        for art, rel in want.get("build", {}).get("files", {}).items():
+            assert applied["files"][got["build"]["files"][art]] == compiled["files"][rel], (i, art)
+    for name, g in compiled["graphs"].items():
+        for c, c2 in zip(g["calls"], applied["graphs"][name]["calls"]):
+            for b, ln in c["launch"].items():
+                ln2 = c2["launch"][b]
+                assert ("recipe" in ln) == ("recipe" in ln2)
+                if "recipe" in ln and ln["kernel"] not in kept:
+                    assert applied["recipes"][ln2["recipe"]] == compiled["recipes"][ln["recipe"]], (c["op"], b)
+    # bad requests, one line each; nothing is written over the plan being tuned
+    for argv, why in ((["--db", str(db), "-o", str(plan)], "is the plan being tuned"),
+                      (["-o", str(out)], "--apply needs --db DB.jsonl"),
+                      (["--db", str(tmp_path / "absent.jsonl"), "-o", str(out)], "no such file")):
+        assert main(["autotune", str(plan), "--apply", str(cands)] + argv) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err
+    assert main(["autotune", str(plan), "--measure", str(cands), "--db", str(db), "-o", str(out)]) == 2
+    assert "-o names the tuned plan" in capsys.readouterr().err
 
 
 def test_an_instance_whose_candidates_all_fail_is_recorded_and_never_taken(candidates_dir, tmp_path):
