@@ -39,9 +39,15 @@ def test_gemm_fp8_renders(target):
     spec = gemm_spec(64, 1280, 5120)
     tpl = select(t, spec)
     assert tpl.name == "tilelang_gemm_fp8"
-    src = tpl.render(t, spec, tpl.default_config(t, spec))
-    assert src.language == "cuda" and src.entry and src.grid[2] == tpl.default_config(t, spec)["split_k"]
+    cfg = tpl.default_config(t, spec)
+    src = tpl.render(t, spec, cfg)
+    assert src.language == "cuda" and src.entry and cfg["split_k"] > 1
     assert ("wgmma" in src.text) == (target == "sm90")
+    if target == "sm90":  # the decode program: N tiles x splits, the splits added by a second kernel
+        assert src.grid == (1280 // cfg["block_N"], cfg["split_k"], 1) and src.meta["rows_argument"]
+        assert "combine" in src.meta
+    else:
+        assert src.grid[2] == cfg["split_k"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -53,9 +59,40 @@ def test_sm90_builds_without_spills():
         tpl = select(t, spec)
         src = tpl.render(t, spec, tpl.default_config(t, spec))
         assert "wgmma" in src.text
-        rep = nvcc_report(src.text, t.arch)
-        assert rep["ok"], rep["log"]
-        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+        texts = [src.text] + ([src.meta["combine"]["text"]] if "combine" in src.meta else [])
+        for text in texts:
+            rep = nvcc_report(text, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+        if spec.op == "gemm_fp8":
+            _decode_gemm_reads_the_live_rows(t, tpl, spec, src)
+
+
+def _decode_gemm_reads_the_live_rows(t, tpl, spec, src):
+    """The decode GEMM takes its row count as an argument: the activation and its scales are
+    loaded through predicated copies (rows past m read as zeros, never from memory), and a
+    one-row call's host recipe is the GEMM and the in-order split sum, with nothing padded,
+    zeroed or cast around them."""
+    import torch
+
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    cfg = src.meta["config"]
+    assert ("m", "int") in _signature(src)
+    assert src.text.count("cp_async_gs_conditional") >= 2 and "< m)" in src.text
+    assert "atomicAdd" not in src.text and "AtomicAdd" not in src.text
+    kernel = {"template": tpl.name, "config": cfg, "meta": src.meta, "grid": list(src.grid), "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(1, 5120, dtype=torch.float8_e4m3fn), torch.empty(1, 160, dtype=torch.uint8))
+        w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
+        rec, (out,) = record_tilelang(tpl.host, kernel, [x, w], {"out_dtype": "bf16"}, [False])
+    assert tuple(out.shape) == (1, 1280) and out.dtype == torch.bfloat16
+    kernels = [s for s in rec["steps"] if "launch" in s or not s["op"].startswith(("aten.empty", "aten.view",
+                                                                                  "aten._reshape", "aten.reshape"))]
+    assert [s.get("launch") for s in kernels] == [0, 1], kernels
+    assert [s["args"][-1] for s in kernels] == [1, 1]  # m = 1, the last parameter of both kernels
+    assert kernels[1]["grid"] == [1280 // 256, 64 // 8, 1] and cfg["split_k"] > 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -104,7 +141,7 @@ GEMM_PARAMS = [("A", "const fp8_e4_t*"), ("B", "const fp8_e4_t*"), ("SA", "const
 
 @pytest.mark.slow  # a TileLang lowering takes 10-50 s of one core
 @pytest.mark.parametrize("m,out_ctype,grid", [
-    (64, "float*", (20, 1, 8)),  # decode: split K, fp32 partials added atomically
+    (64, "float*", (20, 8, 1)),  # decode: the row count an argument, split K into fp32 partials
     (4096, "bfloat16_t*", (10, 32, 1)),  # prefill: 128x128 tiles, bf16 out
 ])
 def test_gemm_fp8_sm90_structure(m, out_ctype, grid):
@@ -114,10 +151,11 @@ def test_gemm_fp8_sm90_structure(m, out_ctype, grid):
     cfg = tpl.default_config(t, spec)
     src = tpl.render(t, spec, cfg)
     params = _signature(src)
-    assert sorted(params) == sorted(GEMM_PARAMS + [("C", out_ctype)])
-    assert src.grid == grid == (-(-1280 // cfg["block_N"]), -(-m // cfg["block_M"]), cfg["split_k"])
+    decode = m == 64
+    assert sorted(params) == sorted(GEMM_PARAMS + [("C", out_ctype)] + ([("m", "int")] if decode else []))
+    assert src.grid == grid
     assert src.block == (cfg["threads"], 1, 1) and 0 < src.smem_bytes <= t.smem_bytes
-    assert src.meta["atomic_f32_out"] == (cfg["split_k"] > 1) and src.meta["mnk"] == (m, 1280, 5120)
+    assert src.meta.get("rows_argument", False) == decode and src.meta["mnk"] == (m, 1280, 5120)
     assert src.text.count("__shared__") == 1  # one dynamic arena; the pipeline's stages are carved from it
     assert "wgmma" in src.text and " mma." not in src.text  # Hopper warpgroup MMAs, not the Ampere ones
 

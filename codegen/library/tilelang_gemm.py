@@ -11,6 +11,12 @@ fp32 tile and that tile is promoted into the fp32 accumulator with the product o
 (powers of two, so the promotion is exact up to the fp32 add). On sm90 the slice is one wgmma
 k32 instruction.
 
+Decode calls (at most 64 rows, one canonical 64-row instance for every decode bucket) run
+`gemm_fp8_rows_program`: the live row count is a kernel argument, the activation's copies are
+predicated on it, and a split K writes per-split fp32 partials that a second kernel adds in split
+order and casts. The host pads, zeroes and casts nothing: one or two kernels a call, and the same
+sum for a row whatever else the batch holds.
+
 sm100 multiplies with the scales inside the MMA: `tcgen05.mma ... kind::mxf8f6f4.block_scale` takes
 e4m3 operands with one ue8m0 scale per row and 32 K on each side and accumulates in tensor memory,
 so no promotion is needed. Four scale bytes of a row per 128-deep K step are one 32-bit word, so
@@ -183,6 +189,77 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     return gemm_fp8
 
 
+def gemm_fp8_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, block_M=64, block_N=64, block_K=128,
+                          stages=4, threads=128, split_k=1):
+    """gemm_fp8_program's product for at most `block_M` rows, their count `m` a kernel argument:
+    the activation and its scales are read as [m, K] (rows past m load as zeros, the copies are
+    predicated) and C is written for its m rows, so the host pads nothing. split_k > 1 writes one
+    fp32 partial tile per split into P [split_k, block_M, N] (every element once: nothing to zero)
+    and `gemm_split_sum_program` adds them in split order, a fixed order (no atomics)."""
+    _, T = _tl()
+    assert K % 32 == 0 and block_K % 32 == 0 and block_N % 32 == 0
+    kb = block_K // 32
+    k_iters = ceil_div(K, block_K)
+    assert k_iters % split_k == 0, "split_k must divide the number of K tiles"
+    per_split = k_iters // split_k
+    m = T.dynamic("m")
+    out_shape, c_dtype = ((split_k, block_M, N), "float32") if split_k > 1 else ((m, N), out_dtype)
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((m, K), "float8_e4m3"), SA: T.Tensor((m, K // 32), "uint8"),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+                 C: T.Tensor(out_shape, c_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), split_k, threads=threads) as (bx, bz):
+            A_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SA_s = T.alloc_shared((block_M, kb), "uint8")
+            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            tmp = T.alloc_fragment((block_M, block_N), "float32")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            T.clear(acc)
+            for ko in T.Pipelined(per_split, num_stages=stages):
+                k = bz * per_split + ko
+                T.copy(A[0, k * block_K], A_s)
+                T.copy(B[bx * block_N, k * block_K], B_s)
+                T.copy(SA[0, k * kb], SA_s)
+                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
+                for kk in T.unroll(kb):
+                    T.gemm(A_s[:, kk * 32:(kk + 1) * 32], B_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
+                           clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+            if split_k > 1:
+                T.copy(acc, C[bz, 0, bx * block_N])
+            else:
+                T.copy(acc, C[0, bx * block_N])
+
+    return gemm_fp8
+
+
+SPLIT_SUM_COLS, SPLIT_SUM_ROWS = 256, 8  # one CTA: 8 rows x 256 columns, 2 columns a thread
+
+
+def gemm_split_sum_program(N: int, split_k: int, rows: int, out_dtype: str = "bfloat16"):
+    """C[i, n] = sum over s in order of P[s, i, n] for the m live rows (m a kernel argument)."""
+    _, T = _tl()
+    m = T.dynamic("m")
+    cb, rb = SPLIT_SUM_COLS, SPLIT_SUM_ROWS
+
+    @T.prim_func
+    def split_sum(P: T.Tensor((split_k, rows, N), "float32"), C: T.Tensor((m, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, cb), rows // rb, threads=cb // 2) as (bx, by):
+            acc = T.alloc_fragment((rb, cb), "float32")
+            T.clear(acc)
+            for s in T.serial(split_k):
+                for i, j in T.Parallel(rb, cb):
+                    acc[i, j] += P[s, by * rb + i, bx * cb + j]
+            for i, j in T.Parallel(rb, cb):
+                if by * rb + i < m:
+                    C[by * rb + i, bx * cb + j] = acc[i, j]
+
+    return split_sum
+
+
 def gemm_fp8_sm100_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_N=128, split_k=1):
     """gemm_fp8_program's product on the block-scaled tcgen05 MMA (module docstring)."""
     _, T = _tl()
@@ -309,15 +386,30 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
             "split_k": 1}
 
 
+def rows_argument(target: Target, m: int, n: int, k: int, config: Mapping[str, Any]) -> bool:
+    """The decode program (rows a kernel argument, no padding, split-K without atomics) serves
+    this instance: one row tile holding every row of the canonical decode instance."""
+    return (not block_scaled_gemm(target, n, k) and m == DECODE_ROWS == config["block_M"]
+            and n % SPLIT_SUM_COLS == 0)
+
+
 def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     m, n, k = _mnk(spec)
     c = dict(gemm_default_config(target, m, n, k), **config)
+    meta = {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k)}
+    if rows_argument(target, m, n, k, c):
+        func = gemm_fp8_rows_program(n, k, out_dtype_name(spec), **c)
+        src = source(func, target.arch, dict(meta, rows_argument=True))
+        if c["split_k"] > 1:
+            comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
+            src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
+                                   "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+        return src
     if block_scaled_gemm(target, n, k):
         func = gemm_fp8_sm100_program(m, n, k, out_dtype_name(spec), block_N=c["block_N"], split_k=c["split_k"])
     else:
         func = gemm_fp8_program(m, n, k, out_dtype_name(spec), **c)
-    return source(func, target.arch, {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k),
-                                      "atomic_f32_out": c["split_k"] > 1})
+    return source(func, target.arch, dict(meta, atomic_f32_out=c["split_k"] > 1))
 
 
 register(Template(
