@@ -29,6 +29,43 @@ def test_gemm_rows_are_padded_to_the_instance_and_cut_back():
         assert got.shape == want.shape and torch.equal(got, want)
 
 
+def test_decode_gemm_reads_the_live_rows_and_sums_the_splits_in_order():
+    """The decode program (`rows_argument`): the host passes the call's m rows unpadded and m
+    itself; a split K gets an fp32 partial buffer of the instance's 64 rows per split (no zeroing:
+    rows past m hold garbage here and must not reach the output), summed by the second kernel."""
+    torch.manual_seed(2)
+    x = quant.quant_fp8_32(torch.randn(3, 128))
+    w = quant.quant_fp8_weight(torch.randn(96, 128) * 0.1)
+    want = get_op("gemm_fp8").ref(x, w, out_dtype="f32")
+    seen = []
+
+    def launch(i, **b):
+        seen.append((i, sorted(b), b["m"]))
+        if i == 1:
+            b["C"][:] = b["P"][:, : b["m"]].sum(0).to(b["C"].dtype)  # in split order
+            return
+        a, sa, split = b["A"], b["SA"], b["C"].shape[0] if b["C"].dim() == 3 else 1
+        assert a.shape[0] == sa.shape[0] == b["m"] == 3
+        if split == 1:
+            b["C"][:] = get_op("gemm_fp8").ref(QTensor(a, sa), QTensor(b["B"], b["SB"]), out_dtype="f32")
+            return
+        b["C"][:] = float("nan")  # rows past m: whatever the kernel leaves there
+        step = a.shape[1] // split
+        for s_ in range(split):
+            ks = slice(s_ * step, (s_ + 1) * step)
+            part = QTensor(a[:, ks].contiguous(), sa[:, s_ * step // 32:(s_ + 1) * step // 32].contiguous())
+            wp = QTensor(b["B"][:, ks].contiguous(), b["SB"][:, s_ * step // 32:(s_ + 1) * step // 32].contiguous())
+            b["C"][s_, : b["m"]] = get_op("gemm_fp8").ref(part, wp, out_dtype="f32")
+
+    for split in (1, 2):
+        seen.clear()
+        got = th.host_gemm_fp8(launch, (x, w), {"out_dtype": "f32"}, {"split_k": split},
+                               {"mnk": (64, 96, 128), "rows_argument": True})
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert seen == ([(0, ["A", "B", "C", "SA", "SB", "m"], 3)] if split == 1 else
+                        [(0, ["A", "B", "C", "SA", "SB", "m"], 3), (1, ["C", "P", "m"], 3)])
+
+
 def test_decode_gemm_specs_share_the_64_row_instance():
     target = get_target("sm90")
     w = quantized("fp8e4m3", (96, 64), "e8m0", (32, 32))
