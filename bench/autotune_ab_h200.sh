@@ -33,16 +33,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 "$py" -m deepinfer.cli autotune --measure "$cdir" --db "$out/tuning-sm90.jsonl" --budget-s "$budget" --timeout-s 30 \
     2>&1 | tee "$out/measure.log"
 "$py" -m deepinfer.cli autotune "$plan" --apply "$cdir" --db "$out/tuning-sm90.jsonl" -o "$work/tuned" 2>&1 \
-    | tee "$out/apply.log"
+    | tee "$out/apply.log" || echo "autotune_ab_h200: --apply failed (apply.log); timing the untuned plan only"
 for which in untuned tuned; do
     p=$plan; [ "$which" = tuned ] && p="$work/tuned"
+    [ -f "$p/plan.json" ] || continue
     BENCH_GRAPH_ONLY=1 "$py" bench/runtime_sm90.py --medium-plan "$p" --out "$out/runtime_sm90_medium_$which.json" \
         2>&1 | tee "$out/runtime_$which.log" || echo "autotune_ab_h200: the $which plan's bench failed"
 done
 "$py" - "$out" <<'EOF'
 import json, sys
 out = sys.argv[1]
-rows = {w: json.load(open(f"{out}/runtime_sm90_medium_{w}.json")).get("medium", {}) for w in ("untuned", "tuned")}
+import os
+rows = {w: json.load(open(f"{out}/runtime_sm90_medium_{w}.json")).get("medium", {})
+        if os.path.exists(f"{out}/runtime_sm90_medium_{w}.json") else {} for w in ("untuned", "tuned")}
 print(f"{'step':<14} {'untuned':>10} {'tuned':>10} {'speed-up':>9}")
 for k, unit in (("prefill_4096", "tok/s"), ("decode_b1", "ms"), ("decode_b8", "ms"), ("decode_b64", "ms")):
     def val(r):
