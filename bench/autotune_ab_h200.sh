@@ -6,7 +6,8 @@
 #
 #   bench/autotune_ab_h200.sh CANDS.tar.xz PLAN.tar.xz [MEASURE_BUDGET_S]
 #
-# Under $OUT: tuning-sm90.jsonl (the measured rows), measure.log, apply.log, and
+# Under $OUT, six files (a device call brings back at most 8: the caller's own count too):
+# tuning-sm90.jsonl (the measured rows), measure.log, apply.log, runtime.log and
 # runtime_sm90_medium_{untuned,tuned}.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ for which in untuned tuned; do
     p=$plan; [ "$which" = tuned ] && p="$work/tuned"
     [ -f "$p/plan.json" ] || continue
     BENCH_GRAPH_ONLY=1 "$py" bench/runtime_sm90.py --medium-plan "$p" --out "$out/runtime_sm90_medium_$which.json" \
-        2>&1 | tee "$out/runtime_$which.log" || echo "autotune_ab_h200: the $which plan's bench failed"
+        2>&1 | tee -a "$out/runtime.log" || echo "autotune_ab_h200: the $which plan's bench failed"
 done
 "$py" - "$out" <<'EOF'
 import json, sys
