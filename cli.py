@@ -165,7 +165,8 @@ def cmd_compile(args) -> int:
                           ep=args.ep, dp=args.dp, redundant_experts=args.redundant_experts, jobs=args.jobs,
                           dump_ir=args.dump_ir,
                           decode_batches=args.decode_batches, prefill_tokens=args.prefill_tokens,
-                          verify_batches=tuple(args.verify_batches), tuning_db=args.tuning_db)
+                          verify_batches=tuple(args.verify_batches), tuning_db=args.tuning_db,
+                          batch_invariant=args.batch_invariant)
     t = time.perf_counter()
     report = compile_model(args.model, opts, args.output, progress=sys.stderr.isatty())
     print(report.summary())
@@ -198,6 +199,9 @@ def add_compile(sub):
                    help="decode bucket sizes (default: powers of two up to --max-num-seqs)")
     p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...",
                    help="prefill bucket token budgets (default: 512,2048,8192)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="one template and reduction structure per call at every bucket (no batch-dependent split "
+                        "or kernel choice; tuning rows are not read): a request's tokens do not depend on its batch")
     p.add_argument("--tuning-db", metavar="PATH",
                    help="tuning database to take kernel configs from (default: the one shipped for the target, "
                         "where it exists; 'none': template defaults)")
@@ -287,6 +291,7 @@ def _load_llm(args):
     return LLM(args.model, args.weights, plan=args.plan, target=args.target, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                speculative=_speculative(args.speculative), enable_prefix_caching=args.prefix_cache,
+               batch_invariant=getattr(args, "batch_invariant", False),
                **{k: v for k, v in (("swa_replay", args.swa_replay), ("swa_replay_keep", args.swa_replay_keep))
                   if v is not None})
 
@@ -391,6 +396,8 @@ def add_generate(sub):
                    "saved with each page (exact, the default) or recompute the hit's last KEEP tokens (bounded)")
     p.add_argument("--swa-replay-keep", type=int, metavar="KEEP",
                    help="tokens bounded replay recomputes (default 140; >= window + the largest rollback)")
+    p.add_argument("--batch-invariant", action="store_true", help="refuse a plan compiled without "
+                   "--batch-invariant: each request's tokens must not depend on the others in its steps")
     p.add_argument("--regex", help="structured output: every output matches this regular expression")
     p.add_argument("--json-schema", metavar="FILE", help="structured output: every output is JSON valid under the "
                    "schema in FILE")

@@ -56,7 +56,7 @@ class LLM:
                  tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
                  verify_budget: int | None = None, fixed_acceptance: float | None = None,
                  tensor_parallel_size: int = 1, enable_prefix_caching: bool = False, swa_replay: str = "exact",
-                 swa_replay_keep: int = DEFAULT_SWA_REPLAY_KEEP):
+                 swa_replay_keep: int = DEFAULT_SWA_REPLAY_KEEP, batch_invariant: bool = False):
         """`model`: a preset name or a directory with config.json; `weights`: a checkpoint directory.
         `max_num_seqs`, `max_model_len`: by default 16 and 4096, or the plan's own limits (larger
         values than the plan's are refused). `max_num_batched_tokens`: by default 512 (at most the
@@ -74,7 +74,11 @@ class LLM:
         `tensor_parallel_size`: vLLM's; only 1 (one device) runs here.
         `enable_prefix_caching`: share cached prompt prefixes (module doc); `swa_replay`: "exact"
         (window rings restored from the state saved with each page) or "bounded" (the last
-        `swa_replay_keep` tokens of a hit recomputed, >= window + the largest rollback)."""
+        `swa_replay_keep` tokens of a hit recomputed, >= window + the largest rollback).
+        `batch_invariant`: a request's tokens must not depend on what else is in its steps or how
+        its prompt was chunked: the graph interpreter is so as it stands; a plan must have been
+        compiled with `--batch-invariant` (one template and reduction structure per call at every
+        bucket), else this is refused."""
         check_limits(tensor_parallel_size=tensor_parallel_size)
         if tensor_parallel_size != 1:
             raise param_error(EngineConfigError, "tensor_parallel_size",
@@ -92,6 +96,9 @@ class LLM:
             raise EngineConfigError("no model: give model= (a preset or config directory) or plan= (a compiled plan)")
         if plan is not None and model is not None:
             raise EngineConfigError("give model= or plan=, not both")
+        if not isinstance(batch_invariant, bool):
+            raise param_error(EngineConfigError, "batch_invariant", f"must be True or False, got {batch_invariant!r}")
+        self.batch_invariant = batch_invariant
         if plan is not None:
             self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
                             tokenizer)
@@ -131,6 +138,9 @@ class LLM:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
         loaded = load_plan(plan)
         opts, target = loaded["options"], loaded["target"]["name"]
+        if self.batch_invariant and not opts.get("batch_invariant"):
+            raise EngineConfigError(f"batch_invariant: plan {plan} was compiled without --batch-invariant (its "
+                                    "kernels may split work by the batch); compile it with --batch-invariant")
         prefix = [self._engine_options[k] for k in ("enable_prefix_caching", "swa_replay", "swa_replay_keep")]
         check_prefix_options(*prefix)
         if prefix[0]:  # the model's window and rollback bound bounded replay: checked before the weights load

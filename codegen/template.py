@@ -93,6 +93,23 @@ def select(target: Target, spec: KernelSpec) -> Template:
     raise LookupError(f"no {target.name} template implements {spec.op}")
 
 
+def select_common(target: Target, specs: list[KernelSpec]) -> Template:
+    """The first registered template that supports every spec of `specs` (one call's shapes in
+    each bucket): a batch-invariant plan runs one template for a call whatever its row count."""
+    _load()
+    for t in _TEMPLATES.values():
+        if all(s.op in t.ops and target.name in t.targets and t.supports(target, s) for s in specs):
+            return t
+    raise LookupError(f"no {target.name} template implements {specs[0].op} at every bucket's shapes")
+
+
+BATCH_INVARIANT = "batch_invariant"  # a Target feature: kernel configs must not depend on the row count
+
+
+def batch_invariant(target: Target) -> bool:
+    return BATCH_INVARIANT in target.features
+
+
 def _load():
     # importing the library registers every template. By name, not an import statement: a
     # template's render key hashes the import closure of its module (codegen/instances.py), and

@@ -46,6 +46,9 @@ class CompileOptions:
     tuning_db: str | None = None
     num_slots: int | None = None  # state slots of the cache pool; default int(1.2 * max_num_seqs) + 1
     num_pages: int | None = None  # pages of the compressed caches; default room for max_num_seqs / 4 full contexts
+    # every call runs one template with one reduction structure whatever the bucket, so a
+    # request's tokens do not depend on what else is in its step (spec-level, not tuned)
+    batch_invariant: bool = False
 
     def __post_init__(self):
         # checked here, not where the sizes are used: a zero or negative size compiled to a plan
@@ -261,8 +264,9 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
     """The plan's call list; every non-view call gets, per bucket, its static shapes and the
     kernel instance that serves it (`instances`: key -> (id, template, spec, config, provenance),
     filled here)."""
-    from ..codegen.template import select
+    from ..codegen.template import batch_invariant, select, select_common
 
+    invariant = batch_invariant(target)
     calls = []
     producer: dict[str, int] = {}  # value -> index of the call that makes it
     for i, n in enumerate(g.nodes):
@@ -275,6 +279,10 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
         call = {"op": n.op, "kernel": kernel, "inputs": list(n.inputs), "outputs": list(n.outputs), "deps": deps,
                 "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")}, "launch": {}}
         producer.update((o, len(calls)) for o in n.outputs)
+        common = None
+        if invariant and kernel != "view":  # one template for the call at every bucket's shapes
+            common = select_common(target, [kernel_spec(g, n, {v: g.types[v].subs(env) for v in (*n.inputs, *n.outputs)})
+                                            for env in buckets.values()])
         for bname, env in buckets.items():
             types = {v: g.types[v].subs(env) for v in (*n.inputs, *n.outputs)}
             shapes = {v: [sh.shape_str(p.storage_shape()) for p in ((t.data, t.scale) if hasattr(t, "scale") else (t,))]
@@ -282,7 +290,8 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
             entry = {"shapes": shapes}
             if kernel != "view":
                 spec = kernel_spec(g, n, types)
-                t = select(target, spec)  # per bucket: decode and prefill shapes may want different templates
+                # per bucket: decode and prefill shapes may want different templates
+                t = common or select(target, spec)
                 if t.canonical:
                     spec = t.canonical(target, spec)
                 config, tuned = tuning.config(t, spec) if tuning else (t.default_config(target, spec), None)
@@ -334,19 +343,41 @@ def bucket_envs(cfg, options: CompileOptions, split: bool):
     return max_pages, pool, buckets, envs
 
 
-def select_instances(model: str, options: CompileOptions) -> dict:
-    """Every kernel instance a compile would make (key -> (id, template, spec, config, tuning)),
-    with nothing rendered or built: what the coverage report of a target reads."""
-    from ..codegen.targets import get_target
+def compile_target(options: CompileOptions):
+    """The Target a compile renders for: the named one, marked batch-invariant where asked (a
+    feature the templates' default configs read, and part of every render and cache key)."""
+    import dataclasses
 
+    from ..codegen.targets import get_target
+    from ..codegen.template import BATCH_INVARIANT
+
+    target = get_target(options.target)
+    if options.batch_invariant:
+        target = dataclasses.replace(target, features=tuple(target.features) + (BATCH_INVARIANT,))
+    return target
+
+
+def compile_tuning(options: CompileOptions, target) -> "Tuning":
+    # tuned rows pick configs per bucket: a batch-invariant plan takes the template defaults only
+    return Tuning("none" if options.batch_invariant else options.tuning_db, target)
+
+
+def select_calls(model: str, options: CompileOptions) -> tuple[dict, dict]:
+    """(per graph: the plan's call list, every kernel instance: key -> (id, template, spec,
+    config, tuning)) of a compile, with nothing rendered or built."""
     cfg, _, graphs, split = _pipeline_graphs(model, options)
     _, _, _, envs = bucket_envs(cfg, options, split)
-    target, instances = get_target(options.target), {}
-    tuning = Tuning(options.tuning_db, target)
-    for name, g in graphs.items():
-        if envs[name]:
-            _calls(g, load_time_nodes(g), envs[name], target, instances, tuning)
-    return instances
+    target, instances = compile_target(options), {}
+    tuning = compile_tuning(options, target)
+    calls = {name: _calls(g, load_time_nodes(g), envs[name], target, instances, tuning)
+             for name, g in graphs.items() if envs[name]}
+    return calls, instances
+
+
+def select_instances(model: str, options: CompileOptions) -> dict:
+    """Every kernel instance a compile would make (see select_calls): what the coverage report
+    of a target reads."""
+    return select_calls(model, options)[1]
 
 
 def _pipeline_graphs(model: str, options: CompileOptions):
@@ -398,9 +429,8 @@ def plan_rank_memory(model: str, options: CompileOptions) -> dict:
 
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
     from ..codegen.plan import check_plan_target, versions, write_plan
-    from ..codegen.targets import get_target
 
-    target = get_target(options.target)
+    target = compile_target(options)
     check_plan_target(out_dir)  # before minutes of compiling, not after
     timings: dict[str, float] = {}
     bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep, dp=options.dp)) + 2)
@@ -428,7 +458,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     max_pages, pool, buckets, envs = bucket_envs(cfg, options, split)
     files: dict[str, bytes] = {}
     instances: dict[str, tuple] = {}
-    tuning = Tuning(options.tuning_db, target)
+    tuning = compile_tuning(options, target)
     plan_graphs, memory, load_program = {}, {}, []
     seen_load = set()
     for name, g in graphs.items():
@@ -478,6 +508,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
         "target": target.key(),
         "versions": versions(),
         "options": {"max_model_len": options.max_model_len, "max_num_seqs": options.max_num_seqs, "ep": options.ep,
+                    "batch_invariant": options.batch_invariant,
                     "dp": options.dp,
                     "page_tokens": PAGE_TOKENS, "max_pages": max_pages,
                     # the decode graph serves steps with at most this many rows per sequence

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from ..targets import Target, building
 from .tilelang_host import host_attention
-from ..template import KernelSource, KernelSpec, Template, register
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, lower
 
 LOG2E = 1.4426950408889634
@@ -257,7 +257,8 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
     splits = 1
     for s in (10, 5, 4, 2):
-        if nb % s == 0 and d["n"] * s <= 2 * target.cores and d["n"] < target.cores:
+        # a batch-invariant target: the key blocks are never split by the row count
+        if nb % s == 0 and d["n"] * s <= 2 * target.cores and d["n"] < target.cores and not batch_invariant(target):
             splits = s
             break
     min_splits = target.defaults["tilelang_attention"]["min_splits"]

@@ -27,6 +27,7 @@ K not a multiple of 128 keeps the promotion program. Built with nvcc for sm_100a
 """
 # no `from __future__ import annotations`: TileLang reads the kernels' annotations as live objects
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 
 from ..targets import Target, building
 from .tilelang_host import host_gemm_fp8, host_linear
-from ..template import KernelSource, KernelSpec, Template, register
+from ..template import BATCH_INVARIANT, KernelSource, KernelSpec, Template, batch_invariant, register
 
 # Pass configs every program of this library is lowered with: plain (non-TMA) copies keep the
 # kernels launchable with raw pointers only, and our pipelines are written explicitly.
@@ -372,6 +373,9 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
     split K so that the weight stream is spread over most SMs. The K step of decode tiles and the
     N width of prefill tiles are the target's (`target.defaults["tilelang_gemm"]`: register budgets)."""
     own = target.defaults["tilelang_gemm"]
+    if batch_invariant(target):  # a row's sum runs over K in one order whatever the row count: no split
+        plain = dataclasses.replace(target, features=tuple(f for f in target.features if f != BATCH_INVARIANT))
+        return dict(gemm_default_config(plain, m, n, k), split_k=1)
     if block_scaled_gemm(target, n, k):
         split = _decode_split(target, ceil_div(n, 128), k // 128) if m <= 64 else 1
         return {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 1, "threads": 128, "split_k": split}

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ...ir import dtypes as dt
 from ...ir.types import QuantType, TensorType
 from ..targets import building
-from ..template import KernelSource, KernelSpec, Template, register
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 
 TARGETS = building("triton")
 KERNELS_MODULE = "deepinfer.codegen.library.triton_kernels"
@@ -829,7 +829,9 @@ TEMPLATES_BY_OP: dict[str, Template] = {}
 for _o in OPS:
     TEMPLATES_BY_OP[_o.op] = register(Template(
         name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
-        default_config=(lambda target, spec, _o=_o: default_config(_o.op, _call_rows(spec))), supports=_o.supports))
+        # a batch-invariant target takes the row-independent default: one config at every bucket
+        default_config=(lambda target, spec, _o=_o: default_config(
+            _o.op, None if batch_invariant(target) else _call_rows(spec))), supports=_o.supports))
 _ATTRS = {o.op: o.attrs for o in OPS}
 LAUNCHERS = {o.op: o.launcher for o in OPS}
 
