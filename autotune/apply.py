@@ -87,6 +87,8 @@ def apply_tuning(plan_dir, cand_dir, db, out_dir, device: dict | None = None) ->
         raise TuneError(f"{out}: is the plan being tuned; give another output directory (the untuned plan is kept)")
     check_plan_target(out)
     plan = load_plan(plan_dir)
+    if plan["options"].get("batch_invariant"):
+        raise TuneError(f"{plan_dir}: a --batch-invariant plan keeps its row-independent configs; it takes no tuning")
     man = load_manifest(cand_dir)
     ident = {"model": plan["model"]["id"], "config_hash": plan["model"]["config_hash"]}
     theirs = {k: man["plan"].get(k) for k in ident}

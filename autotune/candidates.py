@@ -165,6 +165,8 @@ def build_candidates(plan_dir, cand_dir, *, only=None, top_k: int = 8, limit: in
     if top_k < 1 or limit < 1:
         raise TuneError(f"--top-k and --limit must be at least 1, got {top_k} and {limit}")
     plan = load_plan(Path(plan_dir))
+    if plan["options"].get("batch_invariant"):
+        raise TuneError(f"{plan_dir}: a --batch-invariant plan keeps its row-independent configs; it takes no tuning")
     backend = get_manifest(plan["target"]["name"])
     target = backend.target
     known = templates()

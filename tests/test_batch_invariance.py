@@ -61,6 +61,11 @@ def test_a_request_alone_in_a_batch_and_chunked_gives_identical_logprobs(ckpt, t
     prompts = [torch.randint(3, 129280, (n,), generator=g).tolist() for n in (70, 40, 100, 20)]
     plan = compile_model(TINY, CompileOptions("cpu", max_model_len=320, max_num_seqs=8, batch_invariant=True),
                          tmp_path / "plan").plan_dir
+    from deepinfer.autotune.tuner import TuneError
+    from deepinfer.autotune.candidates import build_candidates
+
+    with pytest.raises(TuneError, match="takes no tuning"):  # tuned configs would be per bucket again
+        build_candidates(plan, tmp_path / "cands")
     for kw in (dict(model=TINY), dict(plan=plan)):
         alone = _logprobs(LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, batch_invariant=True, **kw), prompts[:1])
         batch = _logprobs(LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, batch_invariant=True, **kw), prompts)
