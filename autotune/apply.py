@@ -8,8 +8,9 @@ built candidates, that candidate's binaries and kernel record replace the instan
 recipes of every call are then recorded again (codegen/host_recipe.host_recipes over the plan's own
 IR), since a config can change what the host does around a launch (a split-K buffer, a grid). The
 result is the plan a compile with `--tuning-db DB` would write on the building host, made where
-only the runtime is installed. A row whose config no candidate holds (a nearest-bucket row) is
-reported, and its instance keeps its config: a compile takes it.
+only the runtime is installed. Rows measured at another bucket (the ladder's nearest rung) are
+not taken here, where the instance can be measured itself, and a row whose config no candidate
+holds is not either: both are reported, and the instance keeps its config.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .candidates import damaged_files, load_manifest
+from .db import structure_key
 from .tuner import TuneError, calls_per_instance, config_key, on_device, parse_spec
 
 
@@ -113,6 +115,12 @@ def apply_tuning(plan_dir, cand_dir, db, out_dir, device: dict | None = None) ->
         match, _ = db.lookup(on_device(e["fingerprint"], device), e["template"], spec)
         if match is None:
             report.untuned += 1
+            continue
+        if match.rung == "nearest":
+            # here the instance can be measured itself; another bucket's winner slowed the b64
+            # step of the medium plan on the H200 (docs/performance.md, 2026-12-02)
+            report.not_built.append((inst, f"its only row was measured at {match.row['bucket']} rows, not "
+                                           f"{structure_key(spec)[1]}: measure it (--measure resumes)"))
             continue
         want = dict(k["config"], **match.row["config"])
         provenance = {"rung": match.rung, "measured": match.row["measured"], "bucket": match.row["bucket"],
