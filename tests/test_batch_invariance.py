@@ -67,8 +67,8 @@ def test_a_request_alone_in_a_batch_and_chunked_gives_identical_logprobs(ckpt, t
     with pytest.raises(TuneError, match="takes no tuning"):  # tuned configs would be per bucket again
         build_candidates(plan, tmp_path / "cands")
     for kw in (dict(model=TINY), dict(plan=plan)):
-        alone = _logprobs(LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, batch_invariant=True, **kw), prompts[:1])
-        batch = _logprobs(LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, batch_invariant=True, **kw), prompts)
+        llm = LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, batch_invariant=True, **kw)
+        alone, batch = _logprobs(llm, prompts[:1]), _logprobs(llm, prompts)
         chunked = _logprobs(LLM(weights=ckpt, max_num_seqs=8, max_model_len=320, max_num_batched_tokens=16,
                                 batch_invariant=True, **kw), prompts[:1])
         assert alone[0] == batch[0] == chunked[0], kw
