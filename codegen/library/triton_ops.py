@@ -654,7 +654,10 @@ def _rope_attrs(op):
 
 
 def _hc_pre_by_rows(n: int) -> dict:
-    return {"SPLIT": 80, "BK": 64, "BM": 16} if n <= HC_PRE_SPLIT_ROWS else {}
+    # decode rows: the measured tuner's winner on the H200 at the medium model's b1 and b8 shapes
+    # (autotune --measure, 2026-12-02: 1.45-1.53x over SPLIT 80 with 4 warps, which spilled)
+    return {"SPLIT": 160, "BK": 64, "BM": 16, "BH": 128, "num_warps": 8, "num_stages": 3} \
+        if n <= HC_PRE_SPLIT_ROWS else {}
 
 
 HC_PRE_SPLIT_ROWS = 256
