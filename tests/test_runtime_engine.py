@@ -251,16 +251,16 @@ def test_speculative_rollback_leaves_every_cache_as_a_plain_run(spec_greedy, pla
 
 
 def test_random_load_with_aborts_and_preemption(ckpt, ref):
-    """200 requests with 20 pages for up to 32 sequences: first a burst of 12 prompts just under the
+    """120 requests with 20 pages for up to 32 sequences: first a burst of 12 prompts just under the
     128-token page boundary that fill the pool and all need a second page a few tokens later (so
-    the newest are preempted), then 188 short requests (1-20 tokens, 1-4 new tokens) arriving over
+    the newest are preempted), then 108 short requests (1-20 tokens, 1-4 new tokens) arriving over
     time, some aborted. Everything ends finished or aborted, nothing leaks, and greedy requests
     (the preempted ones above all) still equal the reference."""
     rng = random.Random(11)
     llm = LLM(MODEL, ckpt, max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=160, num_pages=20)
     engine = llm.engine
     specs = []  # (prompt, params, long)
-    for i in range(200):
+    for i in range(120):
         long = i < 12
         prompt = [rng.randrange(3, 129280) for _ in range(rng.randint(126, 127) if long else rng.randint(1, 20))]
         if long or i % 3 == 0:
@@ -282,7 +282,7 @@ def test_random_load_with_aborts_and_preemption(ckpt, ref):
             outs[o.request_id] = o
     assert len(outs) == len(specs)
     aborted = {rid for rid, o in outs.items() if o.finish_reason == "abort"}
-    assert 5 <= len(aborted) < 100
+    assert 5 <= len(aborted) < 60
     for rid, o in outs.items():
         prompt, params, _ = specs[by_id[rid]]
         if rid in aborted:
