@@ -7,7 +7,7 @@ expert count and widths read from a model preset. Each kernel is checked against
 reference (fp64 on the GPU, the triton_check bf16 rule) and timed; floor = bytes / copy bandwidth
 measured in the same run, bytes = the busy experts' fp4 weights and scales + the fp8 rows and
 their scales + the offsets + the bf16 output. --sweep times a grid of (BN, BK, num_warps,
-num_stages, SPLIT, WORDS) for the Triton kernel per case (compiled in parallel first) and reports the best.
+num_stages, SPLIT, WORDS, MX: tl.dot_scaled) for the Triton kernel per case (compiled in parallel first) and reports the best.
 """
 import itertools
 import json
@@ -17,7 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (1, 8, 64)
-SWEEP = dict(BN=(128, 256), BK=(64, 128), num_warps=(4,), num_stages=(3, 4), SPLIT=(1,), WORDS=(0, 1))
+SWEEP = dict(BN=(128, 256), BK=(64, 128), num_warps=(4, 8), num_stages=(3, 4), SPLIT=(1,), WORDS=(0, 1), MX=(0, 1))
 
 
 def preset_widths(preset: str) -> dict:
@@ -56,7 +56,10 @@ def triton_config(mtot: int, over=None) -> dict:
 def sweep_configs(mtot: int):
     names = list(SWEEP)
     for vals in itertools.product(*(SWEEP[n] for n in names)):
-        yield triton_config(mtot, dict(zip(names, vals)))
+        c = dict(zip(names, vals))
+        if c["MX"] and c["WORDS"] or not c["MX"] and c["num_warps"] != 4:  # (MX ignores WORDS; 8 warps: MX only)
+            continue
+        yield triton_config(mtot, c)
 
 
 def _warm(job):
@@ -72,7 +75,7 @@ def _warm(job):
                                        torch.bfloat16, torch.float32 if split > 1 else torch.bfloat16, MTOT=mtot,
                                        N=n, K=k, E=e, A=a, EP=1 << (e - 1).bit_length(), BM=cfg["BM"],
                                        BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, WORDS=cfg.get("WORDS", 0),
-                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], grid=(-(-n // cfg["BN"]), a + 1, split))
+                                       MX=cfg.get("MX", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], grid=(-(-n // cfg["BN"]), a + 1, split))
         return None
     except Exception as e:  # noqa: BLE001  (reported when the main process runs it)
         return f"{type(e).__name__}: {e}"[-200:]

@@ -46,14 +46,16 @@ def test_block_linear_with_split_k_matches_reference_interpreted(split):
     assert got == {"grouped_linear": None, "linear": None}, got
 
 
-@pytest.mark.parametrize("words", [0, 1], ids=["bytes", "words"])
-def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words):
+@pytest.mark.parametrize("words,mx", [(0, 0), (1, 0), (0, 1)], ids=["bytes", "words", "dot_scaled"])
+def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words, mx):
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is
     half masked; the other cases' tiles divide K. Both widenings of the fp4 codes (bytes, and
-    32-bit words two codes at a time, which reorders K inside each block)."""
+    32-bit words two codes at a time, which reorders K inside each block), and tl.dot_scaled on
+    the MX operands as they are (MX)."""
     dims = dict(triton_check.TINY)
     cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
-    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words))
+    got = triton_check.run_interpreted(cases, dims, dims["n"],
+                                       dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words, MX=mx))
     assert got == {c: None for c in cases}
 
 
@@ -66,12 +68,14 @@ def test_dspark_heads_over_several_tiles_matches_reference_interpreted():
     assert got == {"dspark_heads": None}, got
 
 
-def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted():
+@pytest.mark.parametrize("mx", [0, 1], ids=["words", "dot_scaled"])
+def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted(mx):
     """The MoE GEMM's K split: 32-deep tiles over K = 96 (w13) and 64 (w2) in 3 splits (w2's last
     one empty), partials and the zeroed rows in part[s], summed in split order."""
     dims = dict(triton_check.TINY)
     cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
-    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3, WORDS=1))
+    got = triton_check.run_interpreted(cases, dims, dims["n"],
+                                       dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3, WORDS=1, MX=mx))
     assert got == {c: None for c in cases}
 
 
@@ -96,8 +100,8 @@ def test_grouped_gemm_fp4_selection_by_row_count():
             assert chosen.name == "triton_grouped_gemm_fp4" and chosen.canonical is None
             launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"][0]
             assert launch["constexprs"]["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
-            # a few rows per call widen bytewise; from 16 rows, words (the faster there on the H200)
-            assert launch["constexprs"]["WORDS"] == (rows >= 16)
+            # tl.dot_scaled at every row count; from 16 rows, 256-wide N tiles (the faster there on the H200)
+            assert launch["constexprs"]["MX"] == 1 and launch["constexprs"]["BN"] == (256 if rows >= 16 else 128)
         assert select(t, spec(513)).name == "tilelang_grouped_gemm_fp4"
 
 

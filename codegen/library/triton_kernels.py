@@ -780,6 +780,27 @@ def _fp4_block_words(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K: tl.constexpr, BM:
 
 
 @triton.jit
+def _fp4_chunk_mx(x_ptr, sx_ptr, w_ptr, sw_ptr, xrow, wrow, rm, cm, k0, kend, acc, K: tl.constexpr, BK: tl.constexpr):
+    """acc + BK of K (from k0, nothing at or past kend) through tl.dot_scaled: e4m3 rows and e2m1
+    weights with their ue8m0 per 32, the OCP MX formats of the checkpoint as they are (e2m1 packed
+    two per byte along K, the even K in the low nibble). Triton widens both to bf16 with the scale
+    applied, exact for these formats, so the products are exact and the sums fp32 as in the
+    widening paths; where the widening and the MMA overlap is Triton's to schedule."""
+    xb = x_ptr.to(tl.pointer_type(tl.uint8))
+    kx = k0 + tl.arange(0, BK)
+    kw = k0 // 2 + tl.arange(0, BK // 2)
+    ks = k0 // 32 + tl.arange(0, BK // 32)
+    x = tl.load(xb + xrow[:, None] * K + kx[None, :], mask=rm[:, None] & (kx < kend)[None, :], other=0)
+    w = tl.load(w_ptr + wrow[None, :] * (K // 2) + kw[:, None], mask=cm[None, :] & (kw < kend // 2)[:, None],
+                other=0)
+    sx = tl.load(sx_ptr + xrow[:, None] * (K // 32) + ks[None, :], mask=rm[:, None] & (ks < kend // 32)[None, :],
+                 other=0)
+    sw = tl.load(sw_ptr + wrow[:, None] * (K // 32) + ks[None, :], mask=cm[:, None] & (ks < kend // 32)[None, :],
+                 other=0)
+    return tl.dot_scaled(x, sx, "e4m3", w, sw, "e2m1", acc, fast_math=True)
+
+
+@triton.jit
 def _pow2(sbyte, bias: tl.constexpr):
     """2^(sbyte - 127 + bias) in fp32 for ue8m0 bytes (int32), exact while it stays normal."""
     return ((sbyte + bias) << 23).to(tl.float32, bitcast=True)
@@ -799,7 +820,7 @@ def _moe_out(y_ptr, part_ptr, s, rows, cols, v, mask, MTOT: tl.constexpr, N: tl.
 def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_ptr, MTOT: tl.constexpr,
                             N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                            WORDS: tl.constexpr):
+                            WORDS: tl.constexpr, MX: tl.constexpr):
     """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
     expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
     32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
@@ -808,7 +829,8 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
     significant bits are exact), and the block's partial sum scaled by its two power-of-two scales
     into the fp32 accumulator; bf16 out. The fp16 operands take half the registers of fp32 ones
     and run at twice the tf32 rate. WORDS widens W's codes two at a time from 32-bit words
-    (`_fp4_block_words`, the same values and sums); bytes one at a time otherwise.
+    (`_fp4_block_words`, the same values and sums); bytes one at a time otherwise. MX hands each
+    BK chunk to tl.dot_scaled instead (`_fp4_chunk_mx`).
 
     Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
     from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
@@ -841,7 +863,9 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
             xrow = rows.to(tl.int64)
             acc = tl.zeros([BM, BN], tl.float32)
             for k0 in range(ps * KS, tl.minimum(ps * KS + KS, K), BK):
-                for kk in tl.static_range(NB):
+                if MX:
+                    acc = _fp4_chunk_mx(x_ptr, sx_ptr, w_ptr, sw_ptr, xrow, wrow, rm, cm, k0, KB * 32, acc, K, BK)
+                for kk in tl.static_range(NB * (1 - MX)):
                     kbi = k0 // 32 + kk  # one 32-deep scale block: 16 bytes / int16 pairs per row
                     # (the block's bound joins the row masks as a vector: the interpreter takes no
                     # scalar in a mask)

@@ -415,6 +415,7 @@ def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
     _k(grouped_gemm_fp4_kernel)[(triton.cdiv(n, cfg["BN"]), a + 1, split)](
         _u8(xd.contiguous()).view(torch.int16), _u8(xs), _u8(wd), _u8(ws), offsets, y, part, MTOT=mtot, N=n, K=k,
         E=e, A=a, EP=_p2(e), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, WORDS=cfg.get("WORDS", 0),
+        MX=cfg.get("MX", 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,

@@ -349,7 +349,7 @@ def _l_grouped_gemm_fp4(spec, cfg):
     args = {"x_ptr": "*i16", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "off_ptr": _ptr(offs),
             "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out)}
     ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"], "SPLIT": split, "WORDS": cfg.get("WORDS", 0)}
+          "BK": cfg["BK"], "SPLIT": split, "WORDS": cfg.get("WORDS", 0), "MX": cfg.get("MX", 0)}
     # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
     main = _launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1, split), cfg,
                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))
@@ -737,20 +737,20 @@ OPS = [
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS),
     _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
         supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS),
-    # MoE experts at decode (grid: N tiles x the busy experts, found on the device; fp4 and fp8
-    # decoded in registers, tf32 MMAs on the exact values); prefill row counts go to TileLang
+    # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
+    # on the MX operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go
+    # to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
         dict(BM=(16, 32, 64), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
-             SPLIT=(1, 2, 4, 8), WORDS=(0, 1)),
-        # H200, medium widths (bench/results/moe_decode_h200_sweep.json): 128-wide N tiles, 128 deep,
-        # four stages were the fastest of 36 points at batch 1, 8 and 64 for both GEMMs; with the
-        # fp16 MMAs the K split (SPLIT) gained nothing: unsplit was the fastest of 32 points in all
-        # six cases, and SPLIT 4 at <= 64 rows made the b8 step 16% slower (run F, docs/performance.md).
-        # Of 16 points (BN x BK x stages x bytes / words, bench/results/moe_words_h200.json): 64 deep
-        # with three stages was the fastest or within 2% everywhere; widening from words (WORDS)
-        # the fastest at 48 and 384 rows, 10-15% slower than bytes at 6
-        dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=3, SPLIT=1, WORDS=0), lambda a: {},
-        _grouped_gemm_fp4_supports, by_rows=lambda n: {"WORDS": 1} if n >= 16 else {}),
+             SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1)),
+        # H200, medium widths, 32 points per case (bench/results/moe_decode_mx_h200.json): tl.dot_scaled
+        # on the MX operands (MX) was the fastest at every case, 1.27-1.54x the fastest widening
+        # config (bytes or words). 64 deep, 4 warps: within 4% of the fastest MX point everywhere,
+        # and, unlike 128 deep, without spills at any real-model shape on sm90 and sm100 (ptxas);
+        # 256-wide N tiles, 3 stages from 16 rows (b8, b64), 128-wide, 4 stages below (b1). Before
+        # MX: unsplit K was the fastest of 32 points in all six cases (moe_decode_h200_sweep.json).
+        dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=4, SPLIT=1, WORDS=0, MX=1), lambda a: {},
+        _grouped_gemm_fp4_supports, by_rows=lambda n: {"BN": 256, "num_stages": 3} if n >= 16 else {}),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
     _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
