@@ -31,7 +31,9 @@ def plan_coverage(plan: dict) -> dict:
     per_template = Counter(k["template"] for k in kernels.values())
     torch_ops = Counter(k["spec"].split("(")[0] for k in kernels.values() if k["template"] in TORCH_TEMPLATES)
     recipes = plan.get("recipes", {})
-    layers = plan.get("model", {}).get("config", {}).get("num_hidden_layers") or 1
+    cfg = plan.get("model", {}).get("config", {})
+    # (a multimodal config.json keeps the backbone's fields under text_config)
+    layers = cfg.get("text_config", cfg).get("num_hidden_layers") or 1
     steps: dict[str, dict] = {}
     for gname, g in plan["graphs"].items():
         for bucket in plan["buckets"].get(gname, {}):

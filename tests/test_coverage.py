@@ -29,6 +29,9 @@ def test_kernels_per_step_count_launches_and_copies_not_views():
     text = "\n".join(coverage_lines(cov))
     assert "generated instances: 1 on 1 templates; torch instances: 1 (sparse_attn 1)" in text
     assert "step/decode_b1 5 (2.5/layer)" in text
+    nested = _plan(steps)  # a multimodal config.json (the presets') keeps the layer count in text_config
+    nested["model"]["config"] = {"text_config": {"num_hidden_layers": 5}, "vision_config": {"num_hidden_layers": 32}}
+    assert plan_coverage(nested)["steps"]["step/decode_b1"]["kernels_per_layer"] == 1.0
 
 
 def test_compile_records_and_prints_coverage(tmp_path, capsys):
