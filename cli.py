@@ -464,6 +464,10 @@ def _autotune_measure(args) -> int:
     run = measure(args.measure, db, runner=runner, budget_s=args.budget_s, only=args.only, progress=_progress_line)
     _end_progress_line()
     print(table(run, configs=True))
+    from .autotune.candidates import load_manifest
+    from .autotune.cost import agreement, agreement_lines
+
+    print("\n".join(agreement_lines(agreement(load_manifest(args.measure), db.rows))))
     left = f"; the budget left {run.left} instances: run again to go on" if run.left else ""
     print(f"wrote {args.db} ({len(db.rows)} rows) in {run.seconds:.1f} s{left}")
     return 0

@@ -84,3 +84,65 @@ def rank(target, spec, candidates: list[tuple[dict, object]], seed: int = 0) -> 
     scored = [(estimate(target, spec, src), cfg) for cfg, src in candidates]
     random.Random(seed).shuffle(scored)
     return sorted(scored, key=lambda t: round(t[0] * 1e9))  # to the nanosecond: float noise is no rank
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation of two equally long lists (ties take their average rank); None
+    below 3 pairs or where one list is constant (no ranking to agree with)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman: {len(xs)} and {len(ys)} values")
+    if len(xs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def agreement(manifest: dict, rows: list[dict]) -> dict[str, dict]:
+    """How well the cost model ranked what was measured, per template: Spearman's correlation of
+    the modelled and the measured (p50) times over the candidates of each measured instance
+    (`manifest`: a candidates directory's, autotune/candidates.py; `rows`: measured database rows
+    carrying their candidates), and its mean over the template's instances."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        e = manifest["instances"].get(row.get("instance"))
+        if e is None or e["spec"] != row.get("spec") or not row.get("measured"):
+            continue
+        modelled = {c["id"]: c.get("modelled_us") for c in e["candidates"]}
+        pairs = [(modelled[t["id"]], t["p50"]) for t in row.get("candidates") or []
+                 if t.get("p50") is not None and modelled.get(t["id"]) is not None]
+        rho = spearman([p[0] for p in pairs], [p[1] for p in pairs])
+        t = out.setdefault(row["template"], {"instances": 0, "ranked": 0, "rho": []})
+        t["instances"] += 1
+        if rho is not None:
+            t["ranked"] += 1
+            t["rho"].append(rho)
+    for t in out.values():
+        t["mean_rho"] = sum(t["rho"]) / len(t["rho"]) if t["rho"] else None
+    return out
+
+
+def agreement_lines(agree: dict[str, dict]) -> list[str]:
+    """The measure run's closing lines: per template, the cost model's mean rank correlation."""
+    lines = ["cost model vs measured (Spearman's rho over each instance's candidates):"]
+    for name, t in sorted(agree.items()):
+        rho = "n/a" if t["mean_rho"] is None else f"{t['mean_rho']:+.2f}"
+        lines.append(f"  {name:<34} mean rho {rho:>5} over {t['ranked']} of {t['instances']} instances")
+    return lines

@@ -450,3 +450,33 @@ def test_measure_without_a_gpu_says_so(candidates_dir, capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("deepinfer: error: no GPU to measure on: worker exit status 3") and err.count("\n") == 1
     assert not (tmp_path / "db.jsonl").exists()
+
+
+def test_cost_model_agreement_is_spearmans_rho_over_each_instances_measured_candidates():
+    """docs/performance.md reports how far to trust the cost model (for sm100 and ascend950, where
+    nothing is measured): per template, the mean over instances of Spearman's rho between the
+    modelled and the measured times of the candidates that ran; failed candidates, rows of another
+    spec and unmeasured rows do not count."""
+    from deepinfer.autotune.cost import agreement, agreement_lines, spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    # ties take their average rank: ranks (0.5, 0.5, 2) against (0, 1, 2)
+    assert abs(spearman([5, 5, 7], [1, 2, 3]) - 0.8660254) < 1e-6
+    man = {"instances": {
+        "k1": {"spec": "s1", "template": "t", "candidates": [{"id": f"c{i}", "modelled_us": m} for i, m in
+                                                             enumerate((1.0, 2.0, 3.0, 4.0))]},
+        "k2": {"spec": "s2", "template": "t", "candidates": [{"id": f"c{i}", "modelled_us": m} for i, m in
+                                                             enumerate((1.0, 2.0, 3.0))]}}}
+
+    def row(inst, spec, p50s, measured=True):
+        return {"instance": inst, "spec": spec, "template": "t", "measured": measured,
+                "candidates": [{"id": f"c{i}", "p50": p} for i, p in enumerate(p50s)]}
+
+    rows = [row("k1", "s1", (3.0, 1.0, 2.0, None)),  # c3 failed: ranks over c0..c2 only, rho -0.5
+            row("k2", "s2", (1.0, 2.0, 3.0)),  # the model's order: rho 1
+            row("k2", "other spec", (3.0, 2.0, 1.0)), row("k1", "s1", (1.0, 2.0, 3.0, 4.0), measured=False)]
+    a = agreement(man, rows)["t"]
+    assert a["instances"] == 2 and a["ranked"] == 2 and sorted(a["rho"]) == [-0.5, 1.0] and a["mean_rho"] == 0.25
+    assert "mean rho +0.25 over 2 of 2 instances" in "\n".join(agreement_lines({"t": a}))
