@@ -41,6 +41,11 @@ def test_a_batch_invariant_plan_runs_one_reduction_per_call_at_every_bucket():
         if not invariant:  # the default plan does split by the batch: the check below can fail
             assert {op for op, _ in varying} >= {"gemm_fp8"}, varying
     assert varying == []
+    # the MoE GEMM keeps its decode template at prefill too (the prefill one at decode rows
+    # launches every expert's tiles)
+    moe = [seen for op, seen in _per_call(CompileOptions("sm90", batch_invariant=True, **buckets))
+           if op == "grouped_gemm_fp4"]
+    assert moe and all(t == "triton_grouped_gemm_fp4" for seen in moe for t, _ in seen.values()), moe
 
 
 @pytest.fixture(scope="module")

@@ -401,7 +401,9 @@ def _grouped_gemm_fp4_supports(t, spec):
     rows with ue8m0 per 32 and fp4 e2m1 experts with ue8m0 per row and 32; prefill stays on
     TileLang. (With the bound at 4, the H200's verify steps of 128 and 384 rows ran the TileLang
     program and took 6.8x and 8.1x a decode step of 64 rows: bench/results/
-    speculative_sm90_medium-u_run_i.json.)"""
+    speculative_sm90_medium-u_run_i.json.) A batch-invariant plan takes it at every row count:
+    one call must run one template at every bucket, and the TileLang program at decode rows
+    launches every expert's tiles (7x the decode step on the H200)."""
     x, w = spec.in_types[:2]
     if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
         return False
@@ -410,7 +412,7 @@ def _grouped_gemm_fp4_supports(t, spec):
     mtot, k = x.shape
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
             and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)
-            and k % 32 == 0 and mtot <= 32 * w.shape[0])
+            and k % 32 == 0 and (mtot <= 32 * w.shape[0] or batch_invariant(t)))
 
 
 def permute_blocks(pairs: int, experts: int, cfg) -> dict:
