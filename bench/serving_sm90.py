@@ -39,7 +39,17 @@ SCALE = 8 if SMOKE else 1
 
 def _sync():
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
+
+
+def _free():
+    """After a part, its executor's 100 GB go before the next loads (a traceback that held it is
+    a reference cycle: collected here, not whenever)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def executor(plan: str, seed: int):
@@ -103,8 +113,6 @@ def batch_invariance(plan: str, seed: int = 0) -> dict:
         print(f"{'invariant' if res['plan_batch_invariant'] else 'default'} plan, {k}: tokens identical "
               f"{same_tokens}, logprobs identical {lp == lr}, max |dlogprob| {res['cases'][k]['max_logprob_diff']}",
               flush=True)
-    del ex
-    _sync()
     return res
 
 
@@ -127,8 +135,6 @@ def prefix_cache(plan: str, seed: int = 0, n: int = 16, prefix_len: int = 384 if
               + (f", {stats['prefix']}" if on else ""), flush=True)
     res["tokens_identical"] = tokens["cache"] == tokens["no_cache"]
     res["speed_up"] = res["no_cache"]["wall_s"] / res["cache"]["wall_s"]
-    del ex
-    _sync()
     return res
 
 
@@ -151,6 +157,7 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001  (report and go on to the next part)
             res[name] = {"error": traceback.format_exc()[-3000:]}
             print(res[name]["error"], flush=True)
+        _free()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
     print(f"{'check':<44} {'tokens same':>11} {'logprobs same':>13}")
