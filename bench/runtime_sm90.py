@@ -91,13 +91,14 @@ def _cpu(v):
 
 
 def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_device: str = "cpu",
-                lens=(37, 90, 150, 200), only: frozenset | None = None) -> dict:
+                lens=(37, 90, 150, 200), only: frozenset | None = None, check_prefill: bool = True) -> dict:
     """Every call of a plan on the GPU against its op's reference fed the GPU's own inputs (a copy
     taken before the call): errors stay local to the call instead of compounding through the
     layers. One prefill step and one decode step. The tiny plan's references run on the CPU; the
     medium plan's on the GPU (`ref_device`), whose references are the torch_device calls' own.
     `only`: check the calls of these templates (the others run unchecked: the medium plan's
-    every call takes minutes of host-side comparisons)."""
+    every call takes minutes of host-side comparisons); `check_prefill` False: the prefill step
+    runs unchecked and only the decode step's calls are compared."""
     from deepinfer.ir.registry import get_op
     from deepinfer.runtime.batch import bucket_inputs
     from deepinfer.runtime.plan_executor import choose_bucket
@@ -123,7 +124,7 @@ def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_
         for call, (fn, ins, outs, dead) in zip(g.calls, gpu.runner.program(graph, bucket)):
             tmpl = call["launch"][bucket].get("template") or "view"
             xs = [vals[i] for i in ins]
-            checked = only is None or tmpl in only
+            checked = (only is None or tmpl in only) and (check_prefill or step > 0)
             xs_ref = [to_ref(x) for x in xs] if checked else None
             with torch.device(gpu.device):
                 res = fn(*xs)
@@ -322,6 +323,7 @@ def main(argv=None) -> int:
     p.add_argument("--divergence", action="store_true", help="only: every call of the tiny plan against its reference on the GPU's own inputs")
     p.add_argument("--divergence-medium", action="store_true",
                    help="only: every call of the medium plan against its reference (on the GPU) on the GPU's own inputs")
+    p.add_argument("--decode-only", action="store_true", help="--divergence-medium: check the decode step only")
     p.add_argument("--only-templates", help="--divergence-medium: check these templates' calls only (comma list)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
     a = p.parse_args(argv)
@@ -335,7 +337,7 @@ def main(argv=None) -> int:
     elif a.divergence_medium:
         only = frozenset(a.only_templates.split(",")) if a.only_templates else None
         parts = (("local_medium", lambda pl: local_check(pl, 0, "v4.1-flash-medium", "cuda", (300, 500, 700, 1000),
-                                                         only), a.medium_plan),)
+                                                         only, not a.decode_only), a.medium_plan),)
     elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts
     for name, fn, plan in parts:

@@ -480,3 +480,21 @@ def test_cost_model_agreement_is_spearmans_rho_over_each_instances_measured_cand
     a = agreement(man, rows)["t"]
     assert a["instances"] == 2 and a["ranked"] == 2 and sorted(a["rho"]) == [-0.5, 1.0] and a["mean_rho"] == 0.25
     assert "mean rho +0.25 over 2 of 2 instances" in "\n".join(agreement_lines({"t": a}))
+
+
+def test_the_shipped_sm90_database_holds_measured_h200_rows():
+    """autotune/db/sm90.jsonl is what `autotune --measure` wrote on the H200 (the default
+    --tuning-db of an sm90 compile): every line parses, and every row is a measured, passing
+    config of an sm90 template with its timings in order."""
+    from deepinfer.autotune.db import TuningDB, shipped_db
+
+    path = shipped_db("sm90")
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    db = TuningDB.load(path)
+    assert len(db.rows) == len(lines) > 0
+    for r in db.rows:
+        fp, t = r["fingerprint"], r["timings"]
+        assert fp["target"] == "sm90" and fp["arch"] == "sm_90a" and fp["device"] == "NVIDIA H200", fp
+        assert r["measured"] and r["status"] == "ok" and r["config"] and r["template"].split("_")[0] in ("tilelang", "triton")
+        assert 0 < t["p20"] <= t["p50"] <= t["p80"] and t["repeats"] > 0, t
+        assert any(c["default"] for c in r["candidates"]) and "template_code" in fp["toolchain"]
