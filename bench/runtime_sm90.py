@@ -314,6 +314,30 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
     return out
 
 
+def result_header() -> dict:
+    """What every bench result file starts with: the GPU, torch, the date."""
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def run_parts(parts, res: dict, out: str, after=None) -> None:
+    """Each (name, fn, plan) with a plan: res[name] = fn(plan), or the traceback's tail where it
+    raised (the run goes on to the next part); `after()` once each part is done; the results file
+    rewritten after every part, so a call cut short keeps what finished."""
+    for name, fn, plan in parts:
+        if not plan:
+            continue
+        try:
+            res[name] = fn(plan)
+        except Exception:  # noqa: BLE001  (report and go on to the next part)
+            res[name] = {"error": traceback.format_exc()[-3000:]}
+            print(res[name]["error"], flush=True)
+        if after is not None:
+            after()
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny-plan")
@@ -327,8 +351,7 @@ def main(argv=None) -> int:
     p.add_argument("--only-templates", help="--divergence-medium: check these templates' calls only (comma list)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
     a = p.parse_args(argv)
-    res = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d")}
+    res = result_header()
     parts = (("tiny", tiny, a.tiny_plan), ("medium", medium, a.medium_plan))
     if a.profile:
         parts = (("medium_profile", medium_profile, a.medium_plan),)
@@ -340,16 +363,7 @@ def main(argv=None) -> int:
                                                          only, not a.decode_only), a.medium_plan),)
     elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts
-    for name, fn, plan in parts:
-        if not plan:
-            continue
-        try:
-            res[name] = fn(plan)
-        except Exception:  # noqa: BLE001  (report and go on to the next part)
-            res[name] = {"error": traceback.format_exc()[-3000:]}
-            print(res[name]["error"], flush=True)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    run_parts(parts, res, a.out)
     t = res.get("tiny", {})
     if "steps" in t:
         print(f"tiny: max rel {t['max_rel']:.2e} mean rel {t['mean_rel']:.2e}; top-1 agrees on "

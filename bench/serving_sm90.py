@@ -19,11 +19,9 @@ misses' tokens. Prints a short table last.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -31,7 +29,7 @@ from deepinfer.models.tokenizer import Tokenizer
 from deepinfer.runtime.engine import LLMEngine
 from deepinfer.runtime.sampling_params import SamplingParams
 
-from runtime_sm90 import gpu_executor, plan_config
+from runtime_sm90 import gpu_executor, plan_config, result_header, run_parts
 
 SMOKE = os.environ.get("BENCH_SMOKE_CPU") == "1"  # a tiny cpu plan, shorter prompts: the script's own check
 SCALE = 8 if SMOKE else 1
@@ -146,20 +144,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "serving_sm90.json"))
     a = p.parse_args(argv)
     want = set(a.parts.split(","))
-    res = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none", "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    res = result_header()
     parts = [("invariance_invariant_plan", batch_invariance, a.invariant_plan),
              ("invariance_default_plan", batch_invariance, a.plan), ("prefix_cache", prefix_cache, a.plan)]
-    for name, fn, plan in parts:
-        if not plan or name.split("_")[0] not in want:
-            continue
-        try:
-            res[name] = fn(plan)
-        except Exception:  # noqa: BLE001  (report and go on to the next part)
-            res[name] = {"error": traceback.format_exc()[-3000:]}
-            print(res[name]["error"], flush=True)
-        _free()
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    run_parts([p for p in parts if p[0].split("_")[0] in want], res, a.out, after=_free)
     print(f"{'check':<44} {'tokens same':>11} {'logprobs same':>13}")
     for name in ("invariance_invariant_plan", "invariance_default_plan"):
         for k, c in res.get(name, {}).get("cases", {}).items():
