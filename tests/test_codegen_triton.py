@@ -46,6 +46,51 @@ def test_block_linear_with_split_k_matches_reference_interpreted(split):
     assert got == {"grouped_linear": None, "linear": None}, got
 
 
+@pytest.mark.parametrize("bk,split", [(32, 1), (64, 1), (32, 3)], ids=["32deep", "64deep-partial", "split3"])
+def test_block_linear_on_dot_scaled_matches_reference_interpreted(bk, split):
+    """block_linear_mx_kernel: wo_a's fp8 weight (MX) against bf16 rows, and lin8 (gemm_fp8) with
+    fp8 rows per 32, each K chunk through tl.dot_scaled with the weight's 32x32 block scales
+    repeated to its rows as loaded; and the fp32-compute linear's bf16 operands (bf16 MMAs, fp32
+    sums, no scales). K = 96 (gemm_fp8) and 64 per group (wo_a): 64-deep chunks
+    leave gemm_fp8's last one half masked; 3 splits leave the last range short or empty."""
+    dims = dict(triton_check.TINY)
+    got = triton_check.run_interpreted(["grouped_linear", "gemm_fp8", "linear"], dims, dims["n"],
+                                       dict(triton_check.SMALL_BLOCKS, BK=bk, SPLIT=split, MX=1))
+    assert got == {"grouped_linear": None, "gemm_fp8": None, "linear": None}, got
+
+
+def test_gemm_fp8_selection_by_row_count():
+    """Decode rows (up to 64) of lin8 take the Triton template on sm90, its K split picked from the
+    shape (the same at every row count) and its row tile from the rows; more rows, and sm100 (its
+    block-scaled TileLang program), stay on TileLang, as do batch-invariant plans (one template at
+    every bucket, and prefill rows have only TileLang's)."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select, select_common
+    from deepinfer.ir.types import TensorType, quantized
+    from deepinfer.ir import dtypes as dt
+
+    def spec(rows, n=512, k=5120):
+        return KernelSpec("gemm_fp8", (("out_dtype", "bf16"),),
+                          (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
+                           quantized("fp8e4m3", (n, k), "e8m0", (32, 32))), (TensorType(dt.bf16, (rows, n)),))
+
+    t = get_target("sm90")
+    for rows, tile in ((1, 16), (8, 16), (32, 32), (64, 64)):
+        chosen = select(t, spec(rows))
+        assert chosen.name == "triton_gemm_fp8", chosen.name
+        launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"]
+        assert [k["entry"] for k in launch] == ["block_linear_mx_kernel", "split_sum_kernel"]
+        # 512 / 64 = 8 N tiles: split 16 gives 128 programs, each over 320 of K
+        assert launch[0]["grid"] == [1, 8, 16] and launch[0]["constexprs"]["BM"] == tile
+        assert launch[0]["constexprs"]["XQ"] is True and launch[0]["constexprs"]["WQ"] is True
+    assert select(t, spec(65)).name == "tilelang_gemm_fp8"
+    assert select(get_target("sm100"), spec(8)).name == "tilelang_gemm_fp8"
+    bi = dataclasses.replace(t, features=t.features + (BATCH_INVARIANT,))
+    assert select_common(bi, [spec(1), spec(4096)]).name == "tilelang_gemm_fp8"
+
+
 @pytest.mark.parametrize("words,mx", [(0, 0), (1, 0), (0, 1)], ids=["bytes", "words", "dot_scaled"])
 def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words, mx):
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is

@@ -694,7 +694,7 @@ OUTPUT_KINDS = {
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
-    "indexer_topk": "exact", "dspark_heads": "drafts",
+    "indexer_topk": "exact", "dspark_heads": "drafts", "gemm_fp8": "rounded",
 }
 # further cases of an op, in another of the layouts its template reads: case name -> op
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",

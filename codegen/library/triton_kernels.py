@@ -693,6 +693,62 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constex
 
 
 @triton.jit
+def block_linear_mx_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constexpr, KG: tl.constexpr,
+                           NG: tl.constexpr, SK: tl.constexpr, XQ: tl.constexpr, WQ: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """grouped_linear_kernel's product with each BK chunk through tl.dot_scaled. The weight is fp8
+    e4m3 with one ue8m0 per 32x32 block (WQ: its block's scale repeated to its 32 rows, the MX
+    layout, gathered from the block scales as loaded, no extra bytes read) or bf16; x is bf16
+    rows (grouped_linear's wo_a, the fp32-compute linear) or, with XQ, fp8 e4m3 rows with one
+    ue8m0 per 32 K (gemm_fp8, the spec's lin8). On sm90 Triton widens the codes to bf16 with the
+    scale applied (exact: 4 significant bits times a power of two) and runs bf16 MMAs, so the
+    products are exact and the sums fp32 as in the tf32 path, without the fp32 operands'
+    registers and half-rate MMAs; on sm100 it takes the block-scaled MMA. (dot_scaled on bf16 with
+    no scales is also the bf16 dot the CPU interpreter runs.) Programs and the K split as
+    grouped_linear_kernel."""
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    ps = tl.program_id(2)
+    TILES: tl.constexpr = (NG + BN - 1) // BN
+    KS: tl.constexpr = (KG + SPLIT * BK - 1) // (SPLIT * BK) * BK
+    g = pn // TILES
+    rows = pm * BM + tl.arange(0, BM)
+    cols = (pn % TILES) * BN + tl.arange(0, BN)
+    rm = rows < n
+    cm = cols < NG
+    wrow = (g * NG + cols).to(tl.int64)
+    rows64 = rows.to(tl.int64)
+    xrow = rows64 * (G * KG) + g * KG
+    acc = tl.zeros([BM, BN], tl.float32)
+    k_lo = ps * KS
+    k_hi = tl.minimum(k_lo + KS, KG)
+    for k0 in range(k_lo, k_hi, BK):
+        ks = k0 + tl.arange(0, BK)
+        km = ks < k_hi
+        kb = k0 // 32 + tl.arange(0, BK // 32)
+        kbm = kb < (k_hi + 31) // 32
+        w = tl.load(w_ptr + wrow[None, :] * KG + ks[:, None], mask=cm[None, :] & km[:, None], other=0)
+        if XQ:
+            xt = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + ks[None, :],
+                         mask=rm[:, None] & km[None, :], other=0)
+            sx = tl.load(sx_ptr + rows64[:, None] * (G * SK) + g * SK + kb[None, :], mask=rm[:, None] & kbm[None, :],
+                         other=127)
+        else:
+            xt = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+            sx = None
+        if WQ:
+            sw = tl.load(s_ptr + (wrow // 32)[:, None] * SK + kb[None, :], mask=cm[:, None] & kbm[None, :], other=127)
+            acc = tl.dot_scaled(xt, sx, "e4m3" if XQ else "bf16", w, sw, "e4m3", acc, fast_math=True)
+        else:
+            acc = tl.dot_scaled(xt, sx, "bf16", w, None, "bf16", acc, fast_math=True)
+    out = rows64[:, None] * (G * NG) + g * NG + cols[None, :]
+    if SPLIT == 1:
+        _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
+    else:
+        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=rm[:, None] & cm[None, :])
+
+
+@triton.jit
 def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """y = part[0] + part[1] + ... in split order (fp32), rounded to y's dtype: a split-K GEMM's
     sum, the same order whatever the launch."""

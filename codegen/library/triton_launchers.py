@@ -18,6 +18,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
+from .triton_kernels import block_linear_mx_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
 from .triton_kernels import dspark_pick_kernel, dspark_step_kernel
@@ -353,20 +354,31 @@ def launch_engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_
 def _block_linear(x, w, groups, out_dtype, cfg):
     quant = isinstance(w, tuple)
     data = w[0] if quant else w
+    xq = isinstance(x, tuple)  # gemm_fp8: fp8 rows and their per-32 scales
+    xd = x[0] if xq else x
     ng, kg = data.shape[0] // groups, data.shape[1]
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = xd.reshape(-1, xd.shape[-1])
     n = x2.shape[0]
-    split = cfg.get("SPLIT", 1)
-    y = torch.empty(n, data.shape[0], dtype=out_dtype, device=x.device)
-    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=x.device) if split > 1 else y
-    _k(grouped_linear_kernel)[(triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)](
-        x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n, G=groups, KG=kg, NG=ng,
-        SK=triton.cdiv(kg, 32), QUANT=quant, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    from .triton_ops import block_linear_split  # the split the template rendered
+
+    split = block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
+    y = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
+    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else y
+    grid = (triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)
+    tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
+    run = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, num_warps=cfg["num_warps"],
+               num_stages=cfg["num_stages"])
+    if cfg.get("MX", 0):
+        xs = _u8(x[1].reshape(n, -1)) if xq else x2
+        _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,
+                                         _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant, **run)
+    else:
+        _k(grouped_linear_kernel)[grid](x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
+                                        **tiles, QUANT=quant, **run)
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
                                                              num_warps=4)
-    return y.view(*x.shape[:-1], data.shape[0])
+    return y.view(*xd.shape[:-1], data.shape[0])
 
 
 def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
@@ -376,6 +388,12 @@ def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
 def launch_linear(x, w, *, out_dtype, compute, cfg):
     """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
     return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
+
+
+def launch_gemm_fp8(x, w, *, out_dtype, cfg):
+    """Decode-sized lin8 (fp8 rows per 32, fp8 weight per 32x32) through tl.dot_scaled: the
+    one-group block linear with a quantised activation."""
+    return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype], cfg)
 
 
 def launch_dspark_heads(hb, first, norm, head, markov_embed, markov_head, conf_proj, *, block, eps, cfg):

@@ -317,6 +317,24 @@ def _l_engram_gate(spec, cfg):
                                                  "IDS": with_ids}, (n, c), cfg)]
 
 
+# programs a decode GEMM's K split aims at: two per SM of the larger GPUs (132 on the H200, 148 on
+# sm100), so the weight stream has loads in flight on every SM
+SPLIT_PROGRAMS = 264
+
+
+def block_linear_split(cfg, tiles: int, k: int) -> int:
+    """cfg's K split; SPLIT 0 picks it from the shape alone (not the rows, so the same at every
+    bucket): doubled up to 16 while the programs stay within SPLIT_PROGRAMS and each split keeps
+    at least two K steps."""
+    split = cfg.get("SPLIT", 1)
+    if split:
+        return split
+    split = 1
+    while split < 16 and tiles * split * 2 <= SPLIT_PROGRAMS and k // (split * 2) >= 2 * cfg["BK"]:
+        split *= 2
+    return split
+
+
 def _l_grouped_linear(spec, cfg):
     x, w = spec.in_types
     quant = isinstance(w, QuantType)
@@ -324,14 +342,24 @@ def _l_grouped_linear(spec, cfg):
     rows_w, kg = _ints(data.shape)
     g = spec.attr.get("groups", 1)  # linear: one group
     n = _rows(x)
-    split = cfg.get("SPLIT", 1)
+    split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
     out = spec.out_types[0]
-    args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
-            "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out), "n": "i32"}
-    ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32), "QUANT": quant, "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"], "SPLIT": split}
-    main = _launch("grouped_linear_kernel", args, ce, (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split),
-                   cfg)
+    ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32)}
+    grid = (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split)
+    tiles = {"BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT": split}
+    part = "*fp32" if split > 1 else _ptr(out)
+    if cfg.get("MX", 0):
+        xq = isinstance(x, QuantType)  # gemm_fp8: the fp8 activation with its per-32 scales
+        args = {"x_ptr": "*u8" if xq else _ptr(x), "sx_ptr": "*u8" if xq else _ptr(x),
+                "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
+                "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
+        # the weight stream and the launcher's own outputs are whole buffers (256-byte aligned)
+        main = _launch("block_linear_mx_kernel", args, {**ce, "XQ": xq, "WQ": quant, **tiles}, grid, cfg,
+                       aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
+    else:
+        args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
+                "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
+        main = _launch("grouped_linear_kernel", args, {**ce, "QUANT": quant, **tiles}, grid, cfg)
     if split == 1:
         return [main]
     total = n * rows_w
@@ -459,6 +487,25 @@ def _linear_f32_supports(t, spec):
     x, w = spec.in_types
     return (spec.attr["compute"] == "f32" and not isinstance(w, QuantType) and w.dtype.name == "bf16"
             and x.dtype.name == "bf16" and spec.out_types[0].dtype.name in ("bf16", "f32"))
+
+
+def _decode_row_tile(n: int) -> int:
+    return 16 if n <= 16 else 32 if n <= 32 else 64
+
+
+def _gemm_fp8_supports(t, spec):
+    """Decode row counts (one row tile, at most the target's `decode_rows`) of fp8 rows per 32 and
+    an fp8 weight per 32x32, where the target names this template for them (sm90; sm100 keeps
+    its block-scaled TileLang program); prefill stays on TileLang."""
+    x, w = spec.in_types
+    limit = t.defaults.get("triton_gemm_fp8", {}).get("decode_rows", 0)
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
+            and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
+            and w.shape[1] % 32 == 0 and _rows(x) <= limit and spec.out_types[0].dtype.name in ("bf16", "f32"))
 
 
 def _grouped_linear_supports(t, spec):
@@ -727,18 +774,26 @@ OPS = [
     _Op("engram_gate", "launch_engram_gate", _l_engram_gate, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1),
         lambda a: {"eps": a["eps"], "image_token_id": a.get("image_token_id")}),
-    # wo_a (spec §4.4g): widened to its bf16 values in registers, tf32 MMAs on them (exact);
-    # decode row counts take 16-row tiles, more rows 64x64 tiles 32 deep: with fp32 operands in
-    # registers, 64x128x128 tiles spill 1.5 KB and 64x64x64 up to 112 B on sm90 / sm100 (ptxas),
-    # these take 134-167 registers
+    # wo_a (spec §4.4g): MX (block_linear_mx_kernel) hands each K chunk to tl.dot_scaled, bf16
+    # MMAs on the exact bf16 values; MX 0 widens them to fp32 in registers for tf32 MMAs (with
+    # fp32 operands, 64x128x128 tiles spill 1.5 KB and 64x64x64 up to 112 B on sm90 / sm100).
+    # Decode row counts take 16-row tiles, more rows 64x64 tiles 32 deep;
     # decode row counts split K in 8 (H200, bench/results/triton_h200_block_linear_split.json: the
     # fastest of the SPLIT x BN sweep at batch 1 and 64 for both ops, 128-wide N tiles for wo_a,
     # 32-wide for the fp32-compute linear)
-    _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, BLOCK_LINEAR,
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3), supports=_grouped_linear_supports,
+    _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1), supports=_grouped_linear_supports,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS),
-    _Op("linear", "launch_linear", _l_grouped_linear, BLOCK_LINEAR, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3),
+    _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1),
         supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS),
+    # lin8 at decode rows (block_linear_mx_kernel): N tiles x K splits spread the weight stream
+    # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows
+    _Op("gemm_fp8", "launch_gemm_fp8", _l_grouped_linear,
+        dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(4, 8), num_stages=(2, 3, 4, 5),
+             SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1),
+        lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_rows=lambda n: {"BM": _decode_row_tile(n)}),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
     # on the MX operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go
     # to TileLang

@@ -13,6 +13,9 @@ TARGET = Target(
             "prefill": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256},
         },
         "tilelang_attention": {"min_splits": 1},
+        # decode lin8 (at most this many rows) on Triton's dot_scaled rather than the TileLang
+        # promotion program
+        "triton_gemm_fp8": {"decode_rows": 64},
     },
 )
 
