@@ -60,10 +60,11 @@ def test_block_linear_on_dot_scaled_matches_reference_interpreted(bk, split):
 
 
 def test_gemm_fp8_selection_by_row_count():
-    """Decode rows (up to 64) of lin8 take the Triton template on sm90, its K split picked from the
-    shape (the same at every row count) and its row tile from the rows; more rows, and sm100 (its
-    block-scaled TileLang program), stay on TileLang, as do batch-invariant plans (one template at
-    every bucket, and prefill rows have only TileLang's)."""
+    """Where a target names a row limit for it (sm90 names none: measured slower), decode rows of
+    lin8 take the Triton template, its K split picked from the shape (the same at every row count)
+    and its row tile from the rows; more rows, and sm100 (its block-scaled TileLang program), stay
+    on TileLang, as do batch-invariant plans (one template at every bucket, and prefill rows have
+    only TileLang's)."""
     import dataclasses
 
     from deepinfer.codegen.targets import get_target
@@ -76,7 +77,9 @@ def test_gemm_fp8_selection_by_row_count():
                           (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
                            quantized("fp8e4m3", (n, k), "e8m0", (32, 32))), (TensorType(dt.bf16, (rows, n)),))
 
-    t = get_target("sm90")
+    assert select(get_target("sm90"), spec(1)).name == "tilelang_gemm_fp8"
+    sm90 = get_target("sm90")
+    t = dataclasses.replace(sm90, defaults={**sm90.defaults, "triton_gemm_fp8": {"decode_rows": 64}})
     for rows, tile in ((1, 16), (8, 16), (32, 32), (64, 64)):
         chosen = select(t, spec(rows))
         assert chosen.name == "triton_gemm_fp8", chosen.name

@@ -13,9 +13,10 @@ TARGET = Target(
             "prefill": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256},
         },
         "tilelang_attention": {"min_splits": 1},
-        # decode lin8 (at most this many rows) on Triton's dot_scaled rather than the TileLang
-        # promotion program
-        "triton_gemm_fp8": {"decode_rows": 64},
+        # decode lin8 stays on the TileLang program: on Triton's dot_scaled (decode_rows 64) the
+        # medium plan's decode step was no faster at b1 / b8 and 1.43x slower at b64 on the H200
+        # (docs/performance.md, eighth session); decode_rows N > 0 hands rows <= N to it
+        "triton_gemm_fp8": {"decode_rows": 0},
     },
 )
 
