@@ -307,11 +307,32 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
         total = sum(e.device_time_total for e in rows) / 3
         out[f"decode_b{b}"] = {"gpu_ms": total / 1e3, "top": [
             {"name": e.key[:90], "ms_per_step": e.device_time_total / 3e3, "calls_per_step": e.count / 3}
-            for e in rows[:top]]}
+            for e in rows[:top]], "by_launch": _by_launch(prof, 3, 3 * top)}
         print(f"decode b{b}: GPU {total / 1e3:.1f} ms per step", flush=True)
         for r in out[f"decode_b{b}"]["top"]:
             print(f"  {r['ms_per_step']:8.2f} ms  {r['calls_per_step']:6.0f}x  {r['name']}", flush=True)
     return out
+
+
+def _by_launch(prof, steps: int, top: int) -> list:
+    """GPU time per (kernel, grid): one kernel name serves calls of many shapes (every block
+    linear is block_linear_mx_kernel), and the grid tells them apart. From the profiler's trace."""
+    import tempfile
+    from collections import defaultdict
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    acc = defaultdict(lambda: [0.0, 0])
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != "kernel":
+            continue
+        key = f"{ev['name'][:60]} grid={ev.get('args', {}).get('grid')}"
+        acc[key][0] += ev.get("dur", 0.0)
+        acc[key][1] += 1
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": k, "us_per_call": v[0] / v[1], "ms_per_step": v[0] / steps / 1e3, "calls_per_step": v[1] / steps}
+            for k, v in rows]
 
 
 def result_header() -> dict:

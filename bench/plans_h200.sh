@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Medium plans side by side on the H200 machine, in one device call: each plan's step times
+# (bench/runtime_sm90.py, CUDA graphs, its own process, the same generated checkpoint), then each
+# plan's decode GPU time by kernel (--profile), optionally every call of the named templates in the
+# last plan's decode step against its op's reference (--divergence-medium), and a table last.
+#
+#   bench/plans_h200.sh [--check TEMPLATES] NAME=PLAN.tar.xz [NAME=PLAN.tar.xz ...]
+#
+# Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
+# plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+check=""
+if [ "${1:-}" = "--check" ]; then check=$2; shift 2; fi
+[ $# -ge 1 ] || { echo "usage: bench/plans_h200.sh [--check TEMPLATES] NAME=PLAN.tar.xz ..."; exit 2; }
+out=${OUT:-out}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+work=$(mktemp -d)
+mkdir -p "$work/pkg"
+ln -s "$PWD" "$work/pkg/deepinfer"
+export PYTHONPATH="$work/pkg${PYTHONPATH:+:$PYTHONPATH}"
+log="$out/plans.log"
+names=()
+declare -A dirs
+for arg in "$@"; do
+    name=${arg%%=*}
+    mkdir -p "$work/$name"
+    tar -xJf "${arg#*=}" -C "$work/$name"
+    dirs[$name]=$(dirname "$(find "$work/$name" -name plan.json | head -n 1)")
+    names+=("$name")
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log" || true
+for name in "${names[@]}"; do
+    BENCH_GRAPH_ONLY=1 "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$out/runtime_$name.json" \
+        2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
+done
+for name in "${names[@]}"; do
+    "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --profile --out "$out/profile_$name.json" 2>&1 \
+        | tail -n 40 | tee -a "$log" || echo "plans_h200: $name's profile failed" | tee -a "$log"
+done
+if [ -n "$check" ]; then
+    last=${names[-1]}
+    "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium --decode-only \
+        --only-templates "$check" --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
+        || echo "plans_h200: the per-call check failed" | tee -a "$log"
+fi
+"$py" - "$out" "${names[@]}" <<'EOF'
+import json, os, sys
+out, names = sys.argv[1], sys.argv[2:]
+def load(kind, n):
+    p = f"{out}/{kind}_{n}.json"
+    return json.load(open(p)) if os.path.exists(p) else {}
+rows = {n: load("runtime", n).get("medium", {}) for n in names}
+print(f"{'step':<14}" + "".join(f"{n:>14}" for n in names) + "   (last / first)")
+for k, unit in (("prefill_4096", "tok/s"), ("decode_b1", "ms"), ("decode_b8", "ms"), ("decode_b64", "ms")):
+    def val(r):
+        v = r.get(k, {})
+        return v.get("tok_per_s") if unit == "tok/s" else v.get("graph", {}).get("wall_ms")
+    vals = [val(rows[n]) for n in names]
+    cells = "".join(f"{v:>14.2f}" if v else f"{'-':>14}" for v in vals)
+    ratio = ""
+    if vals[0] and vals[-1]:
+        ratio = f"   {(vals[-1] / vals[0] if unit == 'tok/s' else vals[0] / vals[-1]):.3f}x faster"
+    print(f"{k:<14}{cells}{ratio}  ({unit})")
+for n in names:
+    prof = load("profile", n).get("medium_profile", {})
+    for b, v in prof.items():
+        top = ", ".join(f"{t['name'][:28]} {t['ms_per_step']:.2f}" for t in v.get("top", [])[:8])
+        print(f"{n} {b}: GPU {v.get('gpu_ms', 0):.2f} ms; {top}")
+        for t in v.get("by_launch", [])[:14]:
+            print(f"    {t['ms_per_step']:7.2f} ms {t['calls_per_step']:5.0f}x {t['us_per_call']:8.1f} us  {t['name']}")
+EOF
