@@ -13,7 +13,9 @@ of its tokens and resumes after it (or, with bounded replay, `keep` tokens befor
 chunks that stop at its end: the replay must finish before the sequence reads the shared pages). In
 exact mode a prefill chunk that crosses a page boundary ends at the last one it crosses (unless
 it ends within the rings' rollback slack past it): the slot state is saved with a page only at
-the end of a step, so this is what lets a prompt's pages end an exact hit.
+the end of a step, so this is what lets a prompt's pages end an exact hit. A lookup leaves a
+prompt's last token to compute, so for the chunk that ends the tokens the boundary that counts is
+the last one before that token: a prompt of whole pages is cut one page short of its end.
 
 Speculation: a decoding sequence that holds drafts gets the verify chunk [t*, d_0 .. d_{m-1}],
 with as many drafts as the token budget and the free pages allow. Drafts never preempt anyone:
@@ -79,7 +81,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq.num_cached, min(seq.num_uncached, budget))
+            n = self._chunk(seq.num_cached, min(seq.num_uncached, budget), len(seq.token_ids))
             replay_end = self.cache.replay_end(seq.request_id) if self.cache.prefix else None
             if replay_end is not None and seq.num_cached < replay_end:
                 n = min(n, replay_end - seq.num_cached)  # a bounded replay's chunks end where the cached prefix does
@@ -106,13 +108,13 @@ class Scheduler:
                 break
             hit = self.cache.lookup(seq.token_ids) if self.cache.prefix else None
             start = hit.start if hit else 0
-            n = self._chunk(start, min(len(seq.token_ids) - start, budget))
+            n = self._chunk(start, min(len(seq.token_ids) - start, budget), len(seq.token_ids))
             if hit and start and self.cache.prefix.mode == "bounded":
                 n = min(n, hit.num_tokens - start)
             if hit and start and not self.cache.can_cover(seq.request_id, start + n, hit):
                 # (bounded replay's private copies may need pages a miss does not): admit it as a miss
                 hit, start = PrefixHit(query_tokens=len(seq.token_ids)), 0
-                n = self._chunk(0, min(len(seq.token_ids), budget))
+                n = self._chunk(0, min(len(seq.token_ids), budget), len(seq.token_ids))
             if not self.cache.free_slots or not self.cache.can_cover(seq.request_id, start + n, hit):
                 break  # first come first served: nobody overtakes the head of the queue
             self.cache.allocate(seq.request_id, start + n, hit)
@@ -126,14 +128,17 @@ class Scheduler:
             budget -= n
         return batch
 
-    def _chunk(self, start: int, n: int) -> int:
-        """A chunk of n rows from `start`, cut at the last page boundary it crosses when exact
-        prefix caching saves slot states (module doc)."""
+    def _chunk(self, start: int, n: int, total: int) -> int:
+        """A chunk of n rows from `start` of a sequence of `total` tokens, cut at the last page
+        boundary it crosses when exact prefix caching saves slot states; for the chunk that ends
+        the tokens, the last boundary before its final token, where a later lookup of the same
+        tokens can end its hit (module doc)."""
         prefix = self.cache.prefix
         if prefix is None or prefix.mode != "exact" or n < 2:
             return n
         end = start + n
-        boundary = end // self.cache.page_tokens * self.cache.page_tokens
+        reach = end if end < total else total - 1
+        boundary = reach // self.cache.page_tokens * self.cache.page_tokens
         return boundary - start if boundary > start and end - boundary > prefix.max_backtrack else n
 
     def advance(self, batch: list[Scheduled]) -> None:
