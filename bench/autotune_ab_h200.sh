@@ -14,20 +14,7 @@ cd "$(dirname "$0")/.."
 cands=${1:?usage: bench/autotune_ab_h200.sh CANDS.tar.xz PLAN.tar.xz [MEASURE_BUDGET_S]}
 plan_tar=${2:?usage: bench/autotune_ab_h200.sh CANDS.tar.xz PLAN.tar.xz [MEASURE_BUDGET_S]}
 budget=${3:-240}
-out=${OUT:-out}
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-mkdir -p "$out"
-work=$(mktemp -d)
-mkdir -p "$work/pkg"
-ln -s "$PWD" "$work/pkg/deepinfer"
-export PYTHONPATH="$work/pkg${PYTHONPATH:+:$PYTHONPATH}"
-
-unpack() {  # tarball, folder, the file that marks the directory -> that directory
-    mkdir -p "$2"
-    tar -xJf "$1" -C "$2"
-    dirname "$(find "$2" -name "$3" | head -n 1)"
-}
+. bench/device_env.sh
 cdir=$(unpack "$cands" "$work/cands" manifest.json)
 plan=$(unpack "$plan_tar" "$work/plan" plan.json)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true

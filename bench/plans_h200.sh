@@ -13,22 +13,13 @@ cd "$(dirname "$0")/.."
 check=""
 if [ "${1:-}" = "--check" ]; then check=$2; shift 2; fi
 [ $# -ge 1 ] || { echo "usage: bench/plans_h200.sh [--check TEMPLATES] NAME=PLAN.tar.xz ..."; exit 2; }
-out=${OUT:-out}
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
-mkdir -p "$out"
-work=$(mktemp -d)
-mkdir -p "$work/pkg"
-ln -s "$PWD" "$work/pkg/deepinfer"
-export PYTHONPATH="$work/pkg${PYTHONPATH:+:$PYTHONPATH}"
+. bench/device_env.sh
 log="$out/plans.log"
 names=()
 declare -A dirs
 for arg in "$@"; do
     name=${arg%%=*}
-    mkdir -p "$work/$name"
-    tar -xJf "${arg#*=}" -C "$work/$name"
-    dirs[$name]=$(dirname "$(find "$work/$name" -name plan.json | head -n 1)")
+    dirs[$name]=$(unpack "${arg#*=}" "$work/$name" plan.json)
     names+=("$name")
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log" || true

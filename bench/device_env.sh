@@ -1,0 +1,17 @@
+# Sourced (from the repository root) by the scripts that run in one device call: $out (the call's
+# $OUT), $py, $work (scratch), the repository importable as `deepinfer` (it is the package's root,
+# not inside one), and unpack TARBALL FOLDER MARKER -> the directory inside holding MARKER.
+out=${OUT:-out}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+work=$(mktemp -d)
+mkdir -p "$work/pkg"
+ln -s "$PWD" "$work/pkg/deepinfer"
+export PYTHONPATH="$work/pkg${PYTHONPATH:+:$PYTHONPATH}"
+
+unpack() {
+    mkdir -p "$2"
+    tar -xJf "$1" -C "$2"
+    dirname "$(find "$2" -name "$3" | head -n 1)"
+}
