@@ -185,6 +185,9 @@ def test_moe_routing_templates():
         assert n * 6 % chunk == 0 and sum(src.meta["buffers"]["ub"]) <= TGT.ub_bytes
         assert gm_reads(src) == {"y", "pair_ids"} and gm_writes(src) == {"out"}
         assert chunk == n * 6 or f"pair_ids[(ci * {chunk})]" in src.text
+    # a draft step's 5 rows x 6 lanes (120 B, no whole granule) are one padded copy of the selection
+    odd = spec("moe_permute", [tensor("i32", 5, 6)], {"n_experts": 384})
+    assert rendered(odd, "ascend_moe_permute").meta["buffers"]["ub"][0] == 128
     # 100k pairs' sorted ids alone outgrow the UB: declined
     big = spec("moe_permute", [tensor("i32", 20000, 6)], {"n_experts": 384})
     assert not templates()["ascend_moe_permute"].supports(TGT, big)

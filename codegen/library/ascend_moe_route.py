@@ -153,11 +153,13 @@ def _permute_plan(pairs: int, e: int, chunk: int) -> dict:
 
 
 def _permute_chunk(n: int, k: int, e: int, ub: int) -> int:
-    """Pairs per selection chunk: whole rows of k ids (n divisible by the rows), 32-byte granules,
-    the largest such that the plan fits `ub`; 0 where none does."""
-    for rows in (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
+    """Pairs per selection chunk: the whole selection where it fits (one padded DMA of any
+    length), else whole rows of k ids (n divisible by the rows) in 32-byte granules, the largest
+    such that the plan fits `ub`; 0 where none does."""
+    for rows in (n, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
         c = rows * k
-        if n % rows == 0 and (c * 4) % 32 == 0 and sum(_permute_plan(n * k, e, c)["ub"]) <= ub:
+        if (rows == n or (rows < n and n % rows == 0 and (c * 4) % 32 == 0)) \
+                and sum(_permute_plan(n * k, e, c)["ub"]) <= ub:
             return c
     return 0
 
