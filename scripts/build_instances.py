@@ -4,6 +4,7 @@ shape of the real model without a full compile.
 
     python scripts/build_instances.py --model v4.1-flash --target sm100 tilelang_gemm_fp8 tilelang_grouped_gemm_fp4
     python scripts/build_instances.py --model v4.1-flash --target sm100 --all
+    python scripts/build_instances.py --target sm100 --ep 8 --dp 8 tilelang_grouped_gemm_fp4   # one rank of EP 8
 """
 import argparse
 import sys
@@ -22,8 +23,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="v4.1-flash")
     ap.add_argument("--target", default="sm100")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (the plan of one rank)")
+    ap.add_argument("--dp", type=int, default=1, help="attention groups over the ranks")
     args = ap.parse_args(argv)
-    inst = select_instances(args.model, CompileOptions(args.target, tuning_db="none"))
+    inst = select_instances(args.model, CompileOptions(args.target, tuning_db="none", ep=args.ep, dp=args.dp))
     gen = [v for v in inst.values() if v[1] not in TORCH_TEMPLATES and (args.all or v[1] in args.templates)]
     print(f"{len(gen)} instances", flush=True)
     target = get_target(args.target)

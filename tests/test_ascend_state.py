@@ -123,6 +123,15 @@ def test_ring_and_cache_writers_write_state_in_place():
         assert gm_writes(src) == {"cache", "cache_scale"}
         assert gm_reads(src) == {"rows", "rows_scale", "positions", "token_seq", "block_table"}
         assert f"% (int64_t){ratio})" in src.text or ratio == 1
+    # the real model's prefill buckets: 257 sequences' block tables (514 KiB) are no UB buffer;
+    # the kernel reads the one 32-byte granule of the table row holding the entry's page
+    big = spec("compressed_write", [quantized("fp4e2m1", (32768, 128, 512), "fp8e4m3", (1, 1, 16)),
+                                    quantized("fp4e2m1", (8192, 512), "fp8e4m3", (1, 16)), tensor("i64", 8192),
+                                    tensor("i32", 8192), tensor("i32", 257, 512)], {"ratio": 1})
+    src = rendered(big, "ascend_compressed_write")
+    assert 32 in src.meta["buffers"]["ub"] and 257 * 512 * 4 not in src.meta["buffers"]["ub"]
+    assert gm_reads(src) == {"rows", "rows_scale", "positions", "token_seq", "block_table"}
+    assert re.search(r"asc_copy_gm2ub_align\([^;]*block_table\[[^;]*\* \(int64_t\)512\) \+ \(min\(", src.text)
     # a 24-byte ring row is no whole granule: declined, torch serves it
     odd = spec("swa_write", [quantized("fp8e4m3", (5, 6, 24), "e8m0", (1, 1, 8)),
                              quantized("fp8e4m3", (8, 24), "e8m0", (1, 8)), *META, tensor("i32", 8)], {})
@@ -159,7 +168,27 @@ def test_moe_routing_templates():
              {"k": 6})
     src = rendered(c, "ascend_moe_combine")
     assert {"y", "pair_ids"} <= gm_reads(src) and gm_writes(src) == {"out"}
-    # a prefill's 24576 pair ids fit the UB with the SIMT context; a selection of 100k pairs does not
+    # the real model's largest prefill (8192 tokens x 6 lanes): the selection and the pair ids are
+    # streamed in chunks (one DMA per chunk, in pair order), the sorted ids stay whole in the UB
+    for n in (4096, 8192):
+        p = spec("moe_permute", [tensor("i32", n, 6)], {"n_experts": 384})
+        src = rendered(p, "ascend_moe_permute")
+        chunk = src.meta["buffers"]["ub"][0] // 4
+        assert n * 6 % chunk == 0 and (chunk == n * 6 or f"sel[(ci * {chunk})]" in src.text)
+        assert (n, chunk < n * 6) in ((4096, False), (8192, True))
+        assert n * 6 * 4 in src.meta["buffers"]["ub"]  # the whole order
+        assert sum(src.meta["buffers"]["ub"]) <= TGT.ub_bytes
+        c = spec("moe_combine", [tensor("bf16", n * 6, 5120), tensor("i32", n * 6), tensor("i32", 385),
+                                 tensor("i32", n, 6)], {"k": 6})
+        src = rendered(c, "ascend_moe_combine")
+        chunk = src.meta["buffers"]["ub"][0] // 4
+        assert n * 6 % chunk == 0 and sum(src.meta["buffers"]["ub"]) <= TGT.ub_bytes
+        assert gm_reads(src) == {"y", "pair_ids"} and gm_writes(src) == {"out"}
+        assert chunk == n * 6 or f"pair_ids[(ci * {chunk})]" in src.text
+    # a draft step's 5 rows x 6 lanes (120 B, no whole granule) are one padded copy of the selection
+    odd = spec("moe_permute", [tensor("i32", 5, 6)], {"n_experts": 384})
+    assert rendered(odd, "ascend_moe_permute").meta["buffers"]["ub"][0] == 128
+    # 100k pairs' sorted ids alone outgrow the UB: declined
     big = spec("moe_permute", [tensor("i32", 20000, 6)], {"n_experts": 384})
     assert not templates()["ascend_moe_permute"].supports(TGT, big)
 

@@ -1,5 +1,7 @@
 """The coverage record a compile writes into the plan and prints: instances per template, torch
 instances per op, and the device kernels a step launches (views and allocations launch none)."""
+import pytest
+
 from deepinfer.cli import main
 from deepinfer.codegen.plan import load_plan
 from deepinfer.passes.coverage import coverage_lines, plan_coverage
@@ -60,3 +62,18 @@ def test_coverage_table_marks_fallbacks_per_target():
     assert table[0] == "| op | cpu | ascend950 |" and len(table) == 2 + len(set(cols["cpu"]) | set(cols["ascend950"]))
     row = next(r for r in table if r.startswith("| rms_norm |"))
     assert "**torch fallback**" in row.split("|")[2] and "`ascend_rms_norm`" in row.split("|")[3]
+
+
+@pytest.mark.parametrize("target", ["sm100", "ascend950"])
+def test_real_model_selection_has_no_torch_instance(target):
+    """Issue #18's done-when, on the selection (no render or build): every instance of the real
+    model's single-process plan is a generated template on sm100 and ascend950."""
+    from deepinfer.passes.coverage import TORCH_TEMPLATES, templates_per_op
+    from deepinfer.passes.driver import CompileOptions, select_instances
+
+    per_op = templates_per_op(select_instances("v4.1-flash", CompileOptions(target, tuning_db="none")))
+    torch_ops = {op: t for op, t in per_op.items() if set(t) & set(TORCH_TEMPLATES)}
+    assert not torch_ops
+    if target == "ascend950":
+        assert set(per_op["indexer_topk"]) == {"ascend_indexer_topk"}
+        assert set(per_op["dspark_heads"]) == {"ascend_dspark_heads"}

@@ -13,4 +13,6 @@ from . import ascend_vector  # noqa: F401
 from . import ascend_vector_quant  # noqa: F401
 from . import ascend_state  # noqa: F401
 from . import ascend_moe_route  # noqa: F401
+from . import ascend_indexer  # noqa: F401
+from . import ascend_heads  # noqa: F401
 from . import torch_device  # noqa: F401  (last: only where no generated template fits)

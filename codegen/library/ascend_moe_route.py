@@ -145,46 +145,77 @@ register(Template(
 
 # ---- moe_permute --------------------------------------------------------------------------------
 
-def _permute_plan(pairs: int, e: int) -> dict:
-    return {"ub": [ub_bytes((pairs,), "i32"), ub_bytes((pairs,), "i32"), ub_bytes((e + 1,), "i32"), SIMT_CONTEXT_BYTES]}
+def _permute_plan(pairs: int, e: int, chunk: int) -> dict:
+    """the sorted pair ids and the expert counts whole, the selection streamed `chunk` pairs at a
+    time (a prefill's selection and its order do not both fit the UB)"""
+    return {"ub": [ub_bytes((chunk,), "i32"), ub_bytes((pairs,), "i32"), ub_bytes((e + 1,), "i32"),
+                   SIMT_CONTEXT_BYTES]}
+
+
+def _permute_chunk(n: int, k: int, e: int, ub: int) -> int:
+    """Pairs per selection chunk: the whole selection where it fits (one padded DMA of any
+    length), else whole rows of k ids (n divisible by the rows) in 32-byte granules, the largest
+    such that the plan fits `ub`; 0 where none does."""
+    for rows in (n, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1):
+        c = rows * k
+        if (rows == n or (rows < n and n % rows == 0 and (c * 4) % 32 == 0)) \
+                and sum(_permute_plan(n * k, e, c)["ub"]) <= ub:
+            return c
+    return 0
 
 
 @functools.lru_cache(maxsize=32)
-def _permute_source(n: int, k: int, e: int, threads: int) -> str:
+def _permute_source(n: int, k: int, e: int, chunk: int, threads: int) -> str:
     import tilelang.ascend.language as T
 
     pairs = n * k
+    chunks = pairs // chunk
 
+    # sel is the [n, k] selection read as its flat pair ids (row-major, contiguous): chunks of
+    # whole rows are single 32-byte-granular DMAs
     @T.prim_func
-    def moe_permute(sel: T.Tensor((n, k), T.int32), order: T.Tensor((pairs,), T.int32),
+    def moe_permute(sel: T.Tensor((pairs,), T.int32), order: T.Tensor((pairs,), T.int32),
                     offsets: T.Tensor((e + 1,), T.int32)):
         # one core: a counting sort by expert. Each thread owns experts and scans every pair
-        # in pair order, so the pairs of an expert keep token order (a stable sort)
+        # in pair order (the selection streamed chunk by chunk, chunks in order), so the pairs of
+        # an expert keep token order (a stable sort)
         with T.Kernel(1) as core:  # noqa: F841
-            sb = T.alloc_shared((n, k), T.int32)
+            sb = T.alloc_shared((chunk,), T.int32)
             ob = T.alloc_shared((pairs,), T.int32)
             cnt = T.alloc_shared((e + 1,), T.int32)
-            T.copy(sel[0, 0], sb)
             with T.SimtVF(threads=threads):
-                for x in T.Parallel(e):
-                    c = T.alloc_var(T.int32)
-                    c = 0
-                    for p in T.serial(pairs):
-                        if sb[p // k, p % k] == x:
-                            c = c + 1
-                    cnt[x + 1] = c
+                for x in T.Parallel(e + 1):
+                    cnt[x] = 0
+            for ci in T.serial(chunks):
+                T.copy(sel[ci * chunk:(ci + 1) * chunk], sb)
+                with T.SimtVF(threads=threads):
+                    for x in T.Parallel(e):
+                        c = T.alloc_var(T.int32)
+                        c = cnt[x + 1]
+                        for p in T.serial(chunk):
+                            if sb[p] == x:
+                                c = c + 1
+                        cnt[x + 1] = c
             with T.SimtVF(threads=1):
-                cnt[0] = 0
                 for x in T.serial(e):
                     cnt[x + 1] = cnt[x + 1] + cnt[x]
-            with T.SimtVF(threads=threads):
-                for x in T.Parallel(e):
-                    at = T.alloc_var(T.int32)
-                    at = cnt[x]
-                    for p in T.serial(pairs):
-                        if sb[p // k, p % k] == x:
-                            ob[at] = p
-                            at = at + 1
+            # cnt[x] is now expert x's start; placing advances it to expert x's end
+            for ci in T.serial(chunks):
+                T.copy(sel[ci * chunk:(ci + 1) * chunk], sb)
+                with T.SimtVF(threads=threads):
+                    for x in T.Parallel(e):
+                        at = T.alloc_var(T.int32)
+                        at = cnt[x]
+                        for p in T.serial(chunk):
+                            if sb[p] == x:
+                                ob[at] = ci * chunk + p
+                                at = at + 1
+                        cnt[x] = at
+            # after placing, cnt[x] holds expert x's end = the start of x + 1: shift it up one
+            with T.SimtVF(threads=1):
+                for x in T.serial(e):
+                    cnt[e - x] = cnt[e - x - 1]
+                cnt[0] = 0
             T.copy(ob, order[0])
             T.copy(cnt, offsets[0])
 
@@ -195,14 +226,15 @@ def _permute_supports(target, spec):
     if not static(spec):
         return False
     (n, k), _ = storage(spec.in_types[0])
-    return fits(target, _permute_plan(n * k, int(spec.attr["n_experts"])))
+    return _permute_chunk(n, k, int(spec.attr["n_experts"]), target.ub_bytes) > 0
 
 
 def _permute_render(target, spec, config):
     (n, k), _ = storage(spec.in_types[0])
     e = int(spec.attr["n_experts"])
-    text = _permute_source(n, k, e, _threads(config))
-    return kernel_source("moe_permute", text, 1, _threads(config), _permute_plan(n * k, e), [], config)
+    chunk = _permute_chunk(n, k, e, target.ub_bytes)
+    text = _permute_source(n, k, e, chunk, _threads(config))
+    return kernel_source("moe_permute", text, 1, _threads(config), _permute_plan(n * k, e, chunk), [], config)
 
 
 register(Template(
@@ -272,34 +304,46 @@ register(Template(
 
 # ---- moe_combine --------------------------------------------------------------------------------
 
-def _combine_plan(pairs: int, per_core: int, k: int, d: int) -> dict:
-    return {"ub": [ub_bytes((pairs,), "i32"), ub_bytes((per_core * k,), "i32"), ub_bytes((k,), "i32"),
+def _combine_plan(chunk: int, per_core: int, k: int, d: int) -> dict:
+    """pair ids streamed `chunk` at a time (a prefill's 49152 do not fit beside the rows), this
+    core's inverse permutation, a token's k rows, one bf16 row and the fp32 sum"""
+    return {"ub": [ub_bytes((chunk,), "i32"), ub_bytes((per_core * k,), "i32"), ub_bytes((k,), "i32"),
                    ub_bytes((d,), "bf16"), ub_bytes((d,), "f32"), SIMT_CONTEXT_BYTES]}
 
 
+def _combine_chunk(pairs: int, per_core: int, k: int, d: int, ub: int) -> int:
+    """Pair ids per chunk: all of them where they fit, else the largest power of two (from 8:
+    whole granules) dividing the pairs that fits; 0 where none does."""
+    options = (pairs,) + tuple(c for c in (16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)
+                               if c < pairs and pairs % c == 0)
+    return next((c for c in options if sum(_combine_plan(c, per_core, k, d)["ub"]) <= ub), 0)
+
+
 @functools.lru_cache(maxsize=32)
-def _combine_source(n: int, d: int, pairs: int, e: int, k: int, grid: int, threads: int) -> str:
+def _combine_source(n: int, d: int, pairs: int, e: int, k: int, grid: int, chunk: int, threads: int) -> str:
     import tilelang.ascend.language as T
 
     per = -(-n // grid)  # core c sums tokens [c * per, (c + 1) * per)
+    chunks = pairs // chunk
 
     @T.prim_func
     def moe_combine(y: T.Tensor((pairs, d), T.bfloat16), pair_ids: T.Tensor((pairs,), T.int32),
                     offsets: T.Tensor((e + 1,), T.int32), like: T.Tensor((n, k), T.int32),
                     out: T.Tensor((n, d), T.float32)):
         with T.Kernel(grid) as core:
-            pb = T.alloc_shared((pairs,), T.int32)
+            pb = T.alloc_shared((chunk,), T.int32)
             where = T.alloc_shared((per * k,), T.int32)
             rows = T.alloc_shared((k,), T.int32)
             yb = T.alloc_shared((d,), T.bfloat16)
             acc = T.alloc_shared((d,), T.float32)
-            T.copy(pair_ids[0], pb)
             # where[(t - t0) * k + lane] = the expert-ordered row of pair t * k + lane (the
-            # permutation inverted for this core's tokens)
-            with T.SimtVF(threads=threads):
-                for p in T.Parallel(pairs):
-                    if pb[p] >= core * per * k and pb[p] < (core + 1) * per * k:
-                        where[pb[p] - core * per * k] = p
+            # permutation inverted for this core's tokens), the pair ids read chunk by chunk
+            for ci in T.serial(chunks):
+                T.copy(pair_ids[ci * chunk:(ci + 1) * chunk], pb)
+                with T.SimtVF(threads=threads):
+                    for p in T.Parallel(chunk):
+                        if pb[p] >= core * per * k and pb[p] < (core + 1) * per * k:
+                            where[pb[p] - core * per * k] = ci * chunk + p
             for tl in T.serial(per):
                 t = core * per + tl
                 if t < n:
@@ -340,15 +384,16 @@ def _combine_supports(target, spec):
     if pairs != n * k or k != int(spec.attr["k"]):
         return False  # every (token, lane) pair once: the inverse permutation needs it
     per = -(-n // min(n, target.cores))
-    return (d * 2) % 32 == 0 and fits(target, _combine_plan(pairs, per, k, d))
+    return (d * 2) % 32 == 0 and _combine_chunk(pairs, per, k, d, target.ub_bytes) > 0
 
 
 def _combine_render(target, spec, config):
     n, d, pairs, e, k = _combine_dims(spec)
     grid = min(n, target.cores)
     per = -(-n // grid)
-    text = _combine_source(n, d, pairs, e, k, grid, _threads(config))
-    return kernel_source("moe_combine", text, grid, _threads(config), _combine_plan(pairs, per, k, d),
+    chunk = _combine_chunk(pairs, per, k, d, target.ub_bytes)
+    text = _combine_source(n, d, pairs, e, k, grid, chunk, _threads(config))
+    return kernel_source("moe_combine", text, grid, _threads(config), _combine_plan(chunk, per, k, d),
                          [d * 2, d * 4], config)
 
 

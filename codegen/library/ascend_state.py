@@ -619,8 +619,16 @@ register(Template(
     render=_state_render, default_config=lambda target, spec: {}, supports=_state_supports))
 
 
-def _cw_plan(n: int, ns: int, pages: int, dp: int, nb: int, scale_dtype: str) -> dict:
-    return {"ub": _meta_plan(n, ns, (pages,)) + [ub_bytes((dp,), "u8"), ub_bytes((32,), scale_dtype)]}
+def _cw_plan(n: int, pages: int, dp: int, scale_dtype: str) -> dict:
+    """positions and token_seq whole; of the block table only the one granule (8 entries) holding
+    the page of the entry being written: the whole table ([257, 512] i32 at the real model's
+    prefill buckets, 514 KiB) is no UB buffer"""
+    return {"ub": [ub_bytes((n,), "i64"), ub_bytes((n,), "i32"), ub_bytes((_cw_granule(pages),), "i32"),
+                   ub_bytes((dp,), "u8"), ub_bytes((32,), scale_dtype)]}
+
+
+def _cw_granule(pages: int) -> int:
+    return min(GRANULE // 4, pages)
 
 
 @functools.lru_cache(maxsize=32)
@@ -630,6 +638,7 @@ def _cw_source(n: int, npages: int, entries: int, dp: int, nb: int, scale_dtype:
 
     sdt = TL_DTYPE[scale_dtype]
     per = -(-n // grid)
+    gb = _cw_granule(pages)
 
     @T.prim_func
     def compressed_write(cache: T.Tensor((npages, entries, dp), T.uint8),
@@ -639,19 +648,23 @@ def _cw_source(n: int, npages: int, entries: int, dp: int, nb: int, scale_dtype:
         with T.Kernel(grid) as core:
             pb = T.alloc_shared((n,), T.int64)
             tb = T.alloc_shared((n,), T.int32)
-            bt = T.alloc_shared((ns, pages), T.int32)
+            bt = T.alloc_shared((gb,), T.int32)
             row = T.alloc_shared((dp,), T.uint8)
             sc = T.alloc_shared((32,), sdt)
             T.copy(positions[0], pb)
             T.copy(token_seq[0], tb)
-            T.copy(block_table[0, 0], bt)
             for it in T.serial(per):
                 t = it * grid + core
                 if t < n:
                     # the row completing entry c = (pos + 1) / ratio - 1 writes it to its page
                     if (pb[t] + 1) % ratio == 0:
                         entry = (pb[t] + 1) // ratio - 1
-                        page = bt[tb[t], entry // entries]
+                        # the block-table granule holding the entry's page index (clamped to the
+                        # row's last granule, so the copy never reads past the sequence's row)
+                        pidx = entry // entries
+                        start = T.min(pidx // gb * gb, pages - gb)
+                        T.copy(block_table[tb[t], start:start + gb], bt[0:gb])
+                        page = bt[pidx - start]
                         slot = entry % entries
                         T.copy(rows[t, 0], row)
                         T.copy(row, cache[page, slot, 0])
@@ -674,14 +687,14 @@ def _cw_supports(target, spec):
         return False
     n, npages, entries, dp, nb, sdt, ns, pages = _cw_dims(spec)
     return (sdt in ("e8m0", "fp8e4m3") and dp % 32 == 0 and nb <= 32
-            and fits(target, _cw_plan(n, ns, pages, dp, nb, sdt)))
+            and fits(target, _cw_plan(n, pages, dp, sdt)))
 
 
 def _cw_render(target, spec, config):
     n, npages, entries, dp, nb, sdt, ns, pages = _cw_dims(spec)
     grid = min(n, target.cores)
     text = _cw_source(n, npages, entries, dp, nb, sdt, ns, pages, int(spec.attr["ratio"]), grid)
-    return kernel_source("compressed_write", text, grid, 0, _cw_plan(n, ns, pages, dp, nb, sdt), [dp], config)
+    return kernel_source("compressed_write", text, grid, 0, _cw_plan(n, pages, dp, sdt), [dp], config)
 
 
 register(Template(
