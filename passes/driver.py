@@ -255,8 +255,11 @@ class Tuning:
             if check and check(src, None):
                 return default, None
         row = match.row
+        # which row: its key (template, structure, bucket, device) and how it was chosen
         return cfg, {"rung": match.rung, "measured": row["measured"], "bucket": row["bucket"],
-                     "device": row["fingerprint"].get("device"), "date": row["provenance"].get("date")}
+                     "structure": row["structure"], "device": row["fingerprint"].get("device"),
+                     "date": row["provenance"].get("date"), "source": row["provenance"].get("source"),
+                     "db": self.db.path.name if self.db.path else None}
 
 
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict,
