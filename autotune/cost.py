@@ -107,8 +107,8 @@ def _register_fit(target, cfg: dict, ln) -> float:
     tile, slower in proportion to the excess. Registers proper come from the ptxas report after a
     build; this is the part a config decides before one."""
     bm, bn = cfg.get("BM", cfg.get("block_M")), cfg.get("BN", cfg.get("block_N"))
-    if not (isinstance(bm, int) and isinstance(bn, int)):
-        return 1.0
+    if target.kind != "cuda" or not (isinstance(bm, int) and isinstance(bn, int)):
+        return 1.0  # an Ascend cube unit accumulates in L0C, whose capacity legality already checks
     acc = bm * bn / (32 * max(ln["warps"], 1))
     room = max(target.regs_per_thread, 1) / 2
     return min(1.0, room / acc) if acc else 1.0

@@ -610,3 +610,40 @@ def test_the_step_time_curve_the_tuner_measures_goes_into_the_plan(plan, tmp_pat
     with pytest.raises(ValueError, match="has no bucket 'b999'"):
         record_step_curve(tuned, [("b999", 1, 1, 1e-3)], "FAKE H200")
     load_plan(tuned)  # a refused curve leaves the plan as it was
+
+
+@pytest.mark.parametrize("target", ["sm100", "ascend950"])
+def test_a_default_compile_takes_the_shipped_cost_model_rows(target):
+    """autotune/db/{sm100,ascend950}.jsonl: the cost model's choices for the medium model's decode
+    and prefill buckets (`autotune --model v4.1-flash-medium --target T --cost-model-only`), marked
+    measured: false. A compile with no --tuning-db reads them: every instance whose row is current
+    on this host (same toolchain and template code) gets the row's config at the "modelled" rung,
+    and with --tuning-db none no instance is tuned. Rows a template edit has made stale are never
+    used (autotune/db.py); at least some must be current, or the shipped file needs regenerating."""
+    from deepinfer.autotune.db import TuningDB, shipped_db
+    from deepinfer.passes.driver import CompileOptions, select_instances
+
+    path = shipped_db(target)
+    db = TuningDB.load(path)
+    assert db.rows, f"{path} is missing or empty"
+    assert all(r["fingerprint"]["target"] == target and not r["measured"] and r["status"] == "ok"
+               and r["provenance"]["source"] == "cost model" and r["timings"]["p50"] > 0 for r in db.rows)
+    opts = dict(decode_batches=(1, 8, 64), prefill_tokens=(512, 2048))
+    shipped = select_instances("v4.1-flash-medium", CompileOptions(target, **opts))
+    fps = {}
+    current = 0
+    for _, tname, s, cfg, tuned in shipped.values():
+        if tname.startswith("torch"):
+            continue
+        if tname not in fps:
+            fps[tname] = fingerprint(TARGETS[target], tname)
+        match, _ = db.lookup(fps[tname], tname, s)
+        if match is None or match.rung != "modelled":
+            continue
+        current += 1
+        assert tuned and tuned["rung"] == "modelled" and not tuned["measured"] and tuned["db"] == path.name
+        assert tuned["structure"] == match.row["structure"] and tuned["bucket"] == match.row["bucket"]
+        assert cfg == dict(cfg, **match.row["config"]), (tname, cfg, match.row["config"])
+    assert current > 0, f"no row of {path} is current on this host: regenerate it (docs/performance.md)"
+    plain = select_instances("v4.1-flash-medium", CompileOptions(target, tuning_db="none", **opts))
+    assert not any(v[4] for v in plain.values())
