@@ -254,12 +254,9 @@ class Tuning:
             check = get_manifest(self.target.name).check
             if check and check(src, None):
                 return default, None
-        row = match.row
-        # which row: its key (template, structure, bucket, device) and how it was chosen
-        return cfg, {"rung": match.rung, "measured": row["measured"], "bucket": row["bucket"],
-                     "structure": row["structure"], "device": row["fingerprint"].get("device"),
-                     "date": row["provenance"].get("date"), "source": row["provenance"].get("source"),
-                     "db": self.db.path.name if self.db.path else None}
+        from ..autotune.db import provenance
+
+        return cfg, provenance(match, self.db)
 
 
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict,
