@@ -420,10 +420,18 @@ def cmd_autotune(args) -> int:
                         "DIR (write the tuned plan from them, there)" + (f", not {' and '.join(modes)}" if modes else ""))
     if args.output and not args.apply:
         raise TuneError("-o names the tuned plan that --apply writes")
+    if args.step_curve and not args.apply:
+        raise TuneError("--step-curve times the tuned plan that --apply writes: only with --apply")
+    if (args.model or args.target) and not args.cost_model_only:
+        raise TuneError("--model and --target rank a compile's instances by the cost model: only with "
+                        "--cost-model-only (the other modes read a compiled plan's kernels)")
     if args.measure:
         return _autotune_measure(args)
-    if args.plan is None:
-        raise TuneError(f"{modes[0]} tunes a compiled plan: give PLAN_DIR")
+    if args.plan is not None and (args.model or args.target):
+        raise TuneError("give PLAN_DIR or --model and --target, not both")
+    if args.plan is None and not (args.cost_model_only and args.model and args.target):
+        raise TuneError(f"{modes[0]} tunes a compiled plan: give PLAN_DIR"
+                        + (" (or --model and --target, which need no built kernels)" if args.cost_model_only else ""))
     if args.apply:
         return _autotune_apply(args)
     if args.build_candidates:
@@ -437,10 +445,19 @@ def cmd_autotune(args) -> int:
         return 0
     from .runtime.plan_file import load_plan
 
-    target = load_plan(Path(args.plan))["target"]["name"]
+    if args.plan is not None:
+        plan, target = args.plan, load_plan(Path(args.plan))["target"]["name"]
+    else:  # the instances a compile would make, nothing rendered or built but the candidates
+        from .autotune.tuner import selected_plan
+        from .passes.driver import CompileOptions
+
+        target = args.target
+        plan = selected_plan(args.model, CompileOptions(target, decode_batches=args.decode_batches,
+                                                        prefill_tokens=args.prefill_tokens))
     db_path = Path(args.db) if args.db else shipped_db(target)
     db = TuningDB.load(db_path)
-    run = tune(args.plan, db, budget_s=args.budget_s, only=args.only, limit=args.limit, progress=_progress_line)
+    run = tune(plan, db, budget_s=args.budget_s, only=args.only, limit=args.limit, progress=_progress_line,
+               jobs=args.jobs)
     _end_progress_line()
     if not run.results:
         raise TuneError(f"nothing to tune in {args.plan}" + (f" for {args.only}" if args.only else ""))
@@ -484,6 +501,15 @@ def _autotune_apply(args) -> int:
         raise TuneError(f"{args.db}: no such file")
     report = apply_tuning(args.plan, args.apply, TuningDB.load(args.db), args.output)
     print(report.summary())
+    if args.step_curve:  # the tuned plan's step per bucket on this GPU, into the plan (autotune/steps.py)
+        import torch
+
+        from .autotune.steps import measure_step_curve, record_step_curve
+
+        curve = measure_step_curve(args.output)
+        rec = record_step_curve(args.output, curve, torch.cuda.get_device_name())
+        print(f"step-time curve of {args.output} on the {rec['device']}: "
+              + ", ".join(f"{b['bucket']} {b['seconds'] * 1e3:.2f} ms" for b in rec["buckets"]))
     return 0
 
 
@@ -513,6 +539,13 @@ def add_autotune(sub):
     p = sub.add_parser("autotune", help="tune a compiled plan's kernels into a tuning database: by the cost model "
                        "here, or measured on a GPU machine in two steps (--build-candidates here, --measure there)")
     p.add_argument("plan", nargs="?", metavar="PLAN_DIR", help="plan directory (deepinfer compile -o); not with --measure")
+    p.add_argument("--model", help="with --target and --cost-model-only, instead of PLAN_DIR: rank the instances a "
+                   "compile of this model would make (nothing built)")
+    p.add_argument("--target", help="the target of --model's compile")
+    p.add_argument("--decode-batches", type=_int_list, metavar="B,B,...", help="--model's decode buckets (default: "
+                   "compile's)")
+    p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...", help="--model's prefill buckets "
+                   "(default: compile's)")
     p.add_argument("--db", help="tuning database to update (default with --cost-model-only: the shipped one for "
                    "the plan's target; --measure needs one)")
     p.add_argument("--budget-s", type=_positive(float), help="start no instance after this many seconds (what was "
@@ -528,6 +561,8 @@ def add_autotune(sub):
                    "of DIR's built candidates takes that candidate's kernel (no compiler needed: the GPU machine's "
                    "last step)")
     p.add_argument("-o", "--output", metavar="TUNED_PLAN_DIR", help="the tuned plan --apply writes (PLAN_DIR is kept)")
+    p.add_argument("--step-curve", action="store_true", help="with --apply, on the GPU: time each decode and verify "
+                   "bucket's step of the tuned plan and record the curve in it (the speculative verifier's budget)")
     p.add_argument("--only", metavar="NAME,...", help="these templates' instances only, or these instances (by id, "
                    "as plan.json names them)")
     p.add_argument("--top-k", type=_positive(int), default=8, help="configs built per instance, besides the default "

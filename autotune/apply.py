@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .candidates import damaged_files, load_manifest
+from .db import provenance as row_provenance
 from .db import structure_key
 from .tuner import TuneError, calls_per_instance, config_key, on_device, parse_spec
 
@@ -123,9 +124,7 @@ def apply_tuning(plan_dir, cand_dir, db, out_dir, device: dict | None = None) ->
                                            f"{structure_key(spec)[1]}: measure it (--measure resumes)"))
             continue
         want = dict(k["config"], **match.row["config"])
-        provenance = {"rung": match.rung, "measured": match.row["measured"], "bucket": match.row["bucket"],
-                      "device": match.row["fingerprint"].get("device"),
-                      "date": match.row["provenance"].get("date")}
+        provenance = row_provenance(match, db)
         if config_key(want) == config_key(k["config"]):
             k["tuning"] = provenance
             report.kept += 1

@@ -169,6 +169,16 @@ class TuningDB:
         return min(mine, key=_rank) if mine else None
 
 
+def provenance(match: Match, db: "TuningDB") -> dict:
+    """What a plan records with an instance whose config came from a row: the rung that answered
+    and which row it was (its template's structure and bucket, the device, how it was made, and
+    the database file it came from)."""
+    row = match.row
+    return {"rung": match.rung, "measured": row["measured"], "bucket": row["bucket"], "structure": row["structure"],
+            "device": row["fingerprint"].get("device"), "date": row["provenance"].get("date"),
+            "source": row["provenance"].get("source"), "db": db.path.name if db.path else None}
+
+
 def check_row(row) -> str | None:
     if not isinstance(row, dict):
         return "not a JSON object"

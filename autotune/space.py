@@ -40,16 +40,24 @@ def illegal(manifest, source) -> bool:
     return source is None or bool(manifest.check and manifest.check(source, None))
 
 
-def candidates(manifest, template, spec, limit: int = 64, seed: int = 0) -> tuple[list[Candidate], int]:
+def candidates(manifest, template, spec, limit: int = 64, seed: int = 0,
+               render_all=None) -> tuple[list[Candidate], int]:
     """The legal configs of `template` for `spec` (the default first), at most `limit` of them (a
-    seeded sample of larger spaces), and how many the legality checks pruned."""
+    seeded sample of larger spaces), and how many the legality checks pruned. `render_all(configs)`
+    renders them all at once (a source or None each: the tuner's goes through the render cache);
+    without it each renders here."""
     configs, _ = sample_configs(manifest.target, template, spec, limit, seed)
+    if render_all is not None:
+        sources = render_all(configs)
+    else:
+        sources = []
+        for cfg in configs:
+            try:
+                sources.append(template.render(manifest.target, spec, cfg))
+            except Exception:  # noqa: BLE001  (a config the template cannot render is not legal)
+                sources.append(None)
     out, pruned = [], 0
-    for cfg in configs:
-        try:
-            src = template.render(manifest.target, spec, cfg)
-        except Exception:  # noqa: BLE001  (a config the template cannot render is not legal)
-            src = None
+    for cfg, src in zip(configs, sources):
         if illegal(manifest, src):
             pruned += 1
             continue

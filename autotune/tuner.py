@@ -138,13 +138,30 @@ def calls_per_instance(plan: dict) -> Counter:
     return n
 
 
+def selected_plan(model: str, options) -> dict:
+    """What a compile of `model` with `options` (passes/driver.CompileOptions) would record of its
+    kernels (every instance's template and spec, and the calls that launch them per bucket),
+    with nothing rendered or built: all a cost-model run reads of a plan. Template defaults
+    only (no tuning database), so the instances are the untuned plan's."""
+    import dataclasses
+
+    from ..passes.driver import select_calls
+
+    calls, instances = select_calls(model, dataclasses.replace(options, tuning_db="none"))
+    return {"target": {"name": options.target},
+            "kernels": {inst: {"template": t, "spec": spec.key()} for inst, t, spec, _, _ in instances.values()},
+            "graphs": {name: {"calls": cs} for name, cs in calls.items()}}
+
+
 def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budget_s: float | None = None,
-         only: str | None = None, top_k: int = 8, limit: int = 64, progress=None) -> TuneRun:
+         only: str | None = None, top_k: int = 8, limit: int = 64, progress=None, jobs: int = 1) -> TuneRun:
+    """`plan_dir`: a compiled plan's directory, or a plan-like dict (`selected_plan`)."""
+    from ..codegen.instances import render_many
     from ..codegen.targets import get_manifest
     from ..codegen.template import templates
     from ..runtime.plan_file import load_plan
 
-    plan = load_plan(Path(plan_dir))
+    plan = plan_dir if isinstance(plan_dir, dict) else load_plan(Path(plan_dir))
     manifest = get_manifest(plan["target"]["name"])
     target = manifest.target
     known = templates()
@@ -165,7 +182,9 @@ def tune(plan_dir, db: TuningDB, *, timer=None, device: dict | None = None, budg
             run.results.append(Result(inst, tpl.name, k["spec"], calls[inst], _us(held), _us(held),
                                       held["config"], held["measured"], skipped=True))
             continue
-        cands, pruned = candidates(manifest, tpl, spec, limit=limit)
+        # through the render cache (a TileLang render lowers, seconds each), `jobs` at a time
+        cands, pruned = candidates(manifest, tpl, spec, limit=limit, render_all=lambda cfgs: render_many(
+            [(tpl.name, spec, c) for c in cfgs], target, jobs, on_error=lambda i, why: None))
         if not cands:
             continue
         ranked = cost.rank(target, spec, [(c.config, c.source) for c in cands])

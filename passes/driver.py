@@ -254,9 +254,9 @@ class Tuning:
             check = get_manifest(self.target.name).check
             if check and check(src, None):
                 return default, None
-        row = match.row
-        return cfg, {"rung": match.rung, "measured": row["measured"], "bucket": row["bucket"],
-                     "device": row["fingerprint"].get("device"), "date": row["provenance"].get("date")}
+        from ..autotune.db import provenance
+
+        return cfg, provenance(match, self.db)
 
 
 def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances: dict,

@@ -32,6 +32,7 @@ from .plan_executor import (LoadedPlan, choose_bucket, draft_bucket_inputs, refe
                             verify_seqs, verify_shapes)
 from .plan_file import PlanError
 from .plan_runner import PlanRunner
+from .speculative import plan_step_curve
 from .state import SlotStateOps, allocate_state
 from .triton_aot import TritonKernels
 
@@ -121,8 +122,10 @@ class CudaPlanExecutor(SlotStateOps):
         self.max_draft_len = self.plan["options"].get("verify_drafts", 0) if "draft" in lp.graphs else 0
         self.max_verify_seqs = verify_seqs(self.plan)
         self.verify_shapes = verify_shapes(self.plan)
-        # (bucket, sequences, rows, seconds) per decode / verify bucket, once warm_up measured it
-        self.step_time_curve: list[tuple[str, int, int, float]] = []
+        # (bucket, sequences, rows, seconds) per decode / verify bucket: the plan's own where the
+        # tuner measured it on a GPU of this name, and what warm_up measures of the rest
+        self.step_time_curve: list[tuple[str, int, int, float]] = plan_step_curve(
+            self.plan, torch.cuda.get_device_name(self.device))
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs

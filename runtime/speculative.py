@@ -38,6 +38,16 @@ def split_by_confidence(rates: list[list[float]], budget: int) -> list[int]:
     return counts
 
 
+def plan_step_curve(plan: dict, device: str) -> list[tuple[str, int, int, float]]:
+    """The step-time curve a plan carries (`deepinfer autotune --apply --step-curve` measured it:
+    autotune/steps.py) as (bucket, sequences, rows, seconds), where it was measured on a device
+    of this name; [] otherwise (a step's cost belongs to the device that ran it)."""
+    rec = plan.get("step_time_curve")
+    if not isinstance(rec, dict) or rec.get("device") != device:
+        return []
+    return [(b["bucket"], b["seqs"], b["rows"], b["seconds"]) for b in rec.get("buckets", [])]
+
+
 def budget_from_curve(rates: list[list[float]], others: int, curve, draft_seconds: float = 0.0) -> int | None:
     """§5.6's choice of the verify budget from a measured step-time curve: `curve` holds
     (bucket, sequences, rows, seconds) per step shape the executor runs; the step has len(rates)
