@@ -25,8 +25,11 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (the plan of one rank)")
     ap.add_argument("--dp", type=int, default=1, help="attention groups over the ranks")
+    ap.add_argument("--tuning-db", help="as compile's: the configs a compile takes from it (default: the "
+                    "target's shipped database; 'none': template defaults)")
     args = ap.parse_args(argv)
-    inst = select_instances(args.model, CompileOptions(args.target, tuning_db="none", ep=args.ep, dp=args.dp))
+    inst = select_instances(args.model, CompileOptions(args.target, tuning_db=args.tuning_db, ep=args.ep,
+                                                       dp=args.dp))
     gen = [v for v in inst.values() if v[1] not in TORCH_TEMPLATES and (args.all or v[1] in args.templates)]
     print(f"{len(gen)} instances", flush=True)
     target = get_target(args.target)
