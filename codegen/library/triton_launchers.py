@@ -157,18 +157,12 @@ def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offse
     return q, s
 
 
-def _mix_splits(cfg, h):
-    from .triton_ops import hc_mix_splits  # the split the template rendered
-
-    return hc_mix_splits(cfg, h)
-
-
 def _hc_mix_partials(r, fn, cfg, unused, pre_in=None, x=None):
     """With SPLIT > 1: the mix GEMM's per-range partials (hc_mix_split_kernel), which the main
     kernel sums in split order, and with `pre_in` (hc_pre) the rounded collapse left in `x`; else
     `unused` (the main kernel does not read it)."""
     n, c, h = r.shape
-    split = _mix_splits(cfg, h)
+    split = cfg.get("SPLIT", 1)
     if split == 1:
         return unused
     part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
@@ -185,7 +179,7 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
-    bm, split = cfg["BM"], _mix_splits(cfg, h)
+    bm, split = cfg["BM"], cfg.get("SPLIT", 1)
     part = _hc_mix_partials(r, fn, cfg, m, pre_in, x)
     grid = (triton.cdiv(n, bm),) if split == 1 else (triton.cdiv(n, bm), triton.cdiv(h, cfg["BH"]))
     _k(hc_pre_kernel)[grid](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
@@ -472,7 +466,7 @@ def launch_hc_mix(r, fn, scale, base, *, eps, copies, iters, hc_eps, post_mult, 
     pre = torch.empty(n, c, dtype=torch.float32, device=r.device)
     post = torch.empty_like(pre)
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
-    bm, split = cfg["BM"], _mix_splits(cfg, h)
+    bm, split = cfg["BM"], cfg.get("SPLIT", 1)
     part = _hc_mix_partials(r, fn, cfg, m)
     _k(hc_mix_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre, post, m, part, n, eps, hc_eps, post_mult, C=c,
                                              H=h, ITERS=iters, BM=bm, BK=cfg["BK"], SPLIT=split,

@@ -135,28 +135,13 @@ def _l_rope(spec, cfg):
     return [_launch("rope_kernel", args, ce, (shape[0] * heads,), cfg)]
 
 
-def hc_mix_splits(cfg, h: int) -> int:
-    """The mix GEMM's K split that hc_mix_split_kernel and the finishing kernel run: cfg's SPLIT,
-    less the ranges of H that hold no column (each split walks `HS` = cdiv(H, SPLIT * BK) * BK of
-    H, so a large SPLIT leaves the last ones empty). An empty range's partial is zeros, and the
-    finishing kernel loads and adds every partial in one unrolled program: dropping them keeps
-    the sums (the same ranges, in the same order) and takes that work off the critical path."""
-    split = cfg.get("SPLIT", 1)
-    if split == 1:
-        return 1
-    bk = cfg["BK"]
-    hs = _cdiv(h, split * bk) * bk
-    used = _cdiv(h, hs)
-    return used if _cdiv(h, used * bk) * bk == hs else split  # the kernel must derive the same HS
-
-
 def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
     """An mHC entry's launches: with SPLIT > 1, hc_mix_split_kernel's partials first (and, with
     `pre_in`, hc_pre's collapse into its output)."""
-    n, c, h = _ints(r.shape)
-    split = hc_mix_splits(cfg, h)
+    split = cfg.get("SPLIT", 1)
     if split == 1:
         return [main]
+    n, c, h = _ints(r.shape)
     collapse = pre_in is not None
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32",
             "prein_ptr": _ptr(pre_in) if collapse else "*fp32", "xc_ptr": _ptr(r) if collapse else "*fp32", "n": "i32"}
@@ -169,7 +154,7 @@ def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
 def _l_hc_pre(spec, cfg):
     r, fn, scale, base, pre_in, nw = spec.in_types
     n, c, h = _ints(r.shape)
-    split = hc_mix_splits(cfg, h)
+    split = cfg.get("SPLIT", 1)
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
             "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "pre_ptr": "*fp32", "post_ptr": "*fp32",
             "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
@@ -551,7 +536,7 @@ def _l_compress_pool_norm(spec, cfg):
 def _l_hc_mix(spec, cfg):
     r, fn, scale, base = spec.in_types
     n, c, h = _ints(r.shape)
-    split = hc_mix_splits(cfg, h)
+    split = cfg.get("SPLIT", 1)
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
             "pre_ptr": "*fp32", "post_ptr": "*fp32", "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32",
             "hc_eps": "fp32", "post_mult": "fp32"}
