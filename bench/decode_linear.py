@@ -37,6 +37,7 @@ CASES = [
     ("lm head 129280x5120", "linear", {"E": 129280}),
 ]
 SWEEP = {"BN": (32, 64, 128), "SPLIT": (0, 4), "num_stages": (4,)}
+SWEEP.update({k: tuple(v) for k, v in json.loads(os.environ.get("LIN_SWEEP", "{}")).items()})
 
 
 def main() -> int:
@@ -60,9 +61,12 @@ def main() -> int:
         triton_check.REAL.clear()
         triton_check.REAL.update(saved, **dims)
         base = triton_ops.default_config(op, n)
-        mx_values = (1,) if op == "gemm_fp8" else (0, 1)
-        configs = [dict(base)] + [dict(base, MX=mx, BM=16, BN=bn, SPLIT=s, num_stages=st)
-                                  for mx in mx_values for bn, s, st in itertools.product(*SWEEP.values())]
+        # lin8: dot_scaled (MX) or one fp8 MMA per 32-deep block (F8); the others: MX off / on
+        variants = ((1, 0), (1, 1)) if op == "gemm_fp8" else ((0, 0), (1, 0))
+        tiles = sorted({16, base["BM"]})
+        configs = [dict(base)] + [dict(base, MX=mx, F8=f8, BM=bm, BN=bn, SPLIT=s, num_stages=st)
+                                  for mx, f8 in variants for bm in tiles
+                                  for bn, s, st in itertools.product(*SWEEP.values())]
         best = {}
         for i, cfg in enumerate(configs):
             try:
@@ -73,7 +77,7 @@ def main() -> int:
             res["rows"].append(row)
             ok = "time_us" in row and row.get("check") == "pass"
             if ok:
-                key = "default" if i == 0 else f"MX{cfg.get('MX', 0)}"
+                key = "default" if i == 0 else "F8" if cfg.get("F8") else f"MX{cfg.get('MX', 0)}"
                 if key not in best or row["time_us"] < best[key]["time_us"]:
                     best[key] = row
             elif "check" in row or "error" in row:
@@ -83,12 +87,13 @@ def main() -> int:
             json.dump(res, f, indent=1)
     triton_check.REAL.clear()
     triton_check.REAL.update(saved)
-    print(f"{'case':<22}{'rows':>5}{'floor us':>10}{'default us':>12}{'best MX0 us':>13}{'best MX1 us':>13}  best config")
+    print(f"{'case':<22}{'rows':>5}{'floor us':>10}{'default us':>12}{'best MX0 us':>13}{'best MX1 us':>13}"
+          f"{'best F8 us':>13}  best config")
     for label, n, best in table:
         d = best.get("default", {})
-        cells = [f"{best[k]['time_us']:>13.1f}" if k in best else f"{'-':>13}" for k in ("MX0", "MX1")]
+        cells = [f"{best[k]['time_us']:>13.1f}" if k in best else f"{'-':>13}" for k in ("MX0", "MX1", "F8")]
         win = min((r for k, r in best.items() if k != "default"), key=lambda r: r["time_us"], default=None)
-        cfg = {k: win["config"][k] for k in ("MX", "BM", "BN", "SPLIT", "num_stages")} if win else {}
+        cfg = {k: win["config"].get(k) for k in ("MX", "F8", "BM", "BN", "SPLIT", "num_stages")} if win else {}
         print(f"{label:<22}{n:>5}{d.get('floor_us', 0):>10.1f}{d.get('time_us', 0):>12.1f}{''.join(cells)}  {cfg}")
     return 0
 

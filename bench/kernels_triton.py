@@ -209,7 +209,7 @@ def moe_main(args):
             json.dump(res, f, indent=1)
         print("wrote", path)
     rows = res.get("rows", [])
-    return 0 if all(r[k].get("check") == "pass" for r in rows for k in ("triton", "tilelang")) else 1
+    return 0 if all(r[k].get("check") == "pass" for r in rows for k in ("triton", "tilelang") if r[k]) else 1
 
 
 if __name__ == "__main__":

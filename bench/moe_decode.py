@@ -7,7 +7,7 @@ expert count and widths read from a model preset. Each kernel is checked against
 reference (fp64 on the GPU, the triton_check bf16 rule) and timed; floor = bytes / copy bandwidth
 measured in the same run, bytes = the busy experts' fp4 weights and scales + the fp8 rows and
 their scales + the offsets + the bf16 output. --sweep times a grid of (BN, BK, num_warps,
-num_stages, SPLIT, WORDS, MX: tl.dot_scaled) for the Triton kernel per case (compiled in parallel first) and reports the best.
+num_stages, SPLIT, WORDS, MX: tl.dot_scaled, F8: fp8 MMAs) for the Triton kernel per case (compiled in parallel first) and reports the best.
 """
 import itertools
 import json
@@ -21,6 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = tuple(int(b) for b in os.environ.get("MOE_BATCHES", "1,8,64").split(","))
 SWEEP = dict(BN=(128, 256), BK=(64, 128), num_warps=(4, 8), num_stages=(3, 4), SPLIT=(1,), WORDS=(0, 1), MX=(0, 1))
 SWEEP.update({k: tuple(v) for k, v in json.loads(os.environ.get("MOE_SWEEP", "{}")).items()})
+TILELANG = os.environ.get("MOE_TILELANG", "1") != "0"
+CONFIG = json.loads(os.environ.get("MOE_CONFIG", "{}"))  # knobs over the template's default (e.g. for ncu)
 
 
 def preset_widths(preset: str) -> dict:
@@ -53,7 +55,7 @@ def floor_bytes(counts, n, k) -> int:
 def triton_config(mtot: int, over=None) -> dict:
     from deepinfer.codegen.library import triton_ops
 
-    return dict(triton_ops.default_config("grouped_gemm_fp4", mtot), **(over or {}))
+    return dict(triton_ops.default_config("grouped_gemm_fp4", mtot), **{**CONFIG, **(over or {})})
 
 
 def sweep_configs(mtot: int):
@@ -78,7 +80,8 @@ def _warm(job):
                                        torch.bfloat16, torch.float32 if split > 1 else torch.bfloat16, MTOT=mtot,
                                        N=n, K=k, E=e, A=a, EP=1 << (e - 1).bit_length(), BM=cfg["BM"],
                                        BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, WORDS=cfg.get("WORDS", 0),
-                                       MX=cfg.get("MX", 0), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], grid=(-(-n // cfg["BN"]), a + 1, split))
+                                       MX=cfg.get("MX", 0), F8=cfg.get("F8", 0), ASM=1, GEMV=cfg.get("GEMV", 0),
+                                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], grid=(-(-n // cfg["BN"]), a + 1, split))
         return None
     except Exception as e:  # noqa: BLE001  (reported when the main process runs it)
         return f"{type(e).__name__}: {e}"[-200:]
@@ -100,8 +103,6 @@ def reference(ins, mtot, n, e):
 
 
 def run(args, bench, ceil) -> dict:
-    from deepinfer.codegen.library import tilelang_gemm as tlg
-    from deepinfer.codegen.library import tilelang_moe as tlm
     from deepinfer.codegen.library import triton_check, triton_launchers
     from deepinfer.codegen.targets import get_target
 
@@ -138,18 +139,7 @@ def run(args, bench, ceil) -> dict:
 
         cfg = triton_config(mtot)
         row["triton"] = timed(lambda: triton_launchers.launch_grouped_gemm_fp4(*ins, cfg=cfg), "triton", cfg)
-        tl_cfg = tlm.moe_default_config(target, mtot, n, k, e)
-        try:
-            kern = tlg.compile_kernel(tlm.grouped_gemm_fp4_program(mtot, n, k, e, **tl_cfg))
-            x, wq, offs = ins
-
-            def tilelang():
-                out = torch.zeros(mtot, n, device="cuda", dtype=torch.bfloat16)
-                kern(x.data, x.scale.view(torch.uint8), wq.data, wq.scale.view(torch.uint8), offs, out)
-                return out
-            row["tilelang"] = timed(tilelang, "tilelang", tl_cfg)
-        except Exception as ex:  # noqa: BLE001
-            row["tilelang"] = {"config": tl_cfg, "error": f"{type(ex).__name__}: {str(ex).strip()[-300:]}"}
+        row["tilelang"] = tilelang_row(target, ins, mtot, n, k, e, timed) if TILELANG else None
         if args.sweep:
             pts = []
             for c in sweep_configs(mtot):
@@ -162,6 +152,25 @@ def run(args, bench, ceil) -> dict:
         ins = want = None  # free the case's GPU tensors before the next one
         torch.cuda.empty_cache()
     return {"preset": args.preset, "widths": w, "rows": rows}
+
+
+def tilelang_row(target, ins, mtot, n, k, e, timed) -> dict:
+    """The TileLang template's time on the same case (MOE_TILELANG=0 skips it, and its compile)."""
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+    from deepinfer.codegen.library import tilelang_moe as tlm
+
+    tl_cfg = tlm.moe_default_config(target, mtot, n, k, e)
+    try:
+        kern = tlg.compile_kernel(tlm.grouped_gemm_fp4_program(mtot, n, k, e, **tl_cfg))
+        x, wq, offs = ins
+
+        def tilelang():
+            out = torch.zeros(mtot, n, device="cuda", dtype=torch.bfloat16)
+            kern(x.data, x.scale.view(torch.uint8), wq.data, wq.scale.view(torch.uint8), offs, out)
+            return out
+        return timed(tilelang, "tilelang", tl_cfg)
+    except Exception as ex:  # noqa: BLE001
+        return {"config": tl_cfg, "error": f"{type(ex).__name__}: {str(ex).strip()[-300:]}"}
 
 
 def summary_line(r) -> str:

@@ -46,16 +46,18 @@ def test_block_linear_with_split_k_matches_reference_interpreted(split):
     assert got == {"grouped_linear": None, "linear": None}, got
 
 
-@pytest.mark.parametrize("bk,split", [(32, 1), (64, 1), (32, 3)], ids=["32deep", "64deep-partial", "split3"])
-def test_block_linear_on_dot_scaled_matches_reference_interpreted(bk, split):
+@pytest.mark.parametrize("bk,split,f8", [(32, 1, 0), (64, 1, 0), (32, 3, 0), (64, 1, 1), (32, 3, 1)],
+                         ids=["32deep", "64deep-partial", "split3", "fp8_mma-64deep-partial", "fp8_mma-split3"])
+def test_block_linear_on_dot_scaled_matches_reference_interpreted(bk, split, f8):
     """block_linear_mx_kernel: wo_a's fp8 weight (MX) against bf16 rows, and lin8 (gemm_fp8) with
     fp8 rows per 32, each K chunk through tl.dot_scaled with the weight's 32x32 block scales
     repeated to its rows as loaded; and the fp32-compute linear's bf16 operands (bf16 MMAs, fp32
     sums, no scales). K = 96 (gemm_fp8) and 64 per group (wo_a): 64-deep chunks
-    leave gemm_fp8's last one half masked; 3 splits leave the last range short or empty."""
+    leave gemm_fp8's last one half masked; 3 splits leave the last range short or empty. F8:
+    lin8 on one fp8 MMA per 32-deep block, its scales applied to the fp32 partial."""
     dims = dict(triton_check.TINY)
     got = triton_check.run_interpreted(["grouped_linear", "gemm_fp8", "linear"], dims, dims["n"],
-                                       dict(triton_check.SMALL_BLOCKS, BK=bk, SPLIT=split, MX=1))
+                                       dict(triton_check.SMALL_BLOCKS, BK=bk, SPLIT=split, MX=1, F8=f8))
     assert got == {"grouped_linear": None, "gemm_fp8": None, "linear": None}, got
 
 
@@ -94,16 +96,19 @@ def test_gemm_fp8_selection_by_row_count():
     assert select_common(bi, [spec(1), spec(4096)]).name == "tilelang_gemm_fp8"
 
 
-@pytest.mark.parametrize("words,mx", [(0, 0), (1, 0), (0, 1)], ids=["bytes", "words", "dot_scaled"])
-def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words, mx):
+@pytest.mark.parametrize("words,mx,f8,gemv,bm", [(0, 0, 0, 0, 16), (1, 0, 0, 0, 16), (0, 1, 0, 0, 16),
+                                                (0, 0, 1, 0, 16), (0, 0, 0, 1, 1), (0, 0, 0, 1, 2)],
+                         ids=["bytes", "words", "dot_scaled", "fp8_mma", "cuda_cores-1row", "cuda_cores-2rows"])
+def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(words, mx, f8, gemv, bm):
     """The MoE GEMM with 64-deep K tiles over K = 96 (w13) and 64 (w2): the last tile of w13 is
     half masked; the other cases' tiles divide K. Both widenings of the fp4 codes (bytes, and
     32-bit words two codes at a time, which reorders K inside each block), and tl.dot_scaled on
-    the MX operands as they are (MX)."""
+    the MX operands as they are (MX), the codes widened to e4m3 bytes for fp8 MMAs (F8), and the
+    CUDA-core path (GEMV) one and two rows at a time over experts with more rows than that."""
     dims = dict(triton_check.TINY)
     cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
-    got = triton_check.run_interpreted(cases, dims, dims["n"],
-                                       dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words, MX=mx))
+    got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words,
+                                                                    MX=mx, F8=f8, GEMV=gemv, BM=bm))
     assert got == {c: None for c in cases}
 
 

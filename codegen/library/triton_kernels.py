@@ -695,7 +695,8 @@ def grouped_linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constex
 @triton.jit
 def block_linear_mx_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constexpr, KG: tl.constexpr,
                            NG: tl.constexpr, SK: tl.constexpr, XQ: tl.constexpr, WQ: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr):
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                           F8: tl.constexpr = 0):
     """grouped_linear_kernel's product with each BK chunk through tl.dot_scaled. The weight is fp8
     e4m3 with one ue8m0 per 32x32 block (WQ: its block's scale repeated to its 32 rows, the MX
     layout, gathered from the block scales as loaded, no extra bytes read) or bf16; x is bf16
@@ -705,7 +706,9 @@ def block_linear_mx_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: t
     products are exact and the sums fp32 as in the tf32 path, without the fp32 operands'
     registers and half-rate MMAs; on sm100 it takes the block-scaled MMA. (dot_scaled on bf16 with
     no scales is also the bf16 dot the CPU interpreter runs.) Programs and the K split as
-    grouped_linear_kernel."""
+    grouped_linear_kernel. F8 (with XQ and WQ, lin8) runs one fp8 MMA per 32-deep block on the
+    codes as they are and applies the two scales to its fp32 partial (`_f8_block`): nothing is
+    widened, where dot_scaled on sm90 widens both operands to bf16 first."""
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     ps = tl.program_id(2)
@@ -727,20 +730,33 @@ def block_linear_mx_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: t
         km = ks < k_hi
         kb = k0 // 32 + tl.arange(0, BK // 32)
         kbm = kb < (k_hi + 31) // 32
-        w = tl.load(w_ptr + wrow[None, :] * KG + ks[:, None], mask=cm[None, :] & km[:, None], other=0)
-        if XQ:
-            xt = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + ks[None, :],
-                         mask=rm[:, None] & km[None, :], other=0)
-            sx = tl.load(sx_ptr + rows64[:, None] * (G * SK) + g * SK + kb[None, :], mask=rm[:, None] & kbm[None, :],
-                         other=127)
+        if F8:
+            for kk in tl.static_range(BK // 32):
+                kc = k0 + kk * 32 + tl.arange(0, 32)
+                kcm = kc < k_hi
+                xq = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + kc[None, :],
+                             mask=rm[:, None] & kcm[None, :], other=0)
+                wq = tl.load(w_ptr + wrow[:, None] * KG + kc[None, :], mask=cm[:, None] & kcm[None, :], other=0)
+                kb1 = k0 // 32 + kk  # (as a vector in the masks: the interpreter takes no scalar there)
+                sx = tl.load(sx_ptr + rows64 * (G * SK) + g * SK + kb1, mask=rm & ((rows * 0 + kb1) < SK),
+                             other=127).to(tl.int32)
+                sw = tl.load(s_ptr + (wrow // 32) * SK + kb1, mask=cm & ((cols * 0 + kb1) < SK), other=127).to(tl.int32)
+                acc = _f8_block(xq, wq, sx, sw, acc, 0)
         else:
-            xt = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None] & km[None, :], other=0.0)
-            sx = None
-        if WQ:
-            sw = tl.load(s_ptr + (wrow // 32)[:, None] * SK + kb[None, :], mask=cm[:, None] & kbm[None, :], other=127)
-            acc = tl.dot_scaled(xt, sx, "e4m3" if XQ else "bf16", w, sw, "e4m3", acc, fast_math=True)
-        else:
-            acc = tl.dot_scaled(xt, sx, "bf16", w, None, "bf16", acc, fast_math=True)
+            w = tl.load(w_ptr + wrow[None, :] * KG + ks[:, None], mask=cm[None, :] & km[:, None], other=0)
+            if XQ:
+                xt = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + ks[None, :],
+                             mask=rm[:, None] & km[None, :], other=0)
+                sx = tl.load(sx_ptr + rows64[:, None] * (G * SK) + g * SK + kb[None, :], mask=rm[:, None] & kbm[None, :],
+                             other=127)
+            else:
+                xt = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None] & km[None, :], other=0.0)
+                sx = None
+            if WQ:
+                sw = tl.load(s_ptr + (wrow // 32)[:, None] * SK + kb[None, :], mask=cm[:, None] & kbm[None, :], other=127)
+                acc = tl.dot_scaled(xt, sx, "e4m3" if XQ else "bf16", w, sw, "e4m3", acc, fast_math=True)
+            else:
+                acc = tl.dot_scaled(xt, sx, "bf16", w, None, "bf16", acc, fast_math=True)
     out = rows64[:, None] * (G * NG) + g * NG + cols[None, :]
     if SPLIT == 1:
         _store_as(y_ptr + out, acc, rm[:, None] & cm[None, :])
@@ -863,6 +879,119 @@ def _pow2(sbyte, bias: tl.constexpr):
 
 
 @triton.jit
+def _fp4_e4m3_pair(b, ASM: tl.constexpr):
+    """Bytes of two e2m1 codes (uint8, the even K in the low nibble) -> (even, odd) e4m3 bytes of
+    value * 2^-6, exact: a code's three magnitude bits at e4m3 bits 2..4 are the e4m3 exponent and
+    top mantissa bit of value * 2^-6 (code 1, 0.5, lands on the subnormal 2^-7), its sign at bit 7.
+    With ASM four bytes at a time in one 32-bit register (shift and mask, two outputs), the MoE
+    GEMM's widening at about one integer op per code; the CPU interpreter runs no PTX, so there
+    the same bits come from byte-wise integer ops."""
+    if ASM:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t0, t1;\n"
+            "shl.b32 t0, $2, 2; and.b32 t0, t0, 0x1C1C1C1C;\n"
+            "shl.b32 t1, $2, 4; and.b32 t1, t1, 0x80808080; or.b32 $0, t0, t1;\n"
+            "shr.b32 t0, $2, 2; and.b32 t0, t0, 0x1C1C1C1C;\n"
+            "and.b32 t1, $2, 0x80808080; or.b32 $1, t0, t1; }",
+            "=r,=r,r", [b], dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
+    else:
+        bi = b.to(tl.int32)
+        lo = (((bi & 7) << 2) | ((bi & 8) << 4)).to(tl.uint8)
+        hi = (((bi >> 2) & 0x1C) | (bi & 0x80)).to(tl.uint8)
+    return lo, hi
+
+
+@triton.jit
+def _fp4_word_f32(w, ASM: tl.constexpr):
+    """32-bit words of 8 e2m1 codes -> 8 fp32 tensors, code k of each word (K = 8j + k) as value *
+    2^-14, exact: the pairs of `_fp4_pair_f16` (codes k and k + 4 as fp16x2) widened half by half.
+    With ASM one shift-and-mask pair and two conversions per two codes, and no byte moves; the CPU
+    interpreter runs no PTX and takes the same bits from Triton's integer ops."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, u; .reg .b16 l, h;\n"
+            "shl.b32 t, $8, 9; and.b32 t, t, 0x0E000E00; shl.b32 u, $8, 12; and.b32 u, u, 0x80008000;\n"
+            "or.b32 t, t, u; mov.b32 {l, h}, t; cvt.f32.f16 $0, l; cvt.f32.f16 $4, h;\n"
+            "shl.b32 t, $8, 5; and.b32 t, t, 0x0E000E00; shl.b32 u, $8, 8; and.b32 u, u, 0x80008000;\n"
+            "or.b32 t, t, u; mov.b32 {l, h}, t; cvt.f32.f16 $1, l; cvt.f32.f16 $5, h;\n"
+            "shl.b32 t, $8, 1; and.b32 t, t, 0x0E000E00; shl.b32 u, $8, 4; and.b32 u, u, 0x80008000;\n"
+            "or.b32 t, t, u; mov.b32 {l, h}, t; cvt.f32.f16 $2, l; cvt.f32.f16 $6, h;\n"
+            "shr.b32 t, $8, 3; and.b32 t, t, 0x0E000E00; and.b32 u, $8, 0x80008000;\n"
+            "or.b32 t, t, u; mov.b32 {l, h}, t; cvt.f32.f16 $3, l; cvt.f32.f16 $7, h; }",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r", [w], dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    else:
+        h0 = _fp4_pair_f16(w, 0)
+        h1 = _fp4_pair_f16(w, 1)
+        h2 = _fp4_pair_f16(w, 2)
+        h3 = _fp4_pair_f16(w, 3)
+        return (_f16_lo(h0).to(tl.float32), _f16_lo(h1).to(tl.float32), _f16_lo(h2).to(tl.float32),
+                _f16_lo(h3).to(tl.float32), _f16_hi(h0).to(tl.float32), _f16_hi(h1).to(tl.float32),
+                _f16_hi(h2).to(tl.float32), _f16_hi(h3).to(tl.float32))
+
+
+@triton.jit
+def _e4m3_byte_f32(word, b: tl.constexpr):
+    """Byte b of 32-bit words of e4m3 codes as fp32 (exact)."""
+    return ((word >> (8 * b)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _fp4_gemv_row(x_ptr, sx_ptr, row, live, kw, km, sw, ws, acc, K: tl.constexpr):
+    """One row's acc [BN] + a scale block: the row's 32 e4m3 values (x's words 2j and 2j + 1 hold
+    K = 8j + 0..3 and 8j + 4..7) against the 8 widened codes per W word `ws`, one fp32 FMA per
+    code (the products are exact), the block's 32 summed in fp32 in each thread, then its scales."""
+    rv = kw * 0 + row  # the row as a vector (the interpreter takes no scalar in a mask)
+    xw = x_ptr.to(tl.pointer_type(tl.int32)) + rv.to(tl.int64) * (K // 4) + 2 * kw
+    lm = km & (rv < live)
+    x_lo = tl.load(xw, mask=lm, other=0)
+    x_hi = tl.load(xw + 1, mask=lm, other=0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = ws
+    p = _e4m3_byte_f32(x_lo, 0)[None, :] * w0
+    p += _e4m3_byte_f32(x_lo, 1)[None, :] * w1
+    p += _e4m3_byte_f32(x_lo, 2)[None, :] * w2
+    p += _e4m3_byte_f32(x_lo, 3)[None, :] * w3
+    p += _e4m3_byte_f32(x_hi, 0)[None, :] * w4
+    p += _e4m3_byte_f32(x_hi, 1)[None, :] * w5
+    p += _e4m3_byte_f32(x_hi, 2)[None, :] * w6
+    p += _e4m3_byte_f32(x_hi, 3)[None, :] * w7
+    kbi = kw // 4  # the block, once per lane of the 4
+    sx = tl.load(sx_ptr + rv.to(tl.int64) * (K // 32) + kbi, mask=lm, other=0).to(tl.int32)
+    # the 4 lanes hold the same scale: max is one of them, and keeps sx a [1] of the row
+    return acc + tl.sum(p, axis=1) * (_pow2(tl.max(sx, axis=0), 0) * _pow2(sw, 14))
+
+
+@triton.jit
+def _fp4_gemv_block(x_ptr, sx_ptr, w_ptr, sw_ptr, r0, end, wrow, cm, kbi, acc0, acc1, K: tl.constexpr,
+                    TWO: tl.constexpr, ASM: tl.constexpr):
+    """Scale block kbi (32 of K) for rows r0 (acc0) and, with TWO, r0 + 1 (acc1) on the CUDA cores,
+    for the one or two rows an expert has at decode: each column's 4 words of W widened once
+    (`_fp4_word_f32`) for both rows. No MMA: a 16-row tile for one or two rows pays for operand
+    shuffles that bound the MMA variants at decode. Each thread holds whole words of its columns,
+    so a block's sum stays in the thread."""
+    jw = tl.arange(0, 4)
+    kw = kbi * 4 + jw
+    km = kw < K // 8
+    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + wrow[:, None] * (K // 8) + kw[None, :],
+                mask=cm[:, None] & km[None, :], other=0)
+    sw = tl.load(sw_ptr + wrow * (K // 32) + kbi, mask=cm & ((wrow * 0 + kbi) < K // 32), other=0).to(tl.int32)
+    ws = _fp4_word_f32(w, ASM)
+    acc0 = _fp4_gemv_row(x_ptr, sx_ptr, r0, end, kw, km, sw, ws, acc0, K)
+    if TWO:
+        acc1 = _fp4_gemv_row(x_ptr, sx_ptr, r0 + 1, end, kw, km, sw, ws, acc1, K)
+    return acc0, acc1
+
+
+@triton.jit
+def _f8_block(xq, wq, sx, sw, acc, W_BIAS: tl.constexpr):
+    """acc + one 32-deep scale block on fp8 MMAs: e4m3 bytes x [BM, 32] . w [BN, 32]^T in fp32
+    (the products of e4m3 values are exact; the MMA sums 32 of them), times 2^(sx-127) per row and
+    2^(sw-127+W_BIAS) per column (ue8m0 bytes as int32) into the fp32 accumulator: the promotion
+    per scale block that the block-scaled formats need on an MMA with no scale operand (sm90)."""
+    part = tl.dot(xq.to(tl.float8e4nv, bitcast=True), tl.trans(wq.to(tl.float8e4nv, bitcast=True)))
+    return acc + part * (_pow2(sx, 0)[:, None] * _pow2(sw, W_BIAS)[None, :])
+
+
+@triton.jit
 def _moe_out(y_ptr, part_ptr, s, rows, cols, v, mask, MTOT: tl.constexpr, N: tl.constexpr, SPLIT: tl.constexpr):
     """A [BM, BN] tile of the grouped GEMM's output: y in bf16, or split s's fp32 partial."""
     off = rows.to(tl.int64)[:, None] * N + cols[None, :]
@@ -876,7 +1005,8 @@ def _moe_out(y_ptr, part_ptr, s, rows, cols, v, mask, MTOT: tl.constexpr, N: tl.
 def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_ptr, MTOT: tl.constexpr,
                             N: tl.constexpr, K: tl.constexpr, E: tl.constexpr, A: tl.constexpr, EP: tl.constexpr,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                            WORDS: tl.constexpr, MX: tl.constexpr):
+                            WORDS: tl.constexpr, MX: tl.constexpr, F8: tl.constexpr = 0, ASM: tl.constexpr = 1,
+                            GEMV: tl.constexpr = 0):
     """y[r] = x[r] . W[e]^T for the rows r in [off[e], off[e+1]) of each expert e, for few rows per
     expert (decode). x: fp8 e4m3 rows read as int16 pairs (even K in the low byte), one ue8m0 per
     32 K; W: [E, N, K/2] packed e2m1 (low nibble = even K), one ue8m0 per output row and 32 K.
@@ -886,7 +1016,11 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
     into the fp32 accumulator; bf16 out. The fp16 operands take half the registers of fp32 ones
     and run at twice the tf32 rate. WORDS widens W's codes two at a time from 32-bit words
     (`_fp4_block_words`, the same values and sums); bytes one at a time otherwise. MX hands each
-    BK chunk to tl.dot_scaled instead (`_fp4_chunk_mx`).
+    BK chunk to tl.dot_scaled instead (`_fp4_chunk_mx`). F8 (over WORDS and MX) widens the codes
+    to e4m3 bytes of value * 2^-6 (`_fp4_e4m3_pair`, ASM: in 32-bit words) and runs one fp8 MMA per
+    scale block with the x rows as they are (`_f8_block`): no widening of x, and about one integer
+    op per weight code where fp16 widening takes several. GEMV (over all of them) takes the
+    CUDA cores instead of MMAs (`_fp4_gemv_block`): BM is then the rows per pass, 1 or 2.
 
     Program (N tile, i): i < A works for the i-th expert whose row range is non-empty (found
     from `off` here: no host work, and no program for an idle expert; A = min(E, MTOT) bounds
@@ -918,10 +1052,28 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
             rm = rows < end
             xrow = rows.to(tl.int64)
             acc = tl.zeros([BM, BN], tl.float32)
+            acc0 = tl.zeros([BN], tl.float32)  # GEMV: rows r0 and r0 + 1
+            acc1 = tl.zeros([BN], tl.float32)
             for k0 in range(ps * KS, tl.minimum(ps * KS + KS, K), BK):
-                if MX:
+                for kk in tl.static_range(NB * GEMV):
+                    acc0, acc1 = _fp4_gemv_block(x_ptr, sx_ptr, w_ptr, sw_ptr, r0, end, wrow, cm, k0 // 32 + kk,
+                                                 acc0, acc1, K, BM == 2, ASM)
+                if MX and not F8 and not GEMV:
                     acc = _fp4_chunk_mx(x_ptr, sx_ptr, w_ptr, sw_ptr, xrow, wrow, rm, cm, k0, KB * 32, acc, K, BK)
-                for kk in tl.static_range(NB * (1 - MX)):
+                for kk in tl.static_range(NB * F8 * (1 - GEMV)):
+                    kbi = k0 // 32 + kk
+                    wn = cm & ((cols * 0 + kbi) < KB)
+                    xn = rm & ((rows * 0 + kbi) < KB)
+                    sw = tl.load(sw_ptr + wrow * (K // 32) + kbi, mask=wn, other=0).to(tl.int32)
+                    sx = tl.load(sx_ptr + xrow * (K // 32) + kbi, mask=xn, other=0).to(tl.int32)
+                    jb = tl.arange(0, 16)
+                    wb = tl.load(w_ptr + wrow[:, None] * (K // 2) + kbi * 16 + jb[None, :], mask=wn[:, None], other=0)
+                    w_even, w_odd = _fp4_e4m3_pair(wb, ASM)
+                    jx = tl.arange(0, 32)
+                    xq = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] * K + kbi * 32 + jx[None, :],
+                                 mask=xn[:, None], other=0)
+                    acc = _f8_block(xq, tl.reshape(tl.join(w_even, w_odd), [BN, 32]), sx, sw, acc, 6)
+                for kk in tl.static_range(NB * (1 - MX) * (1 - F8) * (1 - GEMV)):
                     kbi = k0 // 32 + kk  # one 32-deep scale block: 16 bytes / int16 pairs per row
                     # (the block's bound joins the row masks as a vector: the interpreter takes no
                     # scalar in a mask)
@@ -934,6 +1086,11 @@ def grouped_gemm_fp4_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, off_ptr, y_ptr, part_p
                     else:
                         part = _fp4_block_bytes(x_ptr, w_ptr, xrow, wrow, xn, wn, kbi, K)
                     acc += part * (_pow2(sx, 0)[:, None] * _pow2(sw, 14)[None, :])
+            if GEMV:
+                if BM == 2:
+                    acc = tl.trans(tl.join(acc0, acc1))
+                else:
+                    acc = acc0[None, :]
             _moe_out(y_ptr, part_ptr, ps, rows, cols, acc, rm[:, None] & cm[None, :], MTOT, N, SPLIT)
     else:
         zero = tl.zeros([BM, BN], tl.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 
 import torch
 import triton
@@ -24,6 +25,11 @@ from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, inde
 from .triton_kernels import dspark_pick_kernel, dspark_step_kernel
 
 _AOT = contextvars.ContextVar("deepinfer_triton_aot", default=None)
+
+
+# Triton decides at import whether kernels are interpreted (TRITON_INTERPRET=1); the interpreter
+# runs no inline PTX, so kernels with an ASM switch take their integer-op path there
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _k(fn):
@@ -371,7 +377,8 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     if cfg.get("MX", 0):
         xs = _u8(x[1].reshape(n, -1)) if xq else x2
         _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,
-                                         _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant, **run)
+                                         _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant,
+                                         F8=int(bool(cfg.get("F8", 0) and xq and quant)), **run)
     else:
         _k(grouped_linear_kernel)[grid](x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
                                         **tiles, QUANT=quant, **run)
@@ -433,7 +440,7 @@ def launch_grouped_gemm_fp4(x, w, offsets, *, cfg):
     _k(grouped_gemm_fp4_kernel)[(triton.cdiv(n, cfg["BN"]), a + 1, split)](
         _u8(xd.contiguous()).view(torch.int16), _u8(xs), _u8(wd), _u8(ws), offsets, y, part, MTOT=mtot, N=n, K=k,
         E=e, A=a, EP=_p2(e), BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, WORDS=cfg.get("WORDS", 0),
-        MX=cfg.get("MX", 0),
+        MX=cfg.get("MX", 0), F8=cfg.get("F8", 0), ASM=int(not INTERPRETED), GEMV=cfg.get("GEMV", 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,

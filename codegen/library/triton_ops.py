@@ -354,7 +354,8 @@ def _l_grouped_linear(spec, cfg):
                 "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
                 "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
         # the weight stream and the launcher's own outputs are whole buffers (256-byte aligned)
-        main = _launch("block_linear_mx_kernel", args, {**ce, "XQ": xq, "WQ": quant, **tiles}, grid, cfg,
+        f8 = int(bool(cfg.get("F8", 0) and xq and quant))
+        main = _launch("block_linear_mx_kernel", args, {**ce, "XQ": xq, "WQ": quant, **tiles, "F8": f8}, grid, cfg,
                        aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
     else:
         args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
@@ -377,7 +378,9 @@ def _l_grouped_gemm_fp4(spec, cfg):
     args = {"x_ptr": "*i16", "sx_ptr": "*u8", "w_ptr": "*u8", "sw_ptr": "*u8", "off_ptr": _ptr(offs),
             "y_ptr": _ptr(out), "part_ptr": "*fp32" if split > 1 else _ptr(out)}
     ce = {"MTOT": mtot, "N": n, "K": k, "E": e, "A": a, "EP": _p2(e), "BM": cfg["BM"], "BN": cfg["BN"],
-          "BK": cfg["BK"], "SPLIT": split, "WORDS": cfg.get("WORDS", 0), "MX": cfg.get("MX", 0)}
+          "BK": cfg["BK"], "SPLIT": split, "WORDS": cfg.get("WORDS", 0), "MX": cfg.get("MX", 0),
+          # a plan's kernels run on the GPU: the PTX widening (ASM)
+          "F8": cfg.get("F8", 0), "ASM": 1, "GEMV": cfg.get("GEMV", 0)}
     # every operand is a whole tensor (rows of K bytes, K a multiple of 32)
     main = _launch("grouped_gemm_fp4_kernel", args, ce, (_cdiv(n, cfg["BN"]), a + 1, split), cfg,
                    aligned=("x_ptr", "w_ptr", "sw_ptr", "y_ptr"))
@@ -791,22 +794,22 @@ OPS = [
     # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows
     _Op("gemm_fp8", "launch_gemm_fp8", _l_grouped_linear,
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(4, 8), num_stages=(2, 3, 4, 5),
-             SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1),
+             SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,), F8=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1, F8=0),
         lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_rows=lambda n: {"BM": _decode_row_tile(n)}),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
     # on the MX operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go
     # to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
         dict(BM=(16, 32, 64), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
-             SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1)),
+             SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1), F8=(0, 1), GEMV=(0, 1)),
         # H200, medium widths, 32 points per case (bench/results/moe_decode_mx_h200.json): tl.dot_scaled
         # on the MX operands (MX) was the fastest at every case, 1.27-1.54x the fastest widening
         # config (bytes or words). 64 deep, 4 warps: within 4% of the fastest MX point everywhere,
         # and, unlike 128 deep, without spills at any real-model shape on sm90 and sm100 (ptxas);
         # 256-wide N tiles, 3 stages from 16 rows (b8, b64), 128-wide, 4 stages below (b1). Before
         # MX: unsplit K was the fastest of 32 points in all six cases (moe_decode_h200_sweep.json).
-        dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=4, SPLIT=1, WORDS=0, MX=1), lambda a: {},
+        dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=4, SPLIT=1, WORDS=0, MX=1, F8=0, GEMV=0), lambda a: {},
         _grouped_gemm_fp4_supports, by_rows=lambda n: {"BN": 256, "num_stages": 3} if n >= 16 else {}),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
