@@ -365,7 +365,7 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     ng, kg = data.shape[0] // groups, data.shape[1]
     x2 = xd.reshape(-1, xd.shape[-1])
     n = x2.shape[0]
-    from .triton_ops import block_linear_split  # the split the template rendered
+    from .triton_ops import block_linear_f8, block_linear_split  # as the template rendered them
 
     split = block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
     y = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
@@ -378,7 +378,7 @@ def _block_linear(x, w, groups, out_dtype, cfg):
         xs = _u8(x[1].reshape(n, -1)) if xq else x2
         _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,
                                          _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant,
-                                         F8=int(bool(cfg.get("F8", 0) and xq and quant)), **run)
+                                         F8=block_linear_f8(cfg, xq, quant), **run)
     else:
         _k(grouped_linear_kernel)[grid](x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
                                         **tiles, QUANT=quant, **run)

@@ -335,6 +335,13 @@ def block_linear_split(cfg, tiles: int, k: int) -> int:
     return split
 
 
+def block_linear_f8(cfg, xq: bool, quant: bool) -> int:
+    """Whether block_linear_mx_kernel runs lin8 on fp8 MMAs (F8): fp8 rows and weight, 16-row
+    tiles only. Those take mma.sync; a 64-row tile takes wgmma, whose fp8 sums dropped low bits
+    (on the H200 it failed the per-call check against the fp32 reference at 64 rows)."""
+    return int(bool(cfg.get("F8", 0) and xq and quant and cfg["BM"] == 16))
+
+
 def _l_grouped_linear(spec, cfg):
     x, w = spec.in_types
     quant = isinstance(w, QuantType)
@@ -354,7 +361,7 @@ def _l_grouped_linear(spec, cfg):
                 "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
                 "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
         # the weight stream and the launcher's own outputs are whole buffers (256-byte aligned)
-        f8 = int(bool(cfg.get("F8", 0) and xq and quant))
+        f8 = block_linear_f8(cfg, xq, quant)
         main = _launch("block_linear_mx_kernel", args, {**ce, "XQ": xq, "WQ": quant, **tiles, "F8": f8}, grid, cfg,
                        aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
     else:
