@@ -148,13 +148,18 @@ def test_grouped_gemm_fp4_selection_by_row_count():
 
     for target in ("sm90", "sm100"):
         t = get_target(target)
-        for rows in (4, 32, 64, 512):
+        for rows in (4, 8, 9, 32, 64, 512):
             chosen = select(t, spec(rows))
             assert chosen.name == "triton_grouped_gemm_fp4" and chosen.canonical is None
             launch = chosen.render(t, spec(rows), chosen.default_config(t, spec(rows))).meta["kernels"][0]
-            assert launch["constexprs"]["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
-            # tl.dot_scaled at every row count; from 16 rows, 256-wide N tiles (the faster there on the H200)
-            assert launch["constexprs"]["MX"] == 1 and launch["constexprs"]["BN"] == (256 if rows >= 16 else 128)
+            ce = launch["constexprs"]
+            assert ce["MTOT"] == rows and launch["grid"][1] == min(16, rows) + 1
+            if target == "sm90" and rows <= 8:
+                # sm90 names 8 rows for the CUDA-core path: one row a pass, 256 columns, K in 4
+                assert ce["GEMV"] == 1 and ce["BM"] == 1 and ce["BN"] == 256 and launch["grid"][2] == 4
+                continue
+            # tl.dot_scaled elsewhere; from 16 rows, 256-wide N tiles (the faster there on the H200)
+            assert ce["GEMV"] == 0 and ce["MX"] == 1 and ce["BN"] == (256 if rows >= 16 else 128)
         assert select(t, spec(513)).name == "tilelang_grouped_gemm_fp4"
 
 

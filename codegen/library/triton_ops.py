@@ -697,6 +697,8 @@ class _Op:
     attrs: Callable[[dict], dict] = lambda a: dict(a)
     supports: Callable[[Any, KernelSpec], bool] = lambda t, s: True
     by_rows: Callable[[int], dict] = lambda n: {}  # default knobs that depend on the call's row count
+    # ... and on the target: (target defaults for this template, rows) -> knobs over by_rows'
+    by_target: Callable[[dict, int], dict] = lambda d, n: {}
 
 
 def _rope_attrs(op):
@@ -710,6 +712,13 @@ def _rope_attrs(op):
             out.update(mode="fp4", scale=a["scale"], block=a["block"])
         return out
     return f
+
+
+# The MoE GEMM on the CUDA cores (GEMV) at the rows where a target names it (`gemv_rows`): the
+# H200's in-plan profile at b1 (6 rows) had w13 at 58.4 us and w2 at 31.3 against 74.2 and 36.8
+# on dot_scaled; the fastest of its isolated sweep (BM 1-2, BN 256-512, SPLIT 1-4), one row per
+# pass, 256 columns, 4 K splits. At 48 and 384 rows (b8, b64) it lost to dot_scaled by 1.3-3x.
+MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SPLIT=4)
 
 
 def _hc_pre_by_rows(n: int) -> dict:
@@ -817,7 +826,8 @@ OPS = [
         # 256-wide N tiles, 3 stages from 16 rows (b8, b64), 128-wide, 4 stages below (b1). Before
         # MX: unsplit K was the fastest of 32 points in all six cases (moe_decode_h200_sweep.json).
         dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=4, SPLIT=1, WORDS=0, MX=1, F8=0, GEMV=0), lambda a: {},
-        _grouped_gemm_fp4_supports, by_rows=lambda n: {"BN": 256, "num_stages": 3} if n >= 16 else {}),
+        _grouped_gemm_fp4_supports, by_rows=lambda n: {"BN": 256, "num_stages": 3} if n >= 16 else {},
+        by_target=lambda d, n: dict(MOE_GEMV) if n <= d.get("gemv_rows", 0) else {}),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
     _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
@@ -888,10 +898,14 @@ def _call_rows(spec: KernelSpec | None) -> int | None:
     return n if isinstance(n, int) else None
 
 
-def default_config(op: str, rows: int | None = None) -> dict:
-    """The op's default knobs for a call of `rows` rows (None: the row-independent default)."""
+def default_config(op: str, rows: int | None = None, target=None) -> dict:
+    """The op's default knobs for a call of `rows` rows (None: the row-independent default), with
+    `target`'s own defaults for the template where it names them."""
     o = _BY_OP[op]
-    return {**o.default, **(o.by_rows(rows) if rows is not None else {})}
+    if rows is None:
+        return dict(o.default)
+    tdef = target.defaults.get(f"triton_{op}", {}) if target is not None else {}
+    return {**o.default, **o.by_rows(rows), **o.by_target(tdef, rows)}
 
 
 _BY_OP = {o.op: o for o in OPS}
@@ -901,7 +915,7 @@ for _o in OPS:
         name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
         # a batch-invariant target takes the row-independent default: one config at every bucket
         default_config=(lambda target, spec, _o=_o: default_config(
-            _o.op, None if batch_invariant(target) else _call_rows(spec))), supports=_o.supports))
+            _o.op, None if batch_invariant(target) else _call_rows(spec), target)), supports=_o.supports))
 _ATTRS = {o.op: o.attrs for o in OPS}
 LAUNCHERS = {o.op: o.launcher for o in OPS}
 

@@ -17,6 +17,9 @@ TARGET = Target(
         # medium plan's decode step was no faster at b1 / b8 and 1.43x slower at b64 on the H200
         # (docs/performance.md, eighth session); decode_rows N > 0 hands rows <= N to it
         "triton_gemm_fp8": {"decode_rows": 0},
+        # the MoE GEMM at up to this many rows (a decode step of one sequence: 6) on the CUDA
+        # cores (triton_ops.MOE_GEMV; docs/performance.md, ninth session)
+        "triton_grouped_gemm_fp4": {"gemv_rows": 8},
     },
 )
 
