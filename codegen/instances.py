@@ -91,17 +91,29 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _target_tables() -> frozenset[str]:
+    """The per-target tables (codegen/targets/<name>.py): data that render keys carry as
+    Target.key() and a tuning row's config overrides. Their text is left out of template code, so
+    editing one target's defaults re-keys that target's renders alone and leaves every database
+    row current (the targets package imports all of them: through it, each table was in every
+    template's code, and an sm90 default made the sm100 and ascend950 rows stale)."""
+    from .targets import MANIFESTS
+
+    return frozenset(f"{PACKAGE}.codegen.targets.{name}" for name in MANIFESTS)
+
+
 def import_closure(module: str, read: Callable[[str], ModuleText | None] = read_module_source) -> dict[str, str]:
-    """{name: source} of `module` and every package module it imports, transitively. A package
-    reached only as the parent of an imported module is not followed (its `__init__` runs, but
-    what it imports reaches the module only through names it imports, and those are explicit):
-    `from pkg import sub` follows `pkg.sub` alone when `sub` is a module, and `pkg` too when a
-    name is an attribute of it (or `*`)."""
+    """{name: source} of `module` and every package module it imports, transitively, less the
+    target tables (`_target_tables`). A package reached only as the parent of an imported module
+    is not followed (its `__init__` runs, but what it imports reaches the module only through
+    names it imports, and those are explicit): `from pkg import sub` follows `pkg.sub` alone when
+    `sub` is a module, and `pkg` too when a name is an attribute of it (or `*`)."""
     out: dict[str, str] = {}
     todo = [module]
+    skip = _target_tables()
     while todo:
         name = todo.pop()
-        if name in out:
+        if name in out or name in skip:
             continue
         src = read(name)
         if src is None:

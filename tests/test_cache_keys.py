@@ -95,6 +95,25 @@ def test_closure_follows_transitive_relative_and_function_level_imports():
         I.import_closure("deepinfer.fake.absent", fake.get)
 
 
+def test_a_target_table_edit_rekeys_only_that_targets_renders(reader):
+    """codegen/targets/<name>.py is data: render keys carry it as Target.key(). Editing sm90's
+    defaults re-keys sm90's renders (through the Target) and no template's code, so no tuning row
+    of any target goes stale; a template's own module still re-keys it."""
+    import dataclasses
+
+    for name in ("sm90", "sm100", "ascend950", "cpu"):
+        assert f"deepinfer.codegen.targets.{name}" in I._target_tables()
+    code = {t: I._template_code(t) for t in ("triton_grouped_gemm_fp4", "tilelang_gemm_fp8", "ascend_lookup")}
+    assert not any(m in I._target_tables() for t in code for m in I.import_closure(templates()[t].render.__module__))
+    sm90 = I.read_module_source("deepinfer.codegen.targets.sm90").text
+    assert '"gemv_rows": 8' in sm90
+    reader("deepinfer.codegen.targets.sm90", sm90.replace('"gemv_rows": 8', '"gemv_rows": 16'))
+    assert {t: I._template_code(t) for t in code} == code
+    edited = dataclasses.replace(SM90, defaults=dict(SM90.defaults, triton_grouped_gemm_fp4={"gemv_rows": 16}))
+    assert I.render_key("triton_grouped_gemm_fp4", ANY, {}, edited) != I.render_key("triton_grouped_gemm_fp4", ANY, {},
+                                                                                    SM90)
+
+
 def test_shared_tilelang_helper_edit_rekeys_every_template_using_it(reader):
     users = ["tilelang_gemm_fp8", "tilelang_sparse_attn", "tilelang_indexer_scores", "tilelang_grouped_gemm_fp4"]
     assert f"{LIB}.tilelang_gemm" in I.import_closure(templates()["tilelang_sparse_attn"].render.__module__)

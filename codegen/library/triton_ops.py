@@ -718,6 +718,8 @@ def _rope_attrs(op):
 # H200's in-plan profile at b1 (6 rows) had w13 at 58.4 us and w2 at 31.3 against 74.2 and 36.8
 # on dot_scaled; the fastest of its isolated sweep (BM 1-2, BN 256-512, SPLIT 1-4), one row per
 # pass, 256 columns, 4 K splits. At 48 and 384 rows (b8, b64) it lost to dot_scaled by 1.3-3x.
+# GEMV and F8 are not tuning knobs: the cost model sees bytes and FLOPs, not the instruction mix
+# that decides between them, and the measurements put each where the defaults do.
 MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SPLIT=4)
 
 
@@ -810,7 +812,7 @@ OPS = [
     # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows
     _Op("gemm_fp8", "launch_gemm_fp8", _l_grouped_linear,
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(4, 8), num_stages=(2, 3, 4, 5),
-             SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,), F8=(0, 1)),
+             SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1, F8=0),
         lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_rows=lambda n: {"BM": _decode_row_tile(n)}),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
@@ -818,7 +820,7 @@ OPS = [
     # to TileLang
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
         dict(BM=(16, 32, 64), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
-             SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1), F8=(0, 1), GEMV=(0, 1)),
+             SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1)),
         # H200, medium widths, 32 points per case (bench/results/moe_decode_mx_h200.json): tl.dot_scaled
         # on the MX operands (MX) was the fastest at every case, 1.27-1.54x the fastest widening
         # config (bytes or words). 64 deep, 4 warps: within 4% of the fastest MX point everywhere,
