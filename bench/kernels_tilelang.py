@@ -26,6 +26,7 @@ from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
 from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
+from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
 from ceilings import measure_ceilings  # noqa: E402
@@ -120,9 +121,13 @@ def linear_case(label, M, N, K, config=None):
                 ref=ref, bytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K, peak="bf16", tol=1e-2)
 
 
-def grouped_case(label, counts, N, K, E, config=None):
+def grouped_case(label, counts, N, K, E, config=None, mma=False):
+    """The widening program (tilelang_moe), or with `mma` the decode program on warp MMAs
+    (tilelang_moe_decode, its knobs from the sm90 defaults)."""
     mtot = int(sum(counts))
-    c = dict(tlm.moe_default_config(TARGET, mtot, N, K, E), **(config or {}))
+    base = TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlm.moe_default_config(TARGET, mtot, N, K, E)
+    c = dict(base, **(config or {}))
+    make = tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program
     active = sum(1 for v in counts if v)
 
     def inputs():
@@ -133,7 +138,11 @@ def grouped_case(label, counts, N, K, E, config=None):
 
     def run(k, x):
         out = torch.full((mtot, N), float("nan"), device=DEV, dtype=torch.bfloat16)
-        k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
+        if mma:  # its parameters read x and W through wider words
+            k[0](x["X"].view(torch.uint8).view(torch.uint64), x["SX"], x["W"].view(torch.uint32), x["SW"], x["offs"],
+                 out)
+        else:
+            k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
         return out
 
     def ref(x):
@@ -148,9 +157,10 @@ def grouped_case(label, counts, N, K, E, config=None):
                 out[o[e]:o[e + 1]] = nm.mm32(xf[o[e]:o[e + 1]], q.dequant_fp4_weight(x["W"][e], x["SW"][e]))
         return out
 
-    return dict(name=f"grouped_gemm_fp4 {label}", template="tilelang_grouped_gemm_fp4",
+    return dict(name=f"grouped_gemm_fp4{' mma' if mma else ''} {label}",
+                template="tilelang_grouped_gemm_fp4" + ("_mma" if mma else ""),
                 shape=f"rows={mtot} E={E} active={active} N={N} K={K}", config=c,
-                program=lambda: [tlm.grouped_gemm_fp4_program(mtot, N, K, E, **c)], inputs=inputs, run=run, ref=ref,
+                program=lambda: [make(mtot, N, K, E, **c)], inputs=inputs, run=run, ref=ref,
                 bytes=mtot * K * 33 / 32 + active * N * K * (0.5 + 1 / 32) + mtot * N * 2,
                 flops=2 * mtot * N * K, peak="fp8", tol=1e-2)
 
@@ -337,6 +347,8 @@ def tiny_cases():
         gemm_fp8_case("tiny split-K", 5, 64, 256, {"split_k": 2, "block_K": 128}),
         linear_case("tiny", 7, 64, 96),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
+        grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
+        grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),
         attention_case("tiny", "window", [(90, 2), (3, 1)], D=128, window=64, R=70),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70),
@@ -360,6 +372,8 @@ def real_cases():
         sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(b)])
         counts = torch.bincount(sel.flatten(), minlength=384).tolist()
         out.append(grouped_case(f"decode b{b} w1", counts, 2304, 5120, 384))
+        out.append(grouped_case(f"decode b{b} w13", counts, 4608, 5120, 384, mma=True))
+        out.append(grouped_case(f"decode b{b} w2", counts, 5120, 2304, 384, mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])
     out.append(grouped_case("prefill 4K w1", torch.bincount(sel.flatten(), minlength=384).tolist(), 2304, 5120, 384))
     for b in (1, 64):

@@ -23,6 +23,9 @@ SWEEP = dict(BN=(128, 256), BK=(64, 128), num_warps=(4, 8), num_stages=(3, 4), S
 SWEEP.update({k: tuple(v) for k, v in json.loads(os.environ.get("MOE_SWEEP", "{}")).items()})
 TILELANG = os.environ.get("MOE_TILELANG", "1") != "0"
 CONFIG = json.loads(os.environ.get("MOE_CONFIG", "{}"))  # knobs over the template's default (e.g. for ncu)
+# configs of the warp-MMA TileLang kernel (tilelang_moe_decode) to time per case: a JSON list of
+# knob objects over sm90's defaults ("[]": none, "[{}]": the defaults)
+MMA = json.loads(os.environ.get("MOE_MMA", "[]"))
 
 
 def preset_widths(preset: str) -> dict:
@@ -140,6 +143,7 @@ def run(args, bench, ceil) -> dict:
         cfg = triton_config(mtot)
         row["triton"] = timed(lambda: triton_launchers.launch_grouped_gemm_fp4(*ins, cfg=cfg), "triton", cfg)
         row["tilelang"] = tilelang_row(target, ins, mtot, n, k, e, timed) if TILELANG else None
+        row["mma"] = [mma_row(ins, mtot, n, k, e, c, timed) for c in MMA]
         if args.sweep:
             pts = []
             for c in sweep_configs(mtot):
@@ -173,6 +177,29 @@ def tilelang_row(target, ins, mtot, n, k, e, timed) -> dict:
         return {"config": tl_cfg, "error": f"{type(ex).__name__}: {str(ex).strip()[-300:]}"}
 
 
+def mma_row(ins, mtot, n, k, e, cfg, timed) -> dict:
+    """The warp-MMA TileLang kernel on the same case (zeroed output, as its host makes: the kernel
+    writes the routed rows)."""
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+    from deepinfer.codegen.library import tilelang_moe_decode as tlmd
+    from deepinfer.codegen.targets import get_target
+
+    cfg = dict(get_target("sm90").defaults["tilelang_grouped_gemm_fp4_mma"], **cfg)
+    try:
+        kern = tlg.compile_kernel(tlmd.grouped_gemm_fp4_mma_program(mtot, n, k, e, **cfg))
+        x, wq, offs = ins
+        xv, sxv = x.data.view(torch.uint8).view(torch.uint64), x.scale.view(torch.uint8)
+        wv, swv = wq.data.view(torch.uint32), wq.scale.view(torch.uint8)
+
+        def mma():
+            out = torch.zeros(mtot, n, device="cuda", dtype=torch.bfloat16)
+            kern(xv, sxv, wv, swv, offs, out)
+            return out
+        return timed(mma, "mma", cfg)
+    except Exception as ex:  # noqa: BLE001
+        return {"config": cfg, "error": f"{type(ex).__name__}: {str(ex).strip()[-300:]}"}
+
+
 def summary_line(r) -> str:
     def part(name, p):
         if p is None:
@@ -182,6 +209,8 @@ def summary_line(r) -> str:
         return f"{name} {p['check'][:4]} {p['time_us']:.1f} us f/t {p['floor_over_time']:.3f}"
     s = (f"{r['case']:<16} rows {r['rows']:>4} active {r['active']:>3} N {r['N']} K {r['K']} floor "
          f"{r['floor_us']:.1f} us | {part('triton', r['triton'])} | {part('tilelang', r['tilelang'])}")
+    for p in r.get("mma", ()):
+        s += " | " + part("mma " + json.dumps(p["config"], separators=(",", ":")), p)
     if "sweep_best" in r:
         b = r["sweep_best"]
         s += " | best " + ("-" if b is None else "%s %.1f us f/t %.3f" % (

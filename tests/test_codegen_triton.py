@@ -134,7 +134,11 @@ def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted(mx):
 
 def test_grouped_gemm_fp4_selection_by_row_count():
     """Decode and verify calls (up to 32 rows per expert on average) take the Triton template,
-    each row count its own instance; prefill row counts stay on TileLang."""
+    each row count its own instance; prefill row counts stay on TileLang. (sm90 as a target
+    without the warp-MMA template's defaults, which take its decode calls first:
+    tests/test_tilelang_moe_decode.py.)"""
+    import dataclasses
+
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import KernelSpec, select
     from deepinfer.ir.types import TensorType, quantized
@@ -146,8 +150,11 @@ def test_grouped_gemm_fp4_selection_by_row_count():
                                                    TensorType(dt.i32, (e + 1,))),
                           (TensorType(dt.bf16, (rows, n)),))
 
-    for target in ("sm90", "sm100"):
-        t = get_target(target)
+    sm90 = get_target("sm90")
+    assert select(sm90, spec(8)).name == "tilelang_grouped_gemm_fp4_mma"
+    sm90 = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items()
+                                               if k != "tilelang_grouped_gemm_fp4_mma"})
+    for target, t in (("sm90", sm90), ("sm100", get_target("sm100"))):
         for rows in (4, 8, 9, 32, 64, 512):
             chosen = select(t, spec(rows))
             assert chosen.name == "triton_grouped_gemm_fp4" and chosen.canonical is None

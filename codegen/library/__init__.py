@@ -1,5 +1,6 @@
 """Every kernel template; importing a module registers its templates."""
 from . import torch_ref  # noqa: F401
+from . import tilelang_moe_decode  # noqa: F401  (before triton_ops: decode MoE GEMMs take it first where built)
 from . import triton_ops  # noqa: F401
 from . import tilelang_gemm  # noqa: F401
 from . import tilelang_moe  # noqa: F401

@@ -20,6 +20,9 @@ TARGET = Target(
         # the MoE GEMM at up to this many rows (a decode step of one sequence: 6) on the CUDA
         # cores (triton_ops.MOE_GEMV; docs/performance.md, ninth session)
         "triton_grouped_gemm_fp4": {"gemv_rows": 8},
+        # decode MoE GEMM on warp MMAs (tilelang_moe_decode); 64-row CTAs, 4 warps over K, the
+        # weight tile three steps ahead in shared memory (docs/performance.md, tenth session)
+        "tilelang_grouped_gemm_fp4_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1},
     },
 )
 

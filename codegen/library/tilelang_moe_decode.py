@@ -1,0 +1,241 @@
+"""TileLang grouped MoE GEMM at decode on warp MMAs: `grouped_gemm_fp4` (ir/ops/fused.py) for
+calls of a few rows per expert, on targets whose defaults carry `tilelang_grouped_gemm_fp4_mma`.
+
+The same operands as codegen/library/tilelang_moe.py (fp8 e4m3 rows with ue8m0 per 32, fp4 e2m1
+experts [E, N, K/2] with ue8m0 per output row and 32, expert row offsets; bf16 out). At decode
+the weight stream is the whole cost, and the widening TileLang program (tilelang_moe) and the
+Triton decode kernels spend several instructions per fp4 code moving operands between layouts.
+Here the weights are the MMA's A operand and every lane widens exactly the codes its fragment
+holds, in the registers it read them into (grouped_gemm_fp4_mma_program). Registered before the
+Triton decode template, so on such targets decode calls take it first.
+"""
+from typing import Any, Mapping
+
+import torch
+
+from ...ir.types import QuantType
+from ..targets import Target, building
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
+
+# tilelang_gemm is imported where used: importing it here would register its templates ahead of
+# the Triton ones (this module is imported first), and selection takes the first that supports
+
+
+# byte_perm selectors picking x's even and odd bytes of 8 (two words) into one word each: the B
+# fragment slots that meet the A slots fp4_lo_e4m3 and fp4_hi_e4m3 fill
+X_EVEN, X_ODD = 0x6420, 0x7531
+
+
+def fp4_lo_e4m3(T, w):
+    """The low nibbles of a 32-bit word's four bytes as e4m3 bytes of each code's value * 2^-6:
+    the sign to bit 7 and the magnitude (e1 e0 m) to bits 4..2, where e4m3 reads it as exponent
+    e1 e0 and top mantissa bit m, subnormal (e = 0) included. A shift-and-mask per part, no table."""
+    return T.bitwise_or(T.bitwise_and(T.shift_left(w, T.uint32(2)), T.uint32(0x1C1C1C1C)),
+                        T.bitwise_and(T.shift_left(w, T.uint32(4)), T.uint32(0x80808080)))
+
+
+def fp4_hi_e4m3(T, w):
+    """fp4_lo_e4m3 for the high nibbles (the sign is already bit 7)."""
+    return T.bitwise_or(T.bitwise_and(T.shift_right(w, T.uint32(2)), T.uint32(0x1C1C1C1C)),
+                        T.bitwise_and(w, T.uint32(0x80808080)))
+
+
+def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0):
+    """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
+    few rows of x are the 8-wide B operand), each fragment widened in the registers it was loaded
+    into. A lane (group g, q) of a warp takes the 32-bit word at byte 4q of output rows g and
+    g + 8's 16-byte scale block; its low nibbles fill A slots 4q..4q+3 and its high nibbles
+    16+4q..16+4q+3 (fp4_lo_e4m3 / fp4_hi_e4m3, exact at 2^-6), and the same permutation of K picks
+    x's bytes into the B fragment (one byte_perm each), so the MMA's sum is the scale block's dot
+    product. One m16n8k32 e4m3 MMA per scale block and 8 x rows, scaled by the row's and x's
+    ue8m0 scales into fp32. Nothing moves between layouts.
+
+    CTA (16*RT output rows, expert): WK warps split K and add their sums through shared memory in
+    warp order (deterministic); NT tiles of 8 rows of x per pass over the weights; KU scale blocks
+    per warp and step. STAGES = 0: the lanes load their words and scales from global memory, 4 or
+    1 bytes per lane and row, which costs the L1 a wavefront per row touched; STAGES > 0: each
+    step's [16*RT, WK*KU*16 B] weight tile is copied asynchronously into shared memory STAGES
+    steps ahead in 16-byte pieces (bytes in flight cost no registers), its rows padded by 16 B so
+    the lanes' reads hit distinct banks, and the tile's scales and x's rows' scales are copied
+    whole before the K loop. CTAs of idle experts exit at once."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    kbs = K // 32
+    assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0
+    kbw = kbs // WK
+    ku = max(u for u in range(1, KU + 1) if kbw % u == 0)
+    br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
+    cw = WK * ku * 4  # a step's weight words per row (STAGES > 0)
+
+    @T.macro
+    def block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
+        """Scale block kb for the warp's rows: its weight words at word column kw of the staged
+        tile and its scales from shared memory (STAGES > 0), or all of them from global memory."""
+        for nt in T.unroll(NT):
+            tok = tb + nt * 8 + g
+            xv = T.if_then_else(tok < end, X[tok, kb * 4 + q], T.uint64(0))
+            xl = T.Cast("uint32", xv)
+            xh = T.Cast("uint32", T.shift_right(xv, T.uint64(32)))
+            b[2 * nt] = T.call_extern("uint32", "__byte_perm", xl, xh, T.uint32(X_EVEN))
+            b[2 * nt + 1] = T.call_extern("uint32", "__byte_perm", xl, xh, T.uint32(X_ODD))
+            for j in T.unroll(2):
+                tj = tb + nt * 8 + 2 * q + j
+                if STAGES:
+                    sx[2 * nt + j] = T.if_then_else(tj < end, e8m0_f32(T, SXs[nt * 8 + 2 * q + j, kb]),
+                                                    T.float32(0))
+                else:
+                    sx[2 * nt + j] = T.if_then_else(tj < end, e8m0_f32(T, SX[tj, kb]), T.float32(0))
+        for rt in T.unroll(RT):
+            r0 = bx * br + rt * 16 + g
+            if STAGES:
+                a[0] = Ws[rt * 16 + g, kw]
+                a[1] = Ws[rt * 16 + g + 8, kw]
+            else:
+                a[0] = W[e, r0, kb * 4 + q]
+                a[1] = W[e, r0 + 8, kb * 4 + q]
+            a[2] = fp4_hi_e4m3(T, a[0])
+            a[3] = fp4_hi_e4m3(T, a[1])
+            a[0] = fp4_lo_e4m3(T, a[0])
+            a[1] = fp4_lo_e4m3(T, a[1])
+            if STAGES:
+                s0 = e8m0_f32(T, SWs[rt * 16 + g, kb])
+                s1 = e8m0_f32(T, SWs[rt * 16 + g + 8, kb])
+            else:
+                s0 = e8m0_f32(T, SW[e, r0, kb])
+                s1 = e8m0_f32(T, SW[e, r0 + 8, kb])
+            for nt in T.unroll(NT):
+                for i in T.unroll(4):
+                    c[i] = T.float32(0)
+                T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
+                          a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
+                o = (rt * NT + nt) * 4
+                acc[o] += c[0] * (s0 * sx[2 * nt])
+                acc[o + 1] += c[1] * (s0 * sx[2 * nt + 1])
+                acc[o + 2] += c[2] * (s1 * sx[2 * nt])
+                acc[o + 3] += c[3] * (s1 * sx[2 * nt + 1])
+
+    @T.prim_func
+    def grouped_gemm_fp4_mma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
+                             W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
+                             offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // br, E, threads=32 * WK) as (bx, e):
+            tx = T.get_thread_binding()
+            wp = tx // 32
+            g = (tx % 32) // 4
+            q = tx % 4
+            red = T.alloc_shared((WK, nacc, 32), "float32")
+            Ws = T.alloc_shared((br, cw + 4), "uint32")
+            SWs = T.alloc_shared((br, kbs), "uint8")
+            SXs = T.alloc_shared((tt, kbs), "uint8")
+            a = T.alloc_local((4,), "uint32")
+            b = T.alloc_local((2 * NT,), "uint32")
+            c = T.alloc_local((4,), "float32")
+            acc = T.alloc_local((nacc,), "float32")
+            sx = T.alloc_local((2 * NT,), "float32")
+            v = T.alloc_local((1,), "float32")
+            start = offsets[e]
+            end = offsets[e + 1]
+            for t0 in T.serial(T.ceildiv(end - start, tt)):
+                tb = start + t0 * tt
+                for i in T.unroll(nacc):
+                    acc[i] = T.float32(0)
+                if STAGES:
+                    T.copy(SW[e, bx * br:(bx + 1) * br, 0:kbs], SWs)
+                    # rows past the expert's end are other experts' (or guarded at Mtot): their
+                    # columns of the MMA are never stored
+                    T.copy(SX[tb, 0], SXs)
+                    for ko in T.Pipelined(kbs // (WK * ku), num_stages=STAGES):
+                        T.copy(W[e, bx * br:(bx + 1) * br, ko * cw:(ko + 1) * cw], Ws[:, 0:cw])
+                        for kk in T.unroll(ku):
+                            block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q,
+                                  ko * WK * ku + wp * ku + kk, (wp * ku + kk) * 4 + q)
+                else:
+                    for ko in T.serial(kbw // ku):
+                        for kk in T.unroll(ku):
+                            block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q,
+                                  wp * kbw + ko * ku + kk, 0)
+                if WK > 1:
+                    for i in T.unroll(nacc):
+                        red[wp, i, tx % 32] = acc[i]
+                    T.sync_threads()
+                if wp == 0:
+                    for i in T.unroll(nacc):
+                        v[0] = acc[i]
+                        for w in T.unroll(1, WK):
+                            v[0] = v[0] + red[w, i, tx % 32]
+                        otok = tb + ((i // 4) % NT) * 8 + 2 * q + i % 2
+                        orow = bx * br + (i // (NT * 4)) * 16 + g + 8 * ((i % 4) // 2)
+                        if otok < end:
+                            # 64: the widened codes' 2^-6
+                            C[otok, orow] = T.Cast("bfloat16", v[0] * T.float32(64))
+                if WK > 1:
+                    T.sync_threads()
+
+    return grouped_gemm_fp4_mma
+
+
+def _dims(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
+
+
+MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2)}
+
+
+def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
+    return dict(target.defaults["tilelang_grouped_gemm_fp4_mma"], **(config or {}))
+
+
+def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import source
+
+    mtot, n, k, e = _dims(spec)
+    c = _config(target, spec, config)
+    func = grouped_gemm_fp4_mma_program(mtot, n, k, e, **c)
+    return source(func, target.arch, {"template": "tilelang_grouped_gemm_fp4_mma", "config": c,
+                                      "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Decode- and verify-sized calls (at most 32 rows per expert on average, as the Triton decode
+    template takes) with the quantisation the kernel reads; not in a batch-invariant plan, whose
+    prefill buckets must run the same template as its decode ones. (The operand check is written
+    out here, not imported from triton_ops: an import would put the Triton templates' code into
+    this template's render key.)"""
+    x, w = spec.in_types[:2]
+    if "tilelang_grouped_gemm_fp4_mma" not in target.defaults:
+        return False
+    if batch_invariant(target) or not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    if not (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
+            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)):
+        return False
+    mtot, n, k, e = _dims(spec)
+    c = _config(target, spec)
+    return mtot <= 32 * e and k % (32 * c["WK"]) == 0 and n % (16 * c["RT"]) == 0
+
+
+def host_grouped_gemm_fp4_mma(launch, inputs, attrs, config, meta):
+    """Rows no expert covers (past offsets[E]) stay zero, as the op leaves them. The kernel reads
+    x, W and their scales through wider words (its parameters' types): the launch passes
+    pointers. Here rather than in tilelang_host: that module is in the older TileLang
+    templates' code, and a host for this one would re-key their renders."""
+    x, w, offsets = inputs
+    c = torch.zeros(x.data.shape[0], w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
+    launch(0, X=x.data, SX=x.scale, W=w.data, SW=w.scale, offsets=offsets, C=c)
+    return c
+
+
+register(Template(
+    name="tilelang_grouped_gemm_fp4_mma",
+    ops=("grouped_gemm_fp4",),
+    targets=building("cuda", defaults="tilelang_grouped_gemm_fp4_mma"),
+    knobs=MMA_KNOBS,
+    render=_render,
+    default_config=lambda target, spec: _config(target, spec),
+    supports=_supports,
+    host=host_grouped_gemm_fp4_mma,
+))

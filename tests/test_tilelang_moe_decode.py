@@ -1,0 +1,160 @@
+"""The decode MoE GEMM on warp MMAs (codegen/library/tilelang_moe_decode.py): its register-level
+widening and K permutation, emulated lane by lane on the CPU against the scale block's dot product;
+which calls take it; its render, build and host recipe. (On the GPU: tests/gpu/test_tilelang_kernels.py.)"""
+import shutil
+
+import pytest
+import torch
+
+from deepinfer.codegen.library import tilelang_moe_decode as md
+from deepinfer.codegen.targets import get_target
+from deepinfer.codegen.template import KernelSpec, select
+from deepinfer.ir.types import quantized, tensor
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+class IntT:
+    """The TileLang names the widening helpers use, on Python ints (32-bit words)."""
+    @staticmethod
+    def bitwise_or(a, b):
+        return a | b
+
+    @staticmethod
+    def bitwise_and(a, b):
+        return a & b
+
+    @staticmethod
+    def shift_left(a, b):
+        return (a << b) & 0xFFFFFFFF
+
+    @staticmethod
+    def shift_right(a, b):
+        return a >> b
+
+    @staticmethod
+    def uint32(v):
+        return v
+
+
+def e2m1(code: int) -> float:
+    return (-1.0 if code & 8 else 1.0) * E2M1[code & 7]
+
+
+def e4m3(bytes_: list[int]) -> list[float]:
+    return torch.tensor(bytes_, dtype=torch.uint8).view(torch.float8_e4m3fn).double().tolist()
+
+
+def word_bytes(w: int) -> list[int]:
+    return [(w >> (8 * i)) & 0xFF for i in range(4)]
+
+
+def byte_perm(x: int, y: int, s: int) -> int:
+    b = word_bytes(x) + word_bytes(y)
+    return sum(b[(s >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+
+def test_widening_is_exact_for_every_code():
+    """Every byte (two codes) widens to the e4m3 bytes of each code's value times 2^-6."""
+    for byte in range(256):
+        w = byte * 0x01010101
+        lo, hi = e4m3(word_bytes(md.fp4_lo_e4m3(IntT, w))), e4m3(word_bytes(md.fp4_hi_e4m3(IntT, w)))
+        assert lo == [e2m1(byte & 15) / 64] * 4, byte
+        assert hi == [e2m1(byte >> 4) / 64] * 4, byte
+
+
+def test_fragments_hold_the_scale_block_dot_product():
+    """One m16n8k32 MMA as PTX lays out its fragments, filled as the kernel fills them (lane
+    (g, q): weight words at byte 4q of rows g and g + 8, x's bytes 8q..8q+7 of row g picked by the
+    two selectors): its C is each (weight row, x row) dot product over the block's 32 codes / 64."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (16, 32), generator=g)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).tolist()  # [16 rows, 16 bytes], low nibble even
+    xb = torch.randint(0, 0x7F, (8, 32), generator=g)  # finite e4m3 bytes
+    xb |= torch.randint(0, 2, (8, 32), generator=g) << 7
+    xv = torch.tensor(e4m3(xb.flatten().tolist()), dtype=torch.float64).view(8, 32)
+    xb = xb.tolist()
+
+    def word(row, at):
+        return sum(packed[row][at + i] << (8 * i) for i in range(4))
+
+    A = torch.zeros(16, 32, dtype=torch.float64)
+    B = torch.zeros(32, 8, dtype=torch.float64)
+    for lane in range(32):
+        gg, q = lane // 4, lane % 4
+        w0, w1 = word(gg, 4 * q), word(gg + 8, 4 * q)
+        regs = [md.fp4_lo_e4m3(IntT, w0), md.fp4_lo_e4m3(IntT, w1), md.fp4_hi_e4m3(IntT, w0),
+                md.fp4_hi_e4m3(IntT, w1)]
+        for r, (row, col) in enumerate([(gg, 4 * q), (gg + 8, 4 * q), (gg, 16 + 4 * q), (gg + 8, 16 + 4 * q)]):
+            A[row, col:col + 4] = torch.tensor(e4m3(word_bytes(regs[r])), dtype=torch.float64)
+        xl = sum(xb[gg][8 * q + i] << (8 * i) for i in range(4))
+        xh = sum(xb[gg][8 * q + 4 + i] << (8 * i) for i in range(4))
+        for r, (sel, k0) in enumerate([(md.X_EVEN, 4 * q), (md.X_ODD, 16 + 4 * q)]):
+            B[k0:k0 + 4, gg] = torch.tensor(e4m3(word_bytes(byte_perm(xl, xh, sel))), dtype=torch.float64)
+    wv = torch.tensor([[e2m1(c) for c in row] for row in codes.tolist()], dtype=torch.float64)
+    torch.testing.assert_close((A @ B) * 64, wv @ xv.T, rtol=0, atol=0)
+
+
+def moe_spec(rows, n=4608, k=5120, experts=96):
+    return KernelSpec("grouped_gemm_fp4", (), (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
+                                               quantized("fp4e2m1", (experts, n, k), "e8m0", (1, 1, 32)),
+                                               tensor("i32", experts + 1)), (tensor("bf16", rows, n),))
+
+
+def test_sm90_decode_calls_take_it_prefill_and_other_targets_do_not():
+    sm90 = get_target("sm90")
+    for rows in (6, 48, 384, 32 * 96):
+        assert select(sm90, moe_spec(rows)).name == "tilelang_grouped_gemm_fp4_mma", rows
+    assert select(sm90, moe_spec(32 * 96 + 1)).name == "tilelang_grouped_gemm_fp4"
+    assert select(get_target("sm100"), moe_spec(6)).name != "tilelang_grouped_gemm_fp4_mma"
+    # K the warps cannot split evenly, N off the CTA's rows: the Triton decode template
+    assert select(sm90, moe_spec(6, k=5120 + 32)).name == "triton_grouped_gemm_fp4"
+    assert select(sm90, moe_spec(6, n=4608 + 16)).name == "triton_grouped_gemm_fp4"
+
+
+def test_batch_invariant_plans_keep_one_template():
+    from dataclasses import replace
+
+    from deepinfer.codegen.template import BATCH_INVARIANT
+
+    t = get_target("sm90")
+    bi = replace(t, features=tuple(t.features) + (BATCH_INVARIANT,))
+    assert select(bi, moe_spec(6)).name == "triton_grouped_gemm_fp4"
+
+
+def test_host_zeroes_the_output_and_launches_once():
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    params = [[n, "void*"] for n in ("C", "SW", "SX", "W", "X", "offsets")]
+    kernel = {"template": "tilelang_grouped_gemm_fp4_mma", "config": {}, "meta": {"params": params},
+              "grid": [72, 96, 1], "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(6, 5120, dtype=torch.float8_e4m3fn), torch.empty(6, 160, dtype=torch.uint8))
+        w = QTensor(torch.empty(96, 4608, 2560, dtype=torch.uint8), torch.empty(96, 4608, 160, dtype=torch.uint8))
+        offs = torch.empty(97, dtype=torch.int32)
+        rec, (out,) = record_tilelang(md.host_grouped_gemm_fp4_mma, kernel, [x, w, offs], {}, [False])
+    assert tuple(out.shape) == (6, 4608) and out.dtype == torch.bfloat16
+    launches = [s for s in rec["steps"] if "launch" in s]
+    assert len(launches) == 1 and launches[0]["grid"] == [72, 96, 1]
+    assert any(s.get("op", "").startswith(("aten.zeros", "aten.zero_", "aten.fill_")) for s in rec["steps"])
+
+
+def test_renders_and_builds_without_spills():
+    pytest.importorskip("tilelang")
+    t = get_target("sm90")
+    for spec in (moe_spec(6), moe_spec(384, n=5120, k=2304)):
+        tpl = select(t, spec)
+        cfg = tpl.default_config(t, spec)
+        src = tpl.render(t, spec, cfg)
+        n = spec.in_types[1].shape[1]
+        assert src.grid == (n // (16 * cfg["RT"]), 96, 1) and src.block == (32 * cfg["WK"], 1, 1)
+        assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
+        assert "__byte_perm" in src.text and "cp_async" in src.text
+        assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+        if shutil.which("nvcc"):
+            from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+            rep = nvcc_report(src.text, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
