@@ -27,6 +27,7 @@ from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
 from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
+from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
 from ceilings import measure_ceilings  # noqa: E402
@@ -73,14 +74,28 @@ def rel_err(out, ref):
 # TileLang program(s)), inputs (callable -> dict), run (kernels, inputs -> output), ref (inputs -> fp32
 # reference), bytes, flops, peak ("fp8" | "bf16"), tol (max-rel tolerance).
 
-def gemm_fp8_case(label, M, N, K, config=None):
-    c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
+def gemm_fp8_case(label, M, N, K, config=None, mma=False):
+    """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
+    (tilelang_gemm_decode; the row count read off A, split partials added here in split order)."""
+    if mma:
+        c = dict({"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "split_k": 1}, **(config or {}))
+    else:
+        c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
 
     def inputs():
         return {"A": rand_fp8(M, K), "SA": rand_e8m0(M, K // 32), "B": rand_fp8(N, K),
                 "SB": rand_e8m0(-(-N // 32), K // 32)}
 
     def run(k, x):
+        if mma:
+            a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
+            if c["split_k"] > 1:
+                p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
+                k[0](a, x["SA"], b, x["SB"], p)
+                return p[:, :M].sum(0).to(torch.bfloat16)
+            out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
+            k[0](a, x["SA"], b, x["SB"], out)
+            return out
         if c["split_k"] > 1:
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)
             k[0](x["A"], x["SA"], x["B"], x["SB"], out)
@@ -92,8 +107,14 @@ def gemm_fp8_case(label, M, N, K, config=None):
     def ref(x):
         return get_op("gemm_fp8").ref(QTensor(x["A"], x["SA"]), QTensor(x["B"], x["SB"]), out_dtype="f32")
 
-    return dict(name=f"gemm_fp8 {label}", template="tilelang_gemm_fp8", shape=f"{M}x{N}x{K}", config=c,
-                program=lambda: [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)], inputs=inputs, run=run, ref=ref,
+    def program():
+        if mma:
+            return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
+        return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
+
+    return dict(name=f"gemm_fp8{' mma' if mma else ''} {label}",
+                template="tilelang_gemm_fp8" + ("_mma" if mma else ""), shape=f"{M}x{N}x{K}", config=c,
+                program=program, inputs=inputs, run=run, ref=ref,
                 bytes=M * K * 33 / 32 + N * K * (1 + 1 / 1024) + M * N * 2, flops=2 * M * N * K, peak="fp8",
                 tol=1e-2)
 
@@ -345,6 +366,8 @@ def tiny_cases():
     return [
         gemm_fp8_case("tiny", 3, 96, 64),
         gemm_fp8_case("tiny split-K", 5, 64, 256, {"split_k": 2, "block_K": 128}),
+        gemm_fp8_case("tiny", 11, 256, 512, mma=True),  # 11 rows: two passes of 8
+        gemm_fp8_case("tiny split-K", 3, 256, 1024, {"split_k": 2, "RT": 2}, mma=True),
         linear_case("tiny", 7, 64, 96),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
@@ -364,6 +387,8 @@ def real_cases():
     for m in (1, 64):
         out.append(gemm_fp8_case(f"decode b{m} wo_b", m, 5120, 8192))
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120))
+        out.append(gemm_fp8_case(f"decode b{m} wo_b", m, 5120, 8192, {"split_k": 2}, mma=True))
+        out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120, {"split_k": 8}, mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))

@@ -1,6 +1,7 @@
 """Every kernel template; importing a module registers its templates."""
 from . import torch_ref  # noqa: F401
 from . import tilelang_moe_decode  # noqa: F401  (before triton_ops: decode MoE GEMMs take it first where built)
+from . import tilelang_gemm_decode  # noqa: F401  (likewise for decode fp8 GEMMs, where a target enables it)
 from . import triton_ops  # noqa: F401
 from . import tilelang_gemm  # noqa: F401
 from . import tilelang_moe  # noqa: F401

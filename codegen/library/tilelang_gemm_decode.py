@@ -1,0 +1,212 @@
+"""TileLang fp8 GEMM at decode on warp MMAs: `gemm_fp8` (ir/ops/quantized.py) for calls of at most
+64 rows, on targets whose defaults carry `tilelang_gemm_fp8_mma`.
+
+The same operands as tilelang_gemm's decode program (fp8 e4m3 rows with ue8m0 per 32, an fp8
+weight [N, K] with ue8m0 per 32x32 block; the row count a kernel argument, split-K partials added
+in split order by its `gemm_split_sum_program`, the same host). That program runs a 64-row wgmma
+tile for the one to 64 live rows, rescales the whole 64 x 64 accumulator tile per 32-deep scale
+block and waits on each wgmma before it. Here the weight is the 16-row A operand of `mma.sync
+m16n8k32` and the rows are the 8-wide B operand, as the MoE decode GEMM does
+(tilelang_moe_decode): a lane reads its A fragment's words as they are (both operands are e4m3,
+nothing is widened), one MMA per scale block, 16 weight rows and 8 rows, scaled into fp32 by one
+weight scale (the 16 rows lie in one 32-row block) and the row's scale.
+
+No target enables it yet: it is built and checked here, not yet timed on the H200.
+"""
+from typing import Any, Mapping
+
+from ..targets import Target, building
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
+
+# tilelang_gemm is imported where used: importing it here would register its templates ahead of
+# the Triton ones (this module is imported before triton_ops), and selection takes the first
+
+
+def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT=4, WK=4, KU=2, STAGES=3, NT=1,
+                              split_k=1, rows=64):
+    """C[m, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] for m <= `rows` live rows
+    (a kernel argument). CTA (16*RT weight rows, split): WK warps take turns over the split's
+    scale blocks, KU each per step, and add their sums through shared memory in warp order; the
+    step's weight tile is copied into shared memory STAGES steps ahead (cp.async), its rows
+    padded by 16 bytes so the lanes' 4-byte reads hit distinct banks; the weight and row scales
+    of the CTA's K range once before the loop. Lane (g, q) reads words q and 4 + q of weight rows
+    g and g + 8's 32-byte block (A slots 4q.. and 16+4q..) and the same two words of row g of A
+    (B slots). NT tiles of 8 rows per pass over the weights. split_k > 1 writes fp32 partials
+    P[split, rows, N] for the combine."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    kbs = K // 32
+    assert K % 32 == 0 and (kbs // split_k) % WK == 0 and kbs % split_k == 0 and N % (16 * RT) == 0
+    assert (16 * RT) % 32 == 0 or 32 % (16 * RT) == 0
+    per = kbs // split_k  # scale blocks of a split
+    ku = max(u for u in range(1, KU + 1) if (per // WK) % u == 0)
+    br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
+    cw = WK * ku * 8  # a step's weight words per row
+    sbr = max(br // 32, 1)  # 32-row scale blocks the CTA's rows span
+    m = T.dynamic("m")
+    out_shape, c_dtype = ((split_k, rows, N), "float32") if split_k > 1 else ((m, N), out_dtype)
+
+    @T.macro
+    def block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q, kb, kw):
+        """Scale block kb (kb - the split's first: its column in the staged scales) for the
+        warp's rows; kw: its word column in the staged weight tile."""
+        for nt in T.unroll(NT):
+            tok = tb + nt * 8 + g
+            b[2 * nt] = T.if_then_else(tok < m, A[tok, kb * 8 + q], T.uint32(0))
+            b[2 * nt + 1] = T.if_then_else(tok < m, A[tok, kb * 8 + 4 + q], T.uint32(0))
+            for j in T.unroll(2):
+                tj = nt * 8 + 2 * q + j
+                sx[2 * nt + j] = T.if_then_else(tb + tj < m, e8m0_f32(T, SA_s[tj, kb % per]), T.float32(0))
+        for rt in T.unroll(RT):
+            a[0] = B_s[rt * 16 + g, kw + q]
+            a[1] = B_s[rt * 16 + g + 8, kw + q]
+            a[2] = B_s[rt * 16 + g, kw + 4 + q]
+            a[3] = B_s[rt * 16 + g + 8, kw + 4 + q]
+            s = e8m0_f32(T, SB_s[(rt * 16) // 32, kb % per])
+            for nt in T.unroll(NT):
+                for i in T.unroll(4):
+                    c[i] = T.float32(0)
+                T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
+                          a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
+                o = (rt * NT + nt) * 4
+                acc[o] += c[0] * (s * sx[2 * nt])
+                acc[o + 1] += c[1] * (s * sx[2 * nt + 1])
+                acc[o + 2] += c[2] * (s * sx[2 * nt])
+                acc[o + 3] += c[3] * (s * sx[2 * nt + 1])
+
+    @T.prim_func
+    def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
+                     B: T.Tensor((N, K // 4), "uint32"), SB: T.Tensor(((N + 31) // 32, kbs), "uint8"),
+                     C: T.Tensor(out_shape, c_dtype)):
+        with T.Kernel(N // br, split_k, threads=32 * WK) as (bx, bz):
+            tx = T.get_thread_binding()
+            wp = tx // 32
+            g = (tx % 32) // 4
+            q = tx % 4
+            red = T.alloc_shared((WK, nacc, 32), "float32")
+            B_s = T.alloc_shared((br, cw + 4), "uint32")
+            SB_s = T.alloc_shared((sbr, per), "uint8")
+            SA_s = T.alloc_shared((tt, per), "uint8")
+            a = T.alloc_local((4,), "uint32")
+            b = T.alloc_local((2 * NT,), "uint32")
+            c = T.alloc_local((4,), "float32")
+            acc = T.alloc_local((nacc,), "float32")
+            sx = T.alloc_local((2 * NT,), "float32")
+            v = T.alloc_local((1,), "float32")
+            T.copy(SB[(bx * br) // 32, bz * per], SB_s)
+            for t0 in T.serial(T.ceildiv(m, tt)):
+                tb = t0 * tt
+                for i in T.unroll(nacc):
+                    acc[i] = T.float32(0)
+                # rows past m read as zeros (the copy is predicated at m); their columns of the
+                # MMA are never stored
+                T.copy(SA[tb, bz * per], SA_s)
+                for ko in T.Pipelined(per // (WK * ku), num_stages=STAGES):
+                    T.copy(B[bx * br:(bx + 1) * br, (bz * per + ko * WK * ku) * 8:(bz * per + (ko + 1) * WK * ku) * 8],
+                           B_s[:, 0:cw])
+                    for kk in T.unroll(ku):
+                        block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q,
+                              bz * per + ko * WK * ku + wp * ku + kk, (wp * ku + kk) * 8)
+                if WK > 1:
+                    for i in T.unroll(nacc):
+                        red[wp, i, tx % 32] = acc[i]
+                    T.sync_threads()
+                if wp == 0:
+                    for i in T.unroll(nacc):
+                        v[0] = acc[i]
+                        for w in T.unroll(1, WK):
+                            v[0] = v[0] + red[w, i, tx % 32]
+                        otok = tb + ((i // 4) % NT) * 8 + 2 * q + i % 2
+                        orow = bx * br + (i // (NT * 4)) * 16 + g + 8 * ((i % 4) // 2)
+                        if otok < m:
+                            if split_k > 1:
+                                C[bz, otok, orow] = v[0]
+                            else:
+                                C[otok, orow] = T.Cast(c_dtype, v[0])
+                if WK > 1:
+                    T.sync_threads()
+
+    return gemm_fp8_mma
+
+
+MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
+             "split_k": (1, 2, 4, 8, 16)}
+
+
+def _mnk(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    m = 1
+    for d in x.shape[:-1]:
+        m *= int(d)
+    return m, int(w.shape[0]), int(w.shape[1])
+
+
+def default_config(target: Target, spec: KernelSpec) -> dict:
+    """The target's knobs, and a K split that gives the GPU about two CTAs per SM."""
+    _, n, k = _mnk(spec)
+    c = dict(target.defaults["tilelang_gemm_fp8_mma"])
+    tiles, kbs = n // (16 * c["RT"]), k // 32
+    c.setdefault("split_k", next((s for s in (16, 8, 4, 2) if kbs % (s * c["WK"]) == 0
+                                  and tiles * s <= 2 * target.cores), 1))
+    return c
+
+
+def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import DECODE_ROWS, gemm_split_sum_program, lower, out_dtype_name, source
+
+    m, n, k = _mnk(spec)
+    c = dict(default_config(target, spec), **config)
+    func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=DECODE_ROWS, **c)
+    src = source(func, target.arch, {"template": "tilelang_gemm_fp8_mma", "config": c, "mnk": (m, n, k),
+                                     "rows_argument": True})
+    if c["split_k"] > 1:
+        comb = lower(gemm_split_sum_program(n, c["split_k"], DECODE_ROWS, out_dtype_name(spec)), target.arch)
+        src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
+                               "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+    return src
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Decode row counts of the e4m3 / ue8m0 formats the kernel reads, K a multiple of the warps'
+    blocks and N of the CTA's rows and the combine's columns; not in a batch-invariant plan."""
+    from ...ir.types import QuantType
+
+    if "tilelang_gemm_fp8_mma" not in target.defaults or batch_invariant(target):
+        return False
+    x, w = spec.in_types[:2]
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    m, n, k = _mnk(spec)
+    c = default_config(target, spec)
+    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
+            and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
+            and m <= 64 and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0 and n % (16 * c["RT"]) == 0
+            and spec.out_types[0].dtype.name in ("bf16", "f32"))
+
+
+def _host(launch, inputs, attrs, config, meta):
+    from .tilelang_host import host_gemm_fp8
+
+    return host_gemm_fp8(launch, inputs, attrs, config, meta)
+
+
+def _canonical(target: Target, spec: KernelSpec) -> KernelSpec:
+    from .tilelang_gemm import canonical_rows
+
+    return canonical_rows(target, spec)
+
+
+register(Template(
+    name="tilelang_gemm_fp8_mma",
+    ops=("gemm_fp8",),
+    targets=building("cuda", defaults="tilelang_gemm_fp8_mma"),
+    knobs=MMA_KNOBS,
+    render=_render,
+    default_config=default_config,
+    supports=_supports,
+    host=_host,
+    canonical=_canonical,
+))

@@ -1,0 +1,77 @@
+"""The decode fp8 GEMM on warp MMAs (codegen/library/tilelang_gemm_decode.py): no target enables it
+until it is timed on the H200; on a target that does, decode calls take it, it renders and builds
+for sm_90a without spills at the medium plan's lin8 widths, and its host is the TileLang decode
+GEMM's (the row count an argument, split partials added in order by the combine kernel).
+(On the GPU: tests/gpu/test_tilelang_kernels.py.)"""
+import dataclasses
+import shutil
+
+import pytest
+import torch
+
+from deepinfer.codegen.targets import get_target
+from deepinfer.codegen.template import KernelSpec, select, templates
+from deepinfer.ir.types import quantized, tensor
+
+KNOBS = {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1}
+
+
+def gemm_spec(m, n, k):
+    return KernelSpec("gemm_fp8", (("out_dtype", "bf16"),),
+                      (quantized("fp8e4m3", (m, k), "e8m0", (1, 32)), quantized("fp8e4m3", (n, k), "e8m0", (32, 32))),
+                      (tensor("bf16", m, n),))
+
+
+def enabled():
+    t = get_target("sm90")
+    return dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_mma=KNOBS))
+
+
+def test_no_target_takes_it_yet():
+    tpl = templates()["tilelang_gemm_fp8_mma"]
+    assert tpl.targets == ()
+    for name in ("sm90", "sm100"):
+        assert select(get_target(name), gemm_spec(1, 5120, 8192)).name == "tilelang_gemm_fp8"
+    t = enabled()
+    assert tpl.supports(t, gemm_spec(64, 5120, 8192)) and not tpl.supports(t, gemm_spec(65, 5120, 8192))
+    assert not tpl.supports(t, gemm_spec(1, 5120 + 32, 8192))  # N off the combine's 256 columns
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_renders_and_builds_without_spills():
+    pytest.importorskip("tilelang")
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+    t, tpl = enabled(), templates()["tilelang_gemm_fp8_mma"]
+    for n, k in ((5120, 8192), (1280, 5120), (32768, 1280)):
+        spec = tpl.canonical(t, gemm_spec(1, n, k))
+        cfg = tpl.default_config(t, spec)
+        src = tpl.render(t, spec, cfg)
+        assert src.grid == (n // 64, cfg["split_k"], 1) and src.block == (128, 1, 1)
+        assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
+        assert "cp_async" in src.text and src.meta["rows_argument"]
+        assert ("combine" in src.meta) == (cfg["split_k"] > 1)
+        assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB", "m"]
+        for text in [src.text] + ([src.meta["combine"]["text"]] if "combine" in src.meta else []):
+            rep = nvcc_report(text, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_host_passes_the_rows_and_sums_the_splits():
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    meta = {"params": [[n, "void*"] for n in ("A", "B", "C", "SA", "SB")] + [["m", "int32_t"]],
+            "rows_argument": True, "mnk": (64, 1280, 5120),
+            "combine": {"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 8, 1]}}
+    kernel = {"template": "tilelang_gemm_fp8_mma", "config": dict(KNOBS, split_k=8), "meta": meta,
+              "grid": [20, 8, 1], "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(3, 5120, dtype=torch.float8_e4m3fn), torch.empty(3, 160, dtype=torch.uint8))
+        w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
+        rec, (out,) = record_tilelang(templates()["tilelang_gemm_fp8_mma"].host, kernel, [x, w],
+                                      {"out_dtype": "bf16"}, [False])
+    assert tuple(out.shape) == (3, 1280)
+    launches = [s for s in rec["steps"] if "launch" in s]
+    assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [3, 3]
