@@ -34,8 +34,10 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     (B slots). NT tiles of 8 rows per pass over the weights. split_k > 1 writes fp32 partials
     P[split, rows, N] for the combine."""
     from .tilelang_gemm import _tl, e8m0_f32
+    from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
+    mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
     kbs = K // 32
     assert K % 32 == 0 and (kbs // split_k) % WK == 0 and kbs % split_k == 0 and N % (16 * RT) == 0
     assert (16 * RT) % 32 == 0 or 32 % (16 * RT) == 0
@@ -64,16 +66,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             a[2] = B_s[rt * 16 + g, kw + 4 + q]
             a[3] = B_s[rt * 16 + g + 8, kw + 4 + q]
             s = e8m0_f32(T, SB_s[(rt * 16) // 32, kb % per])
-            for nt in T.unroll(NT):
-                for i in T.unroll(4):
-                    c[i] = T.float32(0)
-                T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
-                          a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
-                o = (rt * NT + nt) * 4
-                acc[o] += c[0] * (s * sx[2 * nt])
-                acc[o + 1] += c[1] * (s * sx[2 * nt + 1])
-                acc[o + 2] += c[2] * (s * sx[2 * nt])
-                acc[o + 3] += c[3] * (s * sx[2 * nt + 1])
+            mma(a, b, c, acc, rt * NT * 4, s, s, sx)
 
     @T.prim_func
     def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
@@ -93,7 +86,6 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            v = T.alloc_local((1,), "float32")
             T.copy(SB[(bx * br) // 32, bz * per], SB_s)
             for t0 in T.serial(T.ceildiv(m, tt)):
                 tb = t0 * tt
@@ -108,22 +100,15 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
                     for kk in T.unroll(ku):
                         block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q,
                               bz * per + ko * WK * ku + wp * ku + kk, (wp * ku + kk) * 8)
-                if WK > 1:
-                    for i in T.unroll(nacc):
-                        red[wp, i, tx % 32] = acc[i]
-                    T.sync_threads()
+                total(red, acc, wp, tx % 32)
                 if wp == 0:
                     for i in T.unroll(nacc):
-                        v[0] = acc[i]
-                        for w in T.unroll(1, WK):
-                            v[0] = v[0] + red[w, i, tx % 32]
-                        otok = tb + ((i // 4) % NT) * 8 + 2 * q + i % 2
-                        orow = bx * br + (i // (NT * 4)) * 16 + g + 8 * ((i % 4) // 2)
-                        if otok < m:
+                        dt, dr = out_position(T, i, NT)
+                        if tb + 2 * q + dt < m:
                             if split_k > 1:
-                                C[bz, otok, orow] = v[0]
+                                C[bz, tb + 2 * q + dt, bx * br + g + dr] = acc[i]
                             else:
-                                C[otok, orow] = T.Cast(c_dtype, v[0])
+                                C[tb + 2 * q + dt, bx * br + g + dr] = T.Cast(c_dtype, acc[i])
                 if WK > 1:
                     T.sync_threads()
 

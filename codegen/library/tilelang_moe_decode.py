@@ -59,8 +59,10 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     the lanes' reads hit distinct banks, and the tile's scales and x's rows' scales are copied
     whole before the K loop. CTAs of idle experts exit at once."""
     from .tilelang_gemm import _tl, e8m0_f32
+    from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
+    mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
     kbs = K // 32
     assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0
     kbw = kbs // WK
@@ -104,16 +106,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             else:
                 s0 = e8m0_f32(T, SW[e, r0, kb])
                 s1 = e8m0_f32(T, SW[e, r0 + 8, kb])
-            for nt in T.unroll(NT):
-                for i in T.unroll(4):
-                    c[i] = T.float32(0)
-                T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
-                          a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
-                o = (rt * NT + nt) * 4
-                acc[o] += c[0] * (s0 * sx[2 * nt])
-                acc[o + 1] += c[1] * (s0 * sx[2 * nt + 1])
-                acc[o + 2] += c[2] * (s1 * sx[2 * nt])
-                acc[o + 3] += c[3] * (s1 * sx[2 * nt + 1])
+            mma(a, b, c, acc, rt * NT * 4, s0, s1, sx)
 
     @T.prim_func
     def grouped_gemm_fp4_mma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
@@ -133,7 +126,6 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            v = T.alloc_local((1,), "float32")
             start = offsets[e]
             end = offsets[e + 1]
             for t0 in T.serial(T.ceildiv(end - start, tt)):
@@ -155,20 +147,13 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
                         for kk in T.unroll(ku):
                             block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q,
                                   wp * kbw + ko * ku + kk, 0)
-                if WK > 1:
-                    for i in T.unroll(nacc):
-                        red[wp, i, tx % 32] = acc[i]
-                    T.sync_threads()
+                total(red, acc, wp, tx % 32)
                 if wp == 0:
                     for i in T.unroll(nacc):
-                        v[0] = acc[i]
-                        for w in T.unroll(1, WK):
-                            v[0] = v[0] + red[w, i, tx % 32]
-                        otok = tb + ((i // 4) % NT) * 8 + 2 * q + i % 2
-                        orow = bx * br + (i // (NT * 4)) * 16 + g + 8 * ((i % 4) // 2)
-                        if otok < end:
+                        dt, dr = out_position(T, i, NT)
+                        if tb + 2 * q + dt < end:
                             # 64: the widened codes' 2^-6
-                            C[otok, orow] = T.Cast("bfloat16", v[0] * T.float32(64))
+                            C[tb + 2 * q + dt, bx * br + g + dr] = T.Cast("bfloat16", acc[i] * T.float32(64))
                 if WK > 1:
                     T.sync_threads()
 
