@@ -40,7 +40,7 @@ def fp4_hi_e4m3(T, w):
                         T.bitwise_and(w, T.uint32(0x80808080)))
 
 
-def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0):
+def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
     few rows of x are the 8-wide B operand), each fragment widened in the registers it was loaded
     into. A lane (group g, q) of a warp takes the 32-bit word at byte 4q of output rows g and
@@ -57,26 +57,32 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     step's [16*RT, WK*KU*16 B] weight tile is copied asynchronously into shared memory STAGES
     steps ahead in 16-byte pieces (bytes in flight cost no registers), its rows padded by 16 B so
     the lanes' reads hit distinct banks, and the tile's scales and x's rows' scales are copied
-    whole before the K loop. CTAs of idle experts exit at once."""
+    whole before the K loop. XS (with STAGES): x's rows of the step go through the same pipeline
+    (rows padded by 32 B: each half-warp's 8-byte reads hit distinct banks) instead of a global
+    load per block and lane. CTAs of idle experts exit at once."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
     mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
     kbs = K // 32
-    assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0
+    assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0 and (STAGES or not XS)
     kbw = kbs // WK
     ku = max(u for u in range(1, KU + 1) if kbw % u == 0)
     br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
     cw = WK * ku * 4  # a step's weight words per row (STAGES > 0)
 
     @T.macro
-    def block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
+    def block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
         """Scale block kb for the warp's rows: its weight words at word column kw of the staged
-        tile and its scales from shared memory (STAGES > 0), or all of them from global memory."""
+        tile and its scales from shared memory (STAGES > 0), or all of them from global memory;
+        with XS, x's 8-byte words at the same column of theirs."""
         for nt in T.unroll(NT):
             tok = tb + nt * 8 + g
-            xv = T.if_then_else(tok < end, X[tok, kb * 4 + q], T.uint64(0))
+            if XS:
+                xv = T.if_then_else(tok < end, Xs[nt * 8 + g, kw], T.uint64(0))
+            else:
+                xv = T.if_then_else(tok < end, X[tok, kb * 4 + q], T.uint64(0))
             xl = T.Cast("uint32", xv)
             xh = T.Cast("uint32", T.shift_right(xv, T.uint64(32)))
             b[2 * nt] = T.call_extern("uint32", "__byte_perm", xl, xh, T.uint32(X_EVEN))
@@ -121,6 +127,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             Ws = T.alloc_shared((br, cw + 4), "uint32")
             SWs = T.alloc_shared((br, kbs), "uint8")
             SXs = T.alloc_shared((tt, kbs), "uint8")
+            Xs = T.alloc_shared((tt, cw + 4), "uint64") if XS else None
             a = T.alloc_local((4,), "uint32")
             b = T.alloc_local((2 * NT,), "uint32")
             c = T.alloc_local((4,), "float32")
@@ -139,13 +146,15 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
                     T.copy(SX[tb, 0], SXs)
                     for ko in T.Pipelined(kbs // (WK * ku), num_stages=STAGES):
                         T.copy(W[e, bx * br:(bx + 1) * br, ko * cw:(ko + 1) * cw], Ws[:, 0:cw])
+                        if XS:
+                            T.copy(X[tb:tb + tt, ko * cw:(ko + 1) * cw], Xs[:, 0:cw])
                         for kk in T.unroll(ku):
-                            block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q,
+                            block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q,
                                   ko * WK * ku + wp * ku + kk, (wp * ku + kk) * 4 + q)
                 else:
                     for ko in T.serial(kbw // ku):
                         for kk in T.unroll(ku):
-                            block(X, SX, W, SW, Ws, SWs, SXs, a, b, c, acc, sx, e, bx, tb, end, g, q,
+                            block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q,
                                   wp * kbw + ko * ku + kk, 0)
                 total(red, acc, wp, tx % 32)
                 if wp == 0:
@@ -165,7 +174,7 @@ def _dims(spec: KernelSpec):
     return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
 
 
-MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2)}
+MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
