@@ -170,8 +170,9 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
 
 
 def _dims(spec: KernelSpec):
-    x, w = spec.in_types[0], spec.in_types[1]
-    return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
+    from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
+
+    return dims(spec)
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1)}
