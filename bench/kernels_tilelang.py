@@ -368,6 +368,9 @@ def tiny_cases():
         gemm_fp8_case("tiny split-K", 5, 64, 256, {"split_k": 2, "block_K": 128}),
         gemm_fp8_case("tiny", 11, 256, 512, mma=True),  # 11 rows: two passes of 8
         gemm_fp8_case("tiny split-K", 3, 256, 1024, {"split_k": 2, "RT": 2}, mma=True),
+        # 4 tiles a pass: 11 rows skip two tiles, 40 rows take a second pass of one tile
+        gemm_fp8_case("tiny 4 tiles", 11, 256, 512, {"NT": 4, "RT": 2}, mma=True),
+        gemm_fp8_case("tiny 4 tiles split-K", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2}, mma=True),
         linear_case("tiny", 7, 64, 96),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8

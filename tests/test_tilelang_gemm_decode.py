@@ -1,7 +1,7 @@
-"""The decode fp8 GEMM on warp MMAs (codegen/library/tilelang_gemm_decode.py): no target enables it
-until it is timed on the H200; on a target that does, decode calls take it, it renders and builds
-for sm_90a without spills at the medium plan's lin8 widths, and its host is the TileLang decode
-GEMM's (the row count an argument, split partials added in order by the combine kernel).
+"""The decode fp8 GEMM on warp MMAs (codegen/library/tilelang_gemm_decode.py): sm90's calls of at
+most 8 rows take it (wider ones the wgmma program), sharing one 8-row instance; it renders and
+builds for sm_90a without spills at the medium plan's lin8 widths, and its host is the TileLang
+decode GEMM's (the row count an argument, split partials added in order by the combine kernel).
 (On the GPU: tests/gpu/test_tilelang_kernels.py.)"""
 import dataclasses
 import shutil
@@ -22,19 +22,24 @@ def gemm_spec(m, n, k):
                       (tensor("bf16", m, n),))
 
 
-def enabled():
+def enabled(**knobs):
     t = get_target("sm90")
-    return dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_mma=KNOBS))
+    return dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_mma=dict(KNOBS, **knobs)))
 
 
-def test_no_target_takes_it_yet():
-    tpl = templates()["tilelang_gemm_fp8_mma"]
-    assert tpl.targets == ()
-    for name in ("sm90", "sm100"):
-        assert select(get_target(name), gemm_spec(1, 5120, 8192)).name == "tilelang_gemm_fp8"
-    t = enabled()
-    assert tpl.supports(t, gemm_spec(64, 5120, 8192)) and not tpl.supports(t, gemm_spec(65, 5120, 8192))
+def test_sm90_takes_it_up_to_one_pass_of_rows():
+    tpl, t = templates()["tilelang_gemm_fp8_mma"], get_target("sm90")
+    assert tpl.targets == ("sm90",) and t.defaults["tilelang_gemm_fp8_mma"] == KNOBS
+    for m in (1, 5, 8):
+        assert select(t, gemm_spec(m, 5120, 8192)).name == "tilelang_gemm_fp8_mma"
+        assert tpl.canonical(t, gemm_spec(m, 5120, 8192)) == gemm_spec(8, 5120, 8192)
+    for m in (9, 64, 4096):
+        assert select(t, gemm_spec(m, 5120, 8192)).name == "tilelang_gemm_fp8"
+    assert select(get_target("sm100"), gemm_spec(1, 5120, 8192)).name == "tilelang_gemm_fp8"
     assert not tpl.supports(t, gemm_spec(1, 5120 + 32, 8192))  # N off the combine's 256 columns
+    wide = enabled(NT=2)  # a pass of two tiles serves 16 rows
+    assert tpl.supports(wide, gemm_spec(16, 5120, 8192)) and not tpl.supports(wide, gemm_spec(17, 5120, 8192))
+    assert tpl.canonical(wide, gemm_spec(3, 5120, 8192)) == gemm_spec(16, 5120, 8192)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -51,6 +56,8 @@ def test_renders_and_builds_without_spills():
         assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
         assert "cp_async" in src.text and src.meta["rows_argument"]
         assert ("combine" in src.meta) == (cfg["split_k"] > 1)
+        if cfg["split_k"] > 1:  # the combine adds the instance's 8 rows of partials, not 64
+            assert tuple(src.meta["combine"]["grid"]) == (n // 256, 1, 1)
         assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB", "m"]
         for text in [src.text] + ([src.meta["combine"]["text"]] if "combine" in src.meta else []):
             rep = nvcc_report(text, t.arch)
@@ -63,8 +70,8 @@ def test_host_passes_the_rows_and_sums_the_splits():
     from deepinfer.ir.quant import QTensor
 
     meta = {"params": [[n, "void*"] for n in ("A", "B", "C", "SA", "SB")] + [["m", "int32_t"]],
-            "rows_argument": True, "mnk": (64, 1280, 5120),
-            "combine": {"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 8, 1]}}
+            "rows_argument": True, "mnk": (8, 1280, 5120),
+            "combine": {"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 1, 1]}}
     kernel = {"template": "tilelang_gemm_fp8_mma", "config": dict(KNOBS, split_k=8), "meta": meta,
               "grid": [20, 8, 1], "language": "cuda"}
     with torch.device("meta"):

@@ -1,5 +1,5 @@
 """TileLang fp8 GEMM at decode on warp MMAs: `gemm_fp8` (ir/ops/quantized.py) for calls of at most
-64 rows, on targets whose defaults carry `tilelang_gemm_fp8_mma`.
+`mma_rows` rows (8 on sm90), on targets whose defaults carry `tilelang_gemm_fp8_mma`.
 
 The same operands as tilelang_gemm's decode program (fp8 e4m3 rows with ue8m0 per 32, an fp8
 weight [N, K] with ue8m0 per 32x32 block; the row count a kernel argument, split-K partials added
@@ -11,7 +11,9 @@ m16n8k32` and the rows are the 8-wide B operand, as the MoE decode GEMM does
 nothing is widened), one MMA per scale block, 16 weight rows and 8 rows, scaled into fp32 by one
 weight scale (the 16 rows lie in one 32-row block) and the row's scale.
 
-No target enables it yet: it is built and checked here, not yet timed on the H200.
+On the H200 it runs the medium plan's lin8 calls of 1 and 8 rows 1.3 to 2.4 times faster than the
+wgmma program (the four shapes timed), and loses at 64 rows (bench/gemm_fp8_decode.py;
+docs/performance.md, eleventh session).
 """
 from typing import Any, Mapping
 
@@ -31,13 +33,14 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     padded by 16 bytes so the lanes' 4-byte reads hit distinct banks; the weight and row scales
     of the CTA's K range once before the loop. Lane (g, q) reads words q and 4 + q of weight rows
     g and g + 8's 32-byte block (A slots 4q.. and 16+4q..) and the same two words of row g of A
-    (B slots). NT tiles of 8 rows per pass over the weights. split_k > 1 writes fp32 partials
+    (B slots). NT tiles of 8 rows per pass over the weights, the tiles past m skipped (a pass wide
+    enough for the largest bucket costs the smallest one no MMAs). split_k > 1 writes fp32 partials
     P[split, rows, N] for the combine."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
-    mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
+    mma, total = scaled_mma(T, NT, guarded=True), warp_order_sum(T, WK, RT * NT * 4)
     kbs = K // 32
     assert K % 32 == 0 and (kbs // split_k) % WK == 0 and kbs % split_k == 0 and N % (16 * RT) == 0
     assert (16 * RT) % 32 == 0 or 32 % (16 * RT) == 0
@@ -66,7 +69,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             a[2] = B_s[rt * 16 + g, kw + 4 + q]
             a[3] = B_s[rt * 16 + g + 8, kw + 4 + q]
             s = e8m0_f32(T, SB_s[(rt * 16) // 32, kb % per])
-            mma(a, b, c, acc, rt * NT * 4, s, s, sx)
+            mma(a, b, c, acc, rt * NT * 4, s, s, sx, m - tb)
 
     @T.prim_func
     def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
@@ -125,34 +128,48 @@ def _mnk(spec: KernelSpec):
     return mnk(spec)
 
 
-def default_config(target: Target, spec: KernelSpec) -> dict:
-    """The target's knobs, and a K split that gives the GPU about two CTAs per SM."""
-    _, n, k = _mnk(spec)
-    c = dict(target.defaults["tilelang_gemm_fp8_mma"])
+def mma_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None = None) -> dict:
+    """`knobs` over the target's, and (unless given) a K split that gives the GPU about two CTAs
+    per SM."""
+    c = dict(target.defaults["tilelang_gemm_fp8_mma"], **(knobs or {}))
     tiles, kbs = n // (16 * c["RT"]), k // 32
     c.setdefault("split_k", next((s for s in (16, 8, 4, 2) if kbs % (s * c["WK"]) == 0
                                   and tiles * s <= 2 * target.cores), 1))
     return c
 
 
+def default_config(target: Target, spec: KernelSpec) -> dict:
+    _, n, k = _mnk(spec)
+    return mma_config(target, n, k)
+
+
+def mma_rows(target: Target) -> int:
+    """The row counts it serves: one pass of the target's 8-row tiles. Wider calls stay on the
+    64-row wgmma program (tilelang_gemm): another pass streams the weight again, and a wider
+    pass holds more accumulators, which costs the few-row calls time (docs/performance.md,
+    eleventh session)."""
+    return 8 * target.defaults["tilelang_gemm_fp8_mma"]["NT"]
+
+
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import DECODE_ROWS, gemm_split_sum_program, lower, out_dtype_name, source
+    from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name, source
 
     m, n, k = _mnk(spec)
-    c = dict(default_config(target, spec), **config)
-    func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=DECODE_ROWS, **c)
+    c = mma_config(target, n, k, config)
+    func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=m, **c)
     src = source(func, target.arch, {"template": "tilelang_gemm_fp8_mma", "config": c, "mnk": (m, n, k),
                                      "rows_argument": True})
     if c["split_k"] > 1:
-        comb = lower(gemm_split_sum_program(n, c["split_k"], DECODE_ROWS, out_dtype_name(spec)), target.arch)
+        comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
         src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
                                "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
     return src
 
 
 def _supports(target: Target, spec: KernelSpec) -> bool:
-    """Decode row counts of the e4m3 / ue8m0 formats the kernel reads, K a multiple of the warps'
-    blocks and N of the CTA's rows and the combine's columns; not in a batch-invariant plan."""
+    """Calls of at most mma_rows rows in the e4m3 / ue8m0 formats the kernel reads, K a multiple
+    of the warps' blocks and N of the CTA's rows and the combine's columns; not in a
+    batch-invariant plan."""
     from ...ir.types import QuantType
 
     if "tilelang_gemm_fp8_mma" not in target.defaults or batch_invariant(target):
@@ -166,7 +183,7 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
     c = default_config(target, spec)
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
             and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
-            and m <= 64 and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0 and n % (16 * c["RT"]) == 0
+            and m <= mma_rows(target) and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0 and n % (16 * c["RT"]) == 0
             and spec.out_types[0].dtype.name in ("bf16", "f32"))
 
 
@@ -177,9 +194,15 @@ def _host(launch, inputs, attrs, config, meta):
 
 
 def _canonical(target: Target, spec: KernelSpec) -> KernelSpec:
-    from .tilelang_gemm import canonical_rows
+    """Every call it serves shares the mma_rows-row instance (the rows are a kernel argument, as
+    in tilelang_gemm.canonical_rows); the combine adds that many rows of partials."""
+    from .tilelang_gemm import rows_type
 
-    return canonical_rows(target, spec)
+    rows, (m, n, _) = mma_rows(target), _mnk(spec)
+    if m == rows:
+        return spec
+    return KernelSpec(spec.op, spec.attrs, (rows_type(spec.in_types[0], rows),) + tuple(spec.in_types[1:]),
+                      (spec.out_types[0].with_shape((rows, n)),) + tuple(spec.out_types[1:]))
 
 
 register(Template(

@@ -66,7 +66,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     _, T = _tl()
     mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
     kbs = K // 32
-    assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0 and (STAGES or not XS)
+    assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0
+    XS = XS if STAGES else 0  # x rides the weight tile's pipeline: none without stages
     kbw = kbs // WK
     ku = max(u for u in range(1, KU + 1) if kbw % u == 0)
     br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4

@@ -5,24 +5,41 @@ weight is the 16-row A operand of `mma.sync m16n8k32` e4m3 and 8 rows of x the B
 Each is a TileLang macro made for a program's constants; `T` is tilelang.language."""
 
 
-def scaled_mma(T, NT: int):
+def scaled_mma(T, NT: int, guarded: bool = False):
     """acc[o + 4 nt + i] += C_i of A x B_nt, scaled by the weight row's scale (s0: row g, s1: row
     g + 8) and x's (sx[2 nt + j]: row 2q + j of tile nt), for NT tiles of 8 x rows: one MMA per
-    32-deep scale block, its fp32 sum scaled into the accumulator."""
+    32-deep scale block, its fp32 sum scaled into the accumulator. `guarded`: the macro takes the
+    rows left from the pass's first (`left`) and skips tiles 1.. that hold none (a uniform branch:
+    a wide pass costs a call of few rows no MMAs)."""
 
     @T.macro
-    def mma(a, b, c, acc, o, s0, s1, sx):
-        for nt in T.unroll(NT):
-            for i in T.unroll(4):
-                c[i] = T.float32(0)
-            T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
-                      a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
-            acc[o + nt * 4] += c[0] * (s0 * sx[2 * nt])
-            acc[o + nt * 4 + 1] += c[1] * (s0 * sx[2 * nt + 1])
-            acc[o + nt * 4 + 2] += c[2] * (s1 * sx[2 * nt])
-            acc[o + nt * 4 + 3] += c[3] * (s1 * sx[2 * nt + 1])
+    def one(a, b, c, acc, o, s0, s1, sx, nt):
+        for i in T.unroll(4):
+            c[i] = T.float32(0)
+        T.ptx_mma("float32", "m16n8k32", "row", "col", "e4m3", "e4m3", "fp32",
+                  a.data, 0, b.data, 2 * nt, c.data, 0, T.bool(False))
+        acc[o + nt * 4] += c[0] * (s0 * sx[2 * nt])
+        acc[o + nt * 4 + 1] += c[1] * (s0 * sx[2 * nt + 1])
+        acc[o + nt * 4 + 2] += c[2] * (s1 * sx[2 * nt])
+        acc[o + nt * 4 + 3] += c[3] * (s1 * sx[2 * nt + 1])
 
-    return mma
+    if not guarded:
+        @T.macro
+        def mma(a, b, c, acc, o, s0, s1, sx):
+            for nt in T.unroll(NT):
+                one(a, b, c, acc, o, s0, s1, sx, nt)
+
+        return mma
+
+    @T.macro
+    def mma_rows(a, b, c, acc, o, s0, s1, sx, left):
+        one(a, b, c, acc, o, s0, s1, sx, 0)
+        if NT > 1:
+            for nt in T.unroll(1, NT):
+                if nt * 8 < left:
+                    one(a, b, c, acc, o, s0, s1, sx, nt)
+
+    return mma_rows
 
 
 def warp_order_sum(T, WK: int, nacc: int):

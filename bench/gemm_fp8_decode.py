@@ -1,0 +1,161 @@
+"""The medium plan's decode fp8 GEMMs (lin8, `gemm_fp8`) on the H200: the wgmma decode program
+(tilelang_gemm, sm90's choice) against the warp-MMA one (tilelang_gemm_decode) over a few configs,
+each run as a plan runs it (the main kernel, then the split-K combine where it splits), at 1, 8
+and 64 rows. Each variant is checked against the op's reference before it is timed (CUDA-graph
+replay, median). Per variant and row count the table sums calls x time over the step's calls
+(the medium plan's decode step: SHAPES), against the same sum of byte floors at the copy
+bandwidth measured in the same run. Not a test; run on the H200:
+
+    LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
+
+LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it (or those below
+where sm90 has none); a config without split_k takes tilelang_gemm_decode.mma_config's split.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from ceilings import measure_ceilings  # noqa: E402
+from kernels_tilelang import rand_e8m0, rand_fp8, rel_err  # noqa: E402
+
+from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
+from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
+from deepinfer.ir.quant import QTensor  # noqa: E402
+from deepinfer.ir.registry import get_op  # noqa: E402
+
+# (N, K, calls in one decode step of the medium plan): counted off its step graph
+SHAPES = [(1280, 5120, 40), (32768, 1280, 40), (512, 5120, 43), (5120, 8192, 40), (2304, 5120, 80),
+          (5120, 2304, 40), (25600, 6144, 2), (4096, 1280, 8), (5120, 15360, 1)]
+MMA_BASE = {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1}
+ROWS = tlg.DECODE_ROWS
+
+
+def target():
+    t = get_target("sm90")
+    if "tilelang_gemm_fp8_mma" in t.defaults:
+        return t
+    return dataclasses.replace(t, defaults={**t.defaults, "tilelang_gemm_fp8_mma": MMA_BASE})
+
+
+def variants(n, k):
+    """(label, config, [programs]) per variant of one shape: the wgmma program first."""
+    t = target()
+    c = tlg.gemm_default_config(t, ROWS, n, k)
+    out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
+        c = tlgd.mma_config(t, n, k, knobs)
+        out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
+                    [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
+    for _, c, progs in out:
+        if c["split_k"] > 1:
+            progs.append(tlg.gemm_split_sum_program(n, c["split_k"], ROWS, "bfloat16"))
+    return out
+
+
+def _warm(args):
+    si, vi = args
+    try:
+        for p in variants(*SHAPES[si][:2])[vi][2]:
+            tlg.compile_kernel(p)
+        return None
+    except Exception as e:  # reported again by the main process
+        return f"{type(e).__name__}: {e}"
+
+
+def run(kernels, c, mma, x, n):
+    a, b = x["A"], x["B"]
+    if mma:  # the warp-MMA program reads both operands as 32-bit words
+        a, b = a.view(torch.uint8).view(torch.uint32), b.view(torch.uint8).view(torch.uint32)
+    out = torch.empty(x["A"].shape[0], n, device="cuda", dtype=torch.bfloat16)
+    if c["split_k"] > 1:
+        p = torch.empty(c["split_k"], ROWS, n, device="cuda", dtype=torch.float32)
+        kernels[0](a, x["SA"], b, x["SB"], p)
+        kernels[1](p, out)
+    else:
+        kernels[0](a, x["SA"], b, x["SB"], out)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_fp8_decode.json"))
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    args = ap.parse_args()
+    import triton
+
+    t0 = time.time()
+    nv = len(variants(*SHAPES[0][:2]))
+    jobs = [(si, vi) for si in range(len(SHAPES)) for vi in range(nv)]
+    with ProcessPoolExecutor(args.workers) as ex:
+        errors = sorted({e for e in ex.map(_warm, jobs) if e})
+    print(f"compiled {len(jobs)} variants in {time.time() - t0:.0f} s", flush=True)
+    for e in errors[:3]:  # the main process compiles these again, and reports per variant
+        print("warm-up:", e[-300:], flush=True)
+    ceil = measure_ceilings(lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    bw = ceil["copy_bytes_per_s"]
+    rows_list = [int(r) for r in args.rows.split(",")]
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": datetime.date.today().isoformat(), "ceilings": ceil, "rows": []}
+    step = {}  # (variant, rows) -> [sum calls x time us, sum calls x floor us, all passed]
+    torch.manual_seed(1234)
+    for n, k, calls in SHAPES:
+        for label, c, progs in variants(n, k):
+            try:
+                kernels = [tlg.compile_kernel(p) for p in progs]
+            except Exception as e:
+                print(f"{n}x{k} {label}: build error {type(e).__name__}: {str(e)[-300:]}", flush=True)
+                res["rows"].append({"shape": [n, k], "variant": label, "config": c, "status": "build-error"})
+                continue
+            for m in rows_list:
+                x = {"A": rand_fp8(m, k), "SA": rand_e8m0(m, k // 32), "B": rand_fp8(n, k),
+                     "SB": rand_e8m0(-(-n // 32), k // 32)}
+                row = {"shape": [n, k], "rows": m, "calls": calls, "variant": label, "config": c}
+                try:
+                    out = run(kernels, c, label != "wgmma", x, n)
+                    ref = get_op("gemm_fp8").ref(QTensor(x["A"], x["SA"]), QTensor(x["B"], x["SB"]), out_dtype="f32")
+                    mx, _ = rel_err(out.float(), ref.float())
+                    t = triton.testing.do_bench_cudagraph(lambda: run(kernels, c, label != "wgmma", x, n), rep=100,
+                                                          return_mode="median") * 1e3
+                    floor = (n * k * (1 + 1 / 1024) + m * k * 33 / 32 + m * n * 2) / bw * 1e6
+                    row.update(status="pass" if mx <= 1e-2 else "FAIL", max_rel=mx, time_us=t, floor_us=floor)
+                except Exception as e:
+                    row.update(status="run-error", error=f"{type(e).__name__}: {str(e)[-300:]}")
+                res["rows"].append(row)
+                print({a: b for a, b in row.items() if a != "config"}, flush=True)
+                s = step.setdefault((label, m), [0.0, 0.0, True])
+                if "time_us" in row:
+                    s[0] += calls * row["time_us"]
+                    s[1] += calls * row["floor_us"]
+                s[2] = s[2] and row["status"] == "pass"
+    res["step"] = [{"variant": v, "rows": m, "step_us": s[0], "floor_us": s[1], "all_pass": s[2]}
+                   for (v, m), s in step.items()]
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nmedium decode step's lin8 calls (copy {bw / 1e12:.2f} TB/s)")
+    print(f"{'variant':<28} {'rows':>4} {'step ms':>8} {'floor ms':>8} {'f/t':>5} {'check':>6}")
+    for r in res["step"]:
+        print(f"{r['variant'][:28]:<28} {r['rows']:>4} {r['step_us'] / 1e3:>8.3f} {r['floor_us'] / 1e3:>8.3f} "
+              f"{r['floor_us'] / max(r['step_us'], 1e-9):>5.2f} {'pass' if r['all_pass'] else 'FAIL':>6}")
+    print(f"\n{'shape':<12} {'rows':>4} " + " ".join(f"{v[:14]:>14}" for v, _, _ in variants(*SHAPES[0][:2])))
+    for n, k, _ in SHAPES:
+        for m in rows_list:
+            ts = {r["variant"]: r.get("time_us") for r in res["rows"] if r["shape"] == [n, k] and r.get("rows") == m}
+            print(f"{n}x{k:<7} {m:>4} " + " ".join(f"{ts[v]:>14.1f}" if ts.get(v) else f"{'-':>14}"
+                                                    for v, _, _ in variants(*SHAPES[0][:2])))
+    return 0 if all(r["all_pass"] for r in res["step"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
