@@ -18,7 +18,9 @@ budget=${3:-240}
 cdir=$(unpack "$cands" "$work/cands" manifest.json)
 plan=$(unpack "$plan_tar" "$work/plan" plan.json)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+# AB_ONLY=NAME,...: measure these templates' instances only (autotune --only)
 "$py" -m deepinfer.cli autotune --measure "$cdir" --db "$out/tuning-sm90.jsonl" --budget-s "$budget" --timeout-s 30 \
+    ${AB_ONLY:+--only "$AB_ONLY"} \
     2>&1 | tee "$out/measure.log" || echo "autotune_ab_h200: --measure failed (measure.log)"
 "$py" -m deepinfer.cli autotune "$plan" --apply "$cdir" --db "$out/tuning-sm90.jsonl" -o "$work/tuned" 2>&1 \
     | tee "$out/apply.log" || echo "autotune_ab_h200: --apply failed (apply.log); timing the untuned plan only"
