@@ -66,7 +66,8 @@ def test_gemm_fp8_selection_by_row_count():
     lin8 take the Triton template, its K split picked from the shape (the same at every row count)
     and its row tile from the rows; more rows, and sm100 (its block-scaled TileLang program), stay
     on TileLang, as do batch-invariant plans (one template at every bucket, and prefill rows have
-    only TileLang's)."""
+    only TileLang's). sm90 itself runs up to 8 rows on warp MMAs (tilelang_gemm_fp8_mma, taken
+    out of the copy that names the Triton limit) and more on the wgmma program."""
     import dataclasses
 
     from deepinfer.codegen.targets import get_target
@@ -79,9 +80,10 @@ def test_gemm_fp8_selection_by_row_count():
                           (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
                            quantized("fp8e4m3", (n, k), "e8m0", (32, 32))), (TensorType(dt.bf16, (rows, n)),))
 
-    assert select(get_target("sm90"), spec(1)).name == "tilelang_gemm_fp8"
     sm90 = get_target("sm90")
-    t = dataclasses.replace(sm90, defaults={**sm90.defaults, "triton_gemm_fp8": {"decode_rows": 64}})
+    assert [select(sm90, spec(m)).name for m in (1, 8, 9, 64)] == ["tilelang_gemm_fp8_mma"] * 2 + ["tilelang_gemm_fp8"] * 2
+    own = {k: v for k, v in sm90.defaults.items() if k != "tilelang_gemm_fp8_mma"}
+    t = dataclasses.replace(sm90, defaults={**own, "triton_gemm_fp8": {"decode_rows": 64}})
     for rows, tile in ((1, 16), (8, 16), (32, 32), (64, 64)):
         chosen = select(t, spec(rows))
         assert chosen.name == "triton_gemm_fp8", chosen.name
