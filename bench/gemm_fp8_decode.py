@@ -8,11 +8,10 @@ bandwidth measured in the same run. Not a test; run on the H200:
 
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
-LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it (or those below
-where sm90 has none); a config without split_k takes tilelang_gemm_decode.mma_config's split.
+LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
+split_k takes tilelang_gemm_decode.mma_config's split.
 """
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -37,20 +36,12 @@ from deepinfer.ir.registry import get_op  # noqa: E402
 # (N, K, calls in one decode step of the medium plan): counted off its step graph
 SHAPES = [(1280, 5120, 40), (32768, 1280, 40), (512, 5120, 43), (5120, 8192, 40), (2304, 5120, 80),
           (5120, 2304, 40), (25600, 6144, 2), (4096, 1280, 8), (5120, 15360, 1)]
-MMA_BASE = {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1}
 ROWS = tlg.DECODE_ROWS
-
-
-def target():
-    t = get_target("sm90")
-    if "tilelang_gemm_fp8_mma" in t.defaults:
-        return t
-    return dataclasses.replace(t, defaults={**t.defaults, "tilelang_gemm_fp8_mma": MMA_BASE})
 
 
 def variants(n, k):
     """(label, config, [programs]) per variant of one shape: the wgmma program first."""
-    t = target()
+    t = get_target("sm90")
     c = tlg.gemm_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):

@@ -78,7 +78,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
     """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order)."""
     if mma:
-        c = dict({"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "split_k": 1}, **(config or {}))
+        c = {**TARGET.defaults["tilelang_gemm_fp8_mma"], "split_k": 1, **(config or {})}
     else:
         c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
 
@@ -375,7 +375,7 @@ def tiny_cases():
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
-        grouped_case("tiny x staged", [3, 0, 12, 1], 64, 256, 4, {"XS": 1}, mma=True),
+        grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),
         attention_case("tiny", "window", [(90, 2), (3, 1)], D=128, window=64, R=70),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70),
@@ -403,7 +403,7 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w1", counts, 2304, 5120, 384))
         out.append(grouped_case(f"decode b{b} w13", counts, 4608, 5120, 384, mma=True))
         out.append(grouped_case(f"decode b{b} w2", counts, 5120, 2304, 384, mma=True))
-        out.append(grouped_case(f"decode b{b} w13 x staged", counts, 4608, 5120, 384, {"XS": 1}, mma=True))
+        out.append(grouped_case(f"decode b{b} w13 x per lane", counts, 4608, 5120, 384, {"XS": 0}, mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])
     out.append(grouped_case("prefill 4K w1", torch.bincount(sel.flatten(), minlength=384).tolist(), 2304, 5120, 384))
     for b in (1, 64):

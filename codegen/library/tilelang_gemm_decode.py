@@ -195,7 +195,8 @@ def _host(launch, inputs, attrs, config, meta):
 
 def _canonical(target: Target, spec: KernelSpec) -> KernelSpec:
     """Every call it serves shares the mma_rows-row instance (the rows are a kernel argument, as
-    in tilelang_gemm.canonical_rows); the combine adds that many rows of partials."""
+    in tilelang_gemm.canonical_rows, whose instance is the wgmma tile's 64 rows); the combine
+    adds that many rows of partials."""
     from .tilelang_gemm import rows_type
 
     rows, (m, n, _) = mma_rows(target), _mnk(spec)
