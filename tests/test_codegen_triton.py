@@ -26,12 +26,14 @@ def test_every_template_has_a_check_case():
     assert set(triton_ops.TEMPLATES_BY_OP) <= set(triton_check.OUTPUT_KINDS)
 
 
-def test_hc_pre_with_split_k_matches_reference_interpreted():
-    """hc_pre's split path: H = 96 in 32-wide ranges over 5 programs (the last two empty), each
-    doing the mix GEMM's columns of every copy and hc_pre's collapse of its range; the main kernel
-    sums the partials in split order and normalises x in 32-wide chunks. Against the same reference."""
+@pytest.mark.parametrize("split", [5, 40])
+def test_hc_pre_with_split_k_matches_reference_interpreted(split):
+    """hc_pre's split path: H = 96 in 32-wide ranges over 5 or 40 programs (all but three empty),
+    each doing the mix GEMM's columns of every copy and hc_pre's collapse of its range; the main
+    kernel's program p sums the partials of row p (40: more splits than one 32-wide pass of the
+    sum) and normalises the p-th 32-wide chunk of x. Against the same reference."""
     dims = dict(triton_check.TINY)
-    got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=5))
+    got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=split))
     assert got["hc_pre"] is None, got["hc_pre"]
     assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
@@ -255,9 +257,9 @@ def test_launch_metadata_matches_the_kernel_text(op, template, entries):
         split = launches[0]
         blocks = -(-8 // cfg["BM"])
         # the split kernel collapses into the output, which the main kernel's programs (row block,
-        # chunk of H) normalise in place
+        # p) normalise in place by chunks of H; programs p < BM also finish row p's mixes
         assert cfg["SPLIT"] > 1 and split["grid"] == [blocks, cfg["SPLIT"]]
-        assert main["grid"] == [blocks, -(-256 // cfg["BH"])] and split["constexprs"]["COLLAPSE"] is True
+        assert main["grid"] == [blocks, max(cfg["BM"], -(-256 // cfg["BH"]))] and split["constexprs"]["COLLAPSE"] is True
         assert split["signature"]["part_ptr"] == main["signature"]["part_ptr"] == "*fp32"  # partials handed over
         assert src.meta["launch_attrs"] == {"eps": 1e-20, "copies": 4, "iters": 20, "hc_eps": 1e-06, "post_mult": 2.0}
 

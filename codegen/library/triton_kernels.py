@@ -251,17 +251,23 @@ def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.con
     return acc_pp, acc_m, ss
 
 
+# hc_mix_split_kernel's partials: [SPLIT, n, HC_PART] fp32, per (split, row) the mix GEMM's 2C + C*C
+# columns (pre|post, then the C*C mix), then the rows' sum of squares and the collapse's
+HC_PART = tl.constexpr(32)
+
+
 @triton.jit
 def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.constexpr, H: tl.constexpr,
                         SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, COLLAPSE: tl.constexpr):
     """Program (row block, split s): for the s-th range of H and every copy c, the mix GEMM's K
-    columns c*H + h into part[s, row, 48] (pre|post 0..15, mix 16..31, sum of squares 32). With
-    COLLAPSE (hc_pre), also the collapse sum_c pre_in[c] * R[c, h] of the same loaded copies,
-    rounded to R's dtype, into xc, and that rounded value's sum of squares into part[s, row, 33]:
-    the RMSNorm's statistic. Few rows (decode) leave most SMs idle with one program per row block;
-    splitting H spreads the 2*C + C*C weight rows and the rows' copies over the GPU, and the
-    collapse no longer walks all of H in one program."""
+    columns c*H + h into part[s, row] (HC_PART). With COLLAPSE (hc_pre), also the collapse
+    sum_c pre_in[c] * R[c, h] of the same loaded copies, rounded to R's dtype, into xc, and that
+    rounded value's sum of squares: the RMSNorm's statistic. Few rows (decode) leave most SMs idle
+    with one program per row block; splitting H spreads the weight's 2*C + C*C rows and the rows'
+    copies over the GPU. A step loads every copy's rows and weight columns as one tile each, so
+    they are in flight together: a program is one round trip to memory, not one per copy."""
     K: tl.constexpr = C * H
+    NJ: tl.constexpr = 2 * C + C * C
     HS: tl.constexpr = (H + SPLIT * BK - 1) // (SPLIT * BK) * BK
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rmask = rows < n
@@ -269,60 +275,58 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
     s = tl.program_id(1)
     h_lo = s * HS
     h_hi = tl.minimum(h_lo + HS, H)
-    jj = tl.arange(0, 16)
-    acc_pp = tl.zeros([BM, 16], tl.float32)
-    acc_m = tl.zeros([BM, 16], tl.float32)
+    cc = tl.arange(0, C)
+    jj = tl.arange(0, HC_PART)
+    acc = tl.zeros([BM, HC_PART], tl.float32)
     ss = tl.zeros([BM], tl.float32)
     ss2 = tl.zeros([BM], tl.float32)
     for h0 in range(h_lo, h_hi, BK):
         hh = h0 + tl.arange(0, BK)
         hm = hh < h_hi
-        col = tl.zeros([BM, BK], tl.float32)
-        for c in tl.static_range(C):
-            kk = c * H + hh
-            x = tl.load(r_ptr + rows64[:, None] * K + kk[None, :], mask=rmask[:, None] & hm[None, :],
-                        other=0.0).to(tl.float32)
-            ss += tl.sum(x * x, axis=1)
-            fpp = tl.load(fn_ptr + jj[None, :] * K + kk[:, None], mask=hm[:, None] & (jj[None, :] < 2 * C),
-                          other=0.0)
-            fm = tl.load(fn_ptr + (2 * C + jj[None, :]) * K + kk[:, None], mask=hm[:, None], other=0.0)
-            acc_pp += tl.dot(x, fpp, input_precision="ieee")
-            acc_m += tl.dot(x, fm, input_precision="ieee")
-            if COLLAPSE:
-                p = tl.load(prein_ptr + rows64 * C + c, mask=rmask, other=0.0)
-                col += p[:, None] * x
+        kk = cc[:, None] * H + hh[None, :]
+        x = tl.load(r_ptr + rows64[:, None, None] * K + kk[None, :, :],
+                    mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
+        f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
+                    mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
+        acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="ieee")
+        ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
         if COLLAPSE:
-            xc = _round_like(col, r_ptr.dtype.element_ty)
+            p = tl.load(prein_ptr + rows64[:, None] * C + cc[None, :], mask=rmask[:, None], other=0.0)
+            xc = _round_like(tl.sum(p[:, :, None] * x, axis=1), r_ptr.dtype.element_ty)
             ss2 += tl.sum(xc * xc, axis=1)
             tl.store(xc_ptr + rows64[:, None] * H + hh[None, :], xc.to(xc_ptr.dtype.element_ty),
                      mask=rmask[:, None] & hm[None, :])
-    base = part_ptr + (s * n + rows64[:, None]) * 48
-    tl.store(base + jj[None, :], acc_pp, mask=rmask[:, None])
-    tl.store(base + 16 + jj[None, :], acc_m, mask=rmask[:, None])
-    tl.store(part_ptr + (s * n + rows64) * 48 + 32, ss, mask=rmask)
-    tl.store(part_ptr + (s * n + rows64) * 48 + 33, ss2, mask=rmask)
+    base = part_ptr + (s * n + rows64) * HC_PART
+    tl.store(base[:, None] + jj[None, :], acc, mask=rmask[:, None] & (jj < NJ)[None, :])
+    tl.store(base + NJ, ss, mask=rmask)
+    tl.store(base + NJ + 1, ss2, mask=rmask)
 
 
 @triton.jit
-def _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
-              rows64, rmask, C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr, BM: tl.constexpr,
-              BK: tl.constexpr, SPLIT: tl.constexpr):
-    """An mHC entry's mixes for BM rows: the mix GEMM [BM, C*H] x fn^T (here, or with SPLIT > 1
-    summed in split order from hc_mix_split_kernel's partials), the RMS statistic over C*H, pre
-    and post, and Sinkhorn on [BM, C, C] in registers; stored to pre, post and m."""
+def _hc_split_sum(part_ptr, n, rows64, rmask, col0, W: tl.constexpr, WM: tl.constexpr, SPLIT: tl.constexpr):
+    """[R, W] sums over the splits of part[:, rows, col0 + j] (columns j >= WM read as 0): each
+    lane adds its splits of every 32 in turn, then the 32 are summed, so the SPLIT loads have no
+    reduction between them and are in flight together."""
+    sp = tl.arange(0, 32)
+    ww = tl.arange(0, W)
+    m = rmask[:, None, None] & (ww < WM)[None, None, :]
+    tot = tl.zeros([rows64.shape[0], 32, W], tl.float32)
+    for s0 in tl.static_range(0, SPLIT, 32):
+        sm = (s0 + sp) < SPLIT
+        off = ((s0 + sp[None, :, None]) * n + rows64[:, None, None]) * HC_PART + col0 + ww[None, None, :]
+        tot += tl.load(part_ptr + off, mask=m & sm[None, :, None], other=0.0)
+    return tl.sum(tot, axis=1)
+
+
+@triton.jit
+def _hc_mix_out(acc_pp, acc_m, ss, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, eps, hc_eps, post_mult,
+                rows64, rmask, C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr):
+    """From the mix GEMM's columns ([R, 16] pre|post and [R, 16] mix) and the rows' sum of squares
+    over C*H: the RMS statistic, pre and post, and Sinkhorn on [R, C, C] in registers; stored to
+    pre, post and m."""
     K: tl.constexpr = C * H
+    R: tl.constexpr = rows64.shape[0]
     jj = tl.arange(0, 16)
-    if SPLIT == 1:
-        acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows64, rmask, 0, K, K, C, BM, BK)
-    else:
-        acc_pp = tl.zeros([BM, 16], tl.float32)
-        acc_m = tl.zeros([BM, 16], tl.float32)
-        ss = tl.zeros([BM], tl.float32)
-        for sp in tl.static_range(SPLIT):
-            base = part_ptr + (sp * n + rows64[:, None]) * 48
-            acc_pp += tl.load(base + jj[None, :], mask=rmask[:, None], other=0.0)
-            acc_m += tl.load(base + 16 + jj[None, :], mask=rmask[:, None], other=0.0)
-            ss += tl.load(part_ptr + (sp * n + rows64) * 48 + 32, mask=rmask, other=0.0)
     rms = tl.math.rsqrt(ss / K + eps)
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -336,14 +340,37 @@ def _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part
              mask=rmask[:, None] & (jj[None, :] >= C) & (jj[None, :] < 2 * C))
     bm_ = tl.load(base_ptr + 2 * C + jj)
     z = acc_m * rms[:, None] * s2 + bm_[None, :]
-    m3 = tl.reshape(z, [BM, C, C])
+    m3 = tl.reshape(z, [R, C, C])
     e = tl.exp(m3 - tl.max(m3, axis=2)[:, :, None])
     m3 = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
     m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
     for _ in range(ITERS - 1):
         m3 = m3 / (tl.sum(m3, axis=2)[:, :, None] + hc_eps)
         m3 = m3 / (tl.sum(m3, axis=1)[:, None, :] + hc_eps)
-    tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [BM, 16]), mask=rmask[:, None])
+    tl.store(m_ptr + rows64[:, None] * (C * C) + jj[None, :], tl.reshape(m3, [R, 16]), mask=rmask[:, None])
+
+
+@triton.jit
+def _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
+              row0, C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+              SPLIT: tl.constexpr):
+    """An mHC entry's mixes. SPLIT == 1: rows row0 .. row0 + BM, the mix GEMM [BM, C*H] x fn^T
+    here. SPLIT > 1: row row0 alone, its columns summed over hc_mix_split_kernel's partials (a
+    program per row: the sums are where the time goes, and rows are independent)."""
+    K: tl.constexpr = C * H
+    if SPLIT == 1:
+        rows = row0 + tl.arange(0, BM)
+        acc_pp, acc_m, ss = _hc_mix(r_ptr, fn_ptr, rows.to(tl.int64), rows < n, 0, K, K, C, BM, BK)
+        _hc_mix_out(acc_pp, acc_m, ss, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, eps, hc_eps, post_mult,
+                    rows.to(tl.int64), rows < n, C, H, ITERS)
+    else:
+        rows64 = row0.to(tl.int64) + tl.zeros([1], tl.int64)
+        rmask = rows64 < n
+        acc_pp = _hc_split_sum(part_ptr, n, rows64, rmask, 0, 16, 2 * C, SPLIT)
+        acc_m = _hc_split_sum(part_ptr, n, rows64, rmask, 2 * C, 16, 16, SPLIT)
+        ss = tl.sum(_hc_split_sum(part_ptr, n, rows64, rmask, 2 * C + C * C, 2, 1, SPLIT), axis=1)
+        _hc_mix_out(acc_pp, acc_m, ss, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, eps, hc_eps, post_mult,
+                    rows64, rmask, C, H, ITERS)
 
 
 @triton.jit
@@ -352,30 +379,32 @@ def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
                   C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr,
                   BM: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, SPLIT: tl.constexpr):
     """SPLIT == 1: BM rows per program, the mixes (_hc_mixes), then collapse(R, pre_in) -> bf16 ->
-    RMSNorm (two passes over H). SPLIT > 1: program (row block, chunk of H) after
-    hc_mix_split_kernel, which left the rounded collapse in x and the partials in part: the first
-    chunk's program finishes the mixes; every program normalises its chunk of x in place."""
+    RMSNorm (two passes over H). SPLIT > 1: program (row block, p) after hc_mix_split_kernel,
+    which left the rounded collapse in x and the partials in part: program p < BM finishes the
+    mixes of the block's row p, and program p normalises the p-th BH chunk of x in place (the
+    launch has max(BM, H / BH) programs on that axis)."""
     K: tl.constexpr = C * H
+    NJ: tl.constexpr = 2 * C + C * C
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     rmask = rows < n
     rows64 = rows.to(tl.int64)
     hh = tl.arange(0, BH)
     if SPLIT > 1:
-        if tl.program_id(1) == 0:
+        p = tl.program_id(1)
+        if p < BM:
             _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps,
-                      post_mult, rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
-        ss2 = tl.zeros([BM], tl.float32)
-        for sp in tl.static_range(SPLIT):
-            ss2 += tl.load(part_ptr + (sp * n + rows64) * 48 + 33, mask=rmask, other=0.0)
-        rstd = tl.math.rsqrt(ss2 / H + eps)
-        h0 = tl.program_id(1) * BH
-        hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
-        xc = tl.load(x_ptr + rows64[:, None] * H + h0 + hh[None, :], mask=hm, other=0.0).to(tl.float32)
-        w = tl.load(nw_ptr + h0 + hh, mask=(h0 + hh) < H, other=0.0).to(tl.float32)
-        _store_as(x_ptr + rows64[:, None] * H + h0 + hh[None, :], w[None, :] * (xc * rstd[:, None]), hm)
+                      post_mult, tl.program_id(0) * BM + p, C, H, ITERS, BM, BK, SPLIT)
+        h0 = p * BH
+        if h0 < H:
+            ss2 = tl.sum(_hc_split_sum(part_ptr, n, rows64, rmask, NJ + 1, 2, 1, SPLIT), axis=1)
+            rstd = tl.math.rsqrt(ss2 / H + eps)
+            hm = rmask[:, None] & ((h0 + hh) < H)[None, :]
+            xc = tl.load(x_ptr + rows64[:, None] * H + h0 + hh[None, :], mask=hm, other=0.0).to(tl.float32)
+            w = tl.load(nw_ptr + h0 + hh, mask=(h0 + hh) < H, other=0.0).to(tl.float32)
+            _store_as(x_ptr + rows64[:, None] * H + h0 + hh[None, :], w[None, :] * (xc * rstd[:, None]), hm)
     else:
         _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
-                  rows64, rmask, C, H, ITERS, BM, BK, SPLIT)
+                  tl.program_id(0) * BM, C, H, ITERS, BM, BK, SPLIT)
         # collapse with the previous sub-layer's pre, then RMSNorm of the bf16 result
         ss2 = tl.zeros([BM], tl.float32)
         for h0 in range(0, H, BH):
@@ -1230,11 +1259,12 @@ def compress_pool_norm_kernel(l_ptr, s_ptr, st_ptr, pos_ptr, seq_ptr, slots_ptr,
 def hc_mix_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
                   C: tl.constexpr, H: tl.constexpr, ITERS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                   SPLIT: tl.constexpr):
-    """hc_pre_kernel's mixes alone (the mix GEMM, here or summed in split order from
-    hc_mix_split_kernel's partials, the RMS statistic, Sinkhorn), for an entry with no collapse."""
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    """hc_pre_kernel's mixes alone (the mix GEMM, here or summed from hc_mix_split_kernel's
+    partials, the RMS statistic, Sinkhorn), for an entry with no collapse. SPLIT > 1: program
+    (row block, p) takes the block's row p."""
+    row0 = tl.program_id(0) * BM + (tl.program_id(1) if SPLIT > 1 else 0)
     _hc_mixes(r_ptr, fn_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, m_ptr, part_ptr, n, eps, hc_eps, post_mult,
-              rows.to(tl.int64), rows < n, C, H, ITERS, BM, BK, SPLIT)
+              row0, C, H, ITERS, BM, BK, SPLIT)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
-from .triton_kernels import block_linear_mx_kernel
+from .triton_kernels import HC_PART, block_linear_mx_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
 from .triton_kernels import dspark_pick_kernel, dspark_step_kernel
@@ -171,7 +171,7 @@ def _hc_mix_partials(r, fn, cfg, unused, pre_in=None, x=None):
     split = cfg.get("SPLIT", 1)
     if split == 1:
         return unused
-    part = torch.empty(split, n, 48, dtype=torch.float32, device=r.device)
+    part = torch.empty(split, n, HC_PART.value, dtype=torch.float32, device=r.device)
     collapse = pre_in is not None
     _k(hc_mix_split_kernel)[(triton.cdiv(n, cfg["BM"]), split)](
         r, fn, part, pre_in if collapse else part, x if collapse else part, n, C=c, H=h, SPLIT=split, BM=cfg["BM"],
@@ -187,7 +187,7 @@ def launch_hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm, split = cfg["BM"], cfg.get("SPLIT", 1)
     part = _hc_mix_partials(r, fn, cfg, m, pre_in, x)
-    grid = (triton.cdiv(n, bm),) if split == 1 else (triton.cdiv(n, bm), triton.cdiv(h, cfg["BH"]))
+    grid = (triton.cdiv(n, bm),) if split == 1 else (triton.cdiv(n, bm), max(bm, triton.cdiv(h, cfg["BH"])))
     _k(hc_pre_kernel)[grid](r, fn, scale, base, pre_in, norm_w, x, pre, post, m, part, n, eps,
                             hc_eps, post_mult, C=c, H=h, ITERS=iters, BM=bm, BK=cfg["BK"],
                             BH=cfg["BH"], SPLIT=split, num_warps=cfg["num_warps"],
@@ -475,9 +475,10 @@ def launch_hc_mix(r, fn, scale, base, *, eps, copies, iters, hc_eps, post_mult, 
     m = torch.empty(n, c, c, dtype=torch.float32, device=r.device)
     bm, split = cfg["BM"], cfg.get("SPLIT", 1)
     part = _hc_mix_partials(r, fn, cfg, m)
-    _k(hc_mix_kernel)[(triton.cdiv(n, bm),)](r, fn, scale, base, pre, post, m, part, n, eps, hc_eps, post_mult, C=c,
-                                             H=h, ITERS=iters, BM=bm, BK=cfg["BK"], SPLIT=split,
-                                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    grid = (triton.cdiv(n, bm),) if split == 1 else (triton.cdiv(n, bm), bm)
+    _k(hc_mix_kernel)[grid](r, fn, scale, base, pre, post, m, part, n, eps, hc_eps, post_mult, C=c, H=h, ITERS=iters,
+                            BM=bm, BK=cfg["BK"], SPLIT=split, num_warps=cfg["num_warps"],
+                            num_stages=cfg["num_stages"])
     return pre, post, m
 
 

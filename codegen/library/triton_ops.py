@@ -160,7 +160,7 @@ def _l_hc_pre(spec, cfg):
             "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
     ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "BH": cfg["BH"],
           "SPLIT": split}
-    grid = (_cdiv(n, cfg["BM"]),) if split == 1 else (_cdiv(n, cfg["BM"]), _cdiv(h, cfg["BH"]))
+    grid = (_cdiv(n, cfg["BM"]),) if split == 1 else (_cdiv(n, cfg["BM"]), max(cfg["BM"], _cdiv(h, cfg["BH"])))
     main = _launch("hc_pre_kernel", args, ce, grid, cfg)
     return _with_mix_partials(main, r, fn, cfg, pre_in)
 
@@ -551,7 +551,8 @@ def _l_hc_mix(spec, cfg):
             "pre_ptr": "*fp32", "post_ptr": "*fp32", "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32",
             "hc_eps": "fp32", "post_mult": "fp32"}
     ce = {"C": c, "H": h, "ITERS": spec.attr["iters"], "BM": cfg["BM"], "BK": cfg["BK"], "SPLIT": split}
-    main = _launch("hc_mix_kernel", args, ce, (_cdiv(n, cfg["BM"]),), cfg)
+    grid = (_cdiv(n, cfg["BM"]),) if split == 1 else (_cdiv(n, cfg["BM"]), cfg["BM"])
+    main = _launch("hc_mix_kernel", args, ce, grid, cfg)
     return _with_mix_partials(main, r, fn, cfg)
 
 
