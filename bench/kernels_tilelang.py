@@ -376,6 +376,11 @@ def tiny_cases():
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
+        # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
+        # 128 threads, the busy ones on both sides of the pass
+        grouped_case("tiny over active experts", [0, 5, 0, 0], 64, 256, 4, {"ACT": 1}, mma=True),
+        grouped_case("tiny over active experts of 200", [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)],
+                     64, 256, 200, {"ACT": 1}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),
         attention_case("tiny", "window", [(90, 2), (3, 1)], D=128, window=64, R=70),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70),
@@ -404,6 +409,8 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w13", counts, 4608, 5120, 384, mma=True))
         out.append(grouped_case(f"decode b{b} w2", counts, 5120, 2304, 384, mma=True))
         out.append(grouped_case(f"decode b{b} w13 x per lane", counts, 4608, 5120, 384, {"XS": 0}, mma=True))
+        out.append(grouped_case(f"decode b{b} w13 over active experts", counts, 4608, 5120, 384, {"ACT": 1},
+                                mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])
     out.append(grouped_case("prefill 4K w1", torch.bincount(sel.flatten(), minlength=384).tolist(), 2304, 5120, 384))
     for b in (1, 64):

@@ -140,7 +140,7 @@ def test_host_zeroes_the_output_and_launches_once():
     assert any(s.get("op", "").startswith(("aten.zeros", "aten.zero_", "aten.fill_")) for s in rec["steps"])
 
 
-@pytest.mark.parametrize("over", [{}, {"XS": 0}])
+@pytest.mark.parametrize("over", [{}, {"XS": 0}, {"ACT": 0}, {"ACT": 1}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = get_target("sm90")
@@ -149,7 +149,11 @@ def test_renders_and_builds_without_spills(over):
         cfg = dict(tpl.default_config(t, spec), **over)
         src = tpl.render(t, spec, cfg)
         n = spec.in_types[1].shape[1]
-        assert src.grid == (n // (16 * cfg["RT"]), 96, 1) and src.block == (32 * cfg["WK"], 1, 1)
+        rows = spec.in_types[0].shape[0]
+        # ACT: CTAs for at most min(experts, rows) experts with rows, each finding its own
+        slots = min(96, rows) if cfg["ACT"] else 96
+        assert src.grid == (n // (16 * cfg["RT"]), slots, 1) and src.block == (32 * cfg["WK"], 1, 1)
+        assert ("__ballot_sync" in src.text) == bool(cfg["ACT"])
         assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
         assert "__byte_perm" in src.text and "cp_async" in src.text
         # x through the pipeline: its 16-byte pieces guarded at the rows' end (XS), or loaded per lane

@@ -40,7 +40,52 @@ def fp4_hi_e4m3(T, w):
                         T.bitwise_and(w, T.uint32(0x80808080)))
 
 
-def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0):
+def active_expert(T, E: int, threads: int):
+    """(expert, first row, end row) of the s-th expert with rows (offsets[e + 1] > offsets[e]) in
+    expert order, into `found` (shared; all zero when fewer than s + 1 experts have rows). Thread
+    tx tests experts tx, tx + threads, ...; each warp's ballot of its tests goes to `masks`, and a
+    thread's rank among the experts with rows is the popcount of the ballots before its own and of
+    its own below its lane: two barriers, no loop over the experts."""
+    passes = -(-E // threads)
+    nm = passes * threads // 32
+
+    def popc(v):
+        return T.call_extern("int32", "__popc", v)
+
+    def rank(masks, own, below):
+        """Experts with rows before this thread's: the macro's builder would make a loop of this
+        (its loops are the kernel's), so the sum is built here as one expression."""
+        r = popc(T.bitwise_and(masks[own], below))
+        for i in range(nm):
+            r = r + T.if_then_else(i < own, popc(masks[i]), 0)
+        return r
+
+    @T.macro
+    def find(offsets, found, masks, flag, s, tx):
+        lane = tx % 32
+        if tx == 0:
+            for i in T.unroll(3):
+                found[i] = 0
+        for p in T.unroll(passes):
+            et = T.min(p * threads + tx, E - 1)
+            flag[p] = T.if_then_else(p * threads + tx < E, T.Cast("int32", offsets[et + 1] > offsets[et]), 0)
+            m = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), flag[p])
+            if lane == 0:
+                masks[p * (threads // 32) + tx // 32] = m
+        T.sync_threads()
+        below = T.shift_left(T.uint32(1), T.Cast("uint32", lane)) - T.uint32(1)
+        for p in T.unroll(passes):
+            if flag[p] != 0 and rank(masks, p * (threads // 32) + tx // 32, below) == s:
+                found[0] = p * threads + tx
+                found[1] = offsets[p * threads + tx]
+                found[2] = offsets[p * threads + tx + 1]
+        T.sync_threads()
+
+    return find
+
+
+def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0,
+                                 ACT=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
     few rows of x are the 8-wide B operand), each fragment widened in the registers it was loaded
     into. A lane (group g, q) of a warp takes the 32-bit word at byte 4q of output rows g and
@@ -59,7 +104,9 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     the lanes' reads hit distinct banks, and the tile's scales and x's rows' scales are copied
     whole before the K loop. XS (with STAGES): x's rows of the step go through the same pipeline
     (rows padded by 32 B: each half-warp's 8-byte reads hit distinct banks) instead of a global
-    load per block and lane. CTAs of idle experts exit at once."""
+    load per block and lane. ACT: the grid's second axis is the experts with rows, at most
+    min(E, Mtot) of them (a CTA finds its expert: active_expert), not every expert; else CTAs of
+    idle experts exit at once, which at one sequence's six rows is 90 of every 96 CTAs."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
@@ -72,6 +119,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     ku = max(u for u in range(1, KU + 1) if kbw % u == 0)
     br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
     cw = WK * ku * 4  # a step's weight words per row (STAGES > 0)
+    slots = min(E, Mtot) if ACT else E
+    find = active_expert(T, E, 32 * WK)
 
     @T.macro
     def block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
@@ -119,7 +168,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     def grouped_gemm_fp4_mma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
                              W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // br, E, threads=32 * WK) as (bx, e):
+        with T.Kernel(N // br, slots, threads=32 * WK) as (bx, slot):
             tx = T.get_thread_binding()
             wp = tx // 32
             g = (tx % 32) // 4
@@ -134,8 +183,17 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            start = offsets[e]
-            end = offsets[e + 1]
+            if ACT:
+                found = T.alloc_shared((3,), "int32")
+                masks = T.alloc_shared((-(-E // (32 * WK)) * WK,), "uint32")
+                flag = T.alloc_local((-(-E // (32 * WK)),), "int32")
+                ex = T.alloc_local((3,), "int32")
+                find(offsets, found, masks, flag, slot, tx)
+                for i in T.unroll(3):
+                    ex[i] = found[i]
+                e, start, end = ex[0], ex[1], ex[2]
+            else:
+                e, start, end = slot, offsets[slot], offsets[slot + 1]
             for t0 in T.serial(T.ceildiv(end - start, tt)):
                 tb = start + t0 * tt
                 for i in T.unroll(nacc):
@@ -176,11 +234,11 @@ def _dims(spec: KernelSpec):
     return dims(spec)
 
 
-MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1)}
+MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
-    return dict(target.defaults["tilelang_grouped_gemm_fp4_mma"], **(config or {}))
+    return {"ACT": 0, **target.defaults["tilelang_grouped_gemm_fp4_mma"], **(config or {})}
 
 
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
