@@ -22,18 +22,33 @@ def test_template_matches_reference_interpreted(interpreted, op):
     assert interpreted[op] is None, interpreted[op]
 
 
+def test_hc_rows_below_a_dot_need_a_split():
+    """Fewer than 16 rows a block run only the split path's FMAs: unsplit, the mix is a 16-row dot,
+    so such a config does not render (and the tuner's legality check drops it)."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+
+    t = get_target("sm90")
+    spec = _spec_from_tiny("hc_pre")
+    tpl = select(t, spec)
+    with pytest.raises(ValueError, match="BM 8 < 16 needs SPLIT > 1"):
+        tpl.render(t, spec, dict(tpl.default_config(t, spec), BM=8, SPLIT=1))
+
+
 def test_every_template_has_a_check_case():
     assert set(triton_ops.TEMPLATES_BY_OP) <= set(triton_check.OUTPUT_KINDS)
 
 
-@pytest.mark.parametrize("split", [5, 40])
-def test_hc_pre_with_split_k_matches_reference_interpreted(split):
+@pytest.mark.parametrize("split,bm", [(5, 16), (40, 16), (5, 1), (40, 8)])
+def test_hc_pre_with_split_k_matches_reference_interpreted(split, bm):
     """hc_pre's split path: H = 96 in 32-wide ranges over 5 or 40 programs (all but three empty),
-    each doing the mix GEMM's columns of every copy and hc_pre's collapse of its range; the main
-    kernel's program p sums the partials of row p (40: more splits than one 32-wide pass of the
-    sum) and normalises the p-th 32-wide chunk of x. Against the same reference."""
+    each doing the mix GEMM's columns of every copy and hc_pre's collapse of its range, on a
+    16-row dot or (BM < 16) row by row in FMAs; the main kernel's program p sums the partials of
+    row p (40: more splits than one 32-wide pass of the sum) and normalises the p-th 32-wide chunk
+    of x. The 5 rows make 5 blocks of 1, or one of 8 with 3 past the end. Against the same reference."""
     dims = dict(triton_check.TINY)
-    got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=split))
+    got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"],
+                                       dict(triton_check.SMALL_BLOCKS, SPLIT=split, BM=bm))
     assert got["hc_pre"] is None, got["hc_pre"]
     assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
@@ -199,18 +214,24 @@ def test_moe_permute_launches_by_pair_count():
 DECODE_ENV = {"num_tokens": 8, "num_seqs": 2, "num_samples": 2, "max_pages": 8, "num_slots": 4, "num_pages": 16}
 
 
-def _render_from_tiny(op):
-    """The first `op` call of the tiny sm90 graph, rendered at an 8-row decode bucket."""
-    from deepinfer.codegen.targets import get_target
-    from deepinfer.codegen.template import select
+def _spec_from_tiny(op):
+    """The first `op` call of the tiny sm90 graph at an 8-row decode bucket."""
     from deepinfer.models.deepseek_v41 import build_model
     from deepinfer.passes.driver import run_pipeline
     from deepinfer.passes.kernels import kernel_spec
 
-    t = get_target("sm90")
     g = run_pipeline(build_model("v4.1-flash-tiny").step, "sm90")
     n = next(n for n in g.nodes if n.op == op)
-    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    return kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+
+
+def _render_from_tiny(op):
+    """That call rendered with its template's default config."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+
+    t = get_target("sm90")
+    spec = _spec_from_tiny(op)
     tpl = select(t, spec)
     return tpl, tpl.render(t, spec, tpl.default_config(t, spec))
 

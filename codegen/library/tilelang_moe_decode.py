@@ -104,9 +104,10 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     the lanes' reads hit distinct banks, and the tile's scales and x's rows' scales are copied
     whole before the K loop. XS (with STAGES): x's rows of the step go through the same pipeline
     (rows padded by 32 B: each half-warp's 8-byte reads hit distinct banks) instead of a global
-    load per block and lane. ACT: the grid's second axis is the experts with rows, at most
-    min(E, Mtot) of them (a CTA finds its expert: active_expert), not every expert; else CTAs of
-    idle experts exit at once, which at one sequence's six rows is 90 of every 96 CTAs."""
+    load per block and lane. ACT, where min(E, Mtot) is at most a quarter of the experts: the
+    grid's second axis is the experts with rows, at most min(E, Mtot) of them (a CTA finds its
+    expert: active_expert), not every expert; else CTAs of idle experts exit at once, which at one
+    sequence's six rows is 90 of every 96 CTAs."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
@@ -119,6 +120,10 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     ku = max(u for u in range(1, KU + 1) if kbw % u == 0)
     br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
     cw = WK * ku * 4  # a step's weight words per row (STAGES > 0)
+    # over the experts with rows only where they are few: the search costs every CTA two barriers
+    # before its first weight load, which lost 4% at 64 rows (all 96 experts) on the H200 and
+    # broke even at 8 (38 of 96); one sequence's 6 rows gained 1.2-1.4x
+    ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
     find = active_expert(T, E, 32 * WK)
 

@@ -284,18 +284,37 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
         hh = h0 + tl.arange(0, BK)
         hm = hh < h_hi
         kk = cc[:, None] * H + hh[None, :]
-        x = tl.load(r_ptr + rows64[:, None, None] * K + kk[None, :, :],
-                    mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
-        f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
-                    mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
-        acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="ieee")
-        ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
-        if COLLAPSE:
-            p = tl.load(prein_ptr + rows64[:, None] * C + cc[None, :], mask=rmask[:, None], other=0.0)
-            xc = _round_like(tl.sum(p[:, :, None] * x, axis=1), r_ptr.dtype.element_ty)
-            ss2 += tl.sum(xc * xc, axis=1)
-            tl.store(xc_ptr + rows64[:, None] * H + hh[None, :], xc.to(xc_ptr.dtype.element_ty),
-                     mask=rmask[:, None] & hm[None, :])
+        if BM < 16:
+            # few rows (decode): broadcast FMAs row by row; a dot's 16-row tile would compute
+            # 15 padded rows of the weight tile, which made this kernel compute-bound
+            f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
+                        mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
+            for r in tl.static_range(BM):
+                row = tl.program_id(0) * BM + r
+                xr = tl.load(r_ptr + row.to(tl.int64) * K + kk, mask=(kk * 0 + row < n) & hm[None, :],
+                             other=0.0).to(tl.float32)
+                sel = tl.arange(0, BM) == r
+                acc += tl.where(sel[:, None], tl.sum(tl.sum(xr[:, :, None] * f, axis=1), axis=0)[None, :], 0.0)
+                ss += tl.where(sel, tl.sum(tl.sum(xr * xr, axis=1), axis=0), 0.0)
+                if COLLAPSE:
+                    pr = tl.load(prein_ptr + row.to(tl.int64) * C + cc, mask=cc * 0 + row < n, other=0.0)
+                    xc = _round_like(tl.sum(pr[:, None] * xr, axis=0), r_ptr.dtype.element_ty)
+                    ss2 += tl.where(sel, tl.sum(xc * xc, axis=0), 0.0)
+                    tl.store(xc_ptr + row.to(tl.int64) * H + hh, xc.to(xc_ptr.dtype.element_ty),
+                             mask=(hh * 0 + row < n) & hm)
+        else:
+            x = tl.load(r_ptr + rows64[:, None, None] * K + kk[None, :, :],
+                        mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
+            f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
+                        mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
+            acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="ieee")
+            ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
+            if COLLAPSE:
+                p = tl.load(prein_ptr + rows64[:, None] * C + cc[None, :], mask=rmask[:, None], other=0.0)
+                xc = _round_like(tl.sum(p[:, :, None] * x, axis=1), r_ptr.dtype.element_ty)
+                ss2 += tl.sum(xc * xc, axis=1)
+                tl.store(xc_ptr + rows64[:, None] * H + hh[None, :], xc.to(xc_ptr.dtype.element_ty),
+                         mask=rmask[:, None] & hm[None, :])
     base = part_ptr + (s * n + rows64) * HC_PART
     tl.store(base[:, None] + jj[None, :], acc, mask=rmask[:, None] & (jj < NJ)[None, :])
     tl.store(base + NJ, ss, mask=rmask)

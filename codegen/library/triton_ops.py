@@ -154,7 +154,7 @@ def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
 def _l_hc_pre(spec, cfg):
     r, fn, scale, base, pre_in, nw = spec.in_types
     n, c, h = _ints(r.shape)
-    split = cfg.get("SPLIT", 1)
+    split = _hc_split(cfg)
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
             "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "pre_ptr": "*fp32", "post_ptr": "*fp32",
             "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32", "hc_eps": "fp32", "post_mult": "fp32"}
@@ -546,7 +546,7 @@ def _l_compress_pool_norm(spec, cfg):
 def _l_hc_mix(spec, cfg):
     r, fn, scale, base = spec.in_types
     n, c, h = _ints(r.shape)
-    split = cfg.get("SPLIT", 1)
+    split = _hc_split(cfg)
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "scale_ptr": _ptr(scale), "base_ptr": _ptr(base),
             "pre_ptr": "*fp32", "post_ptr": "*fp32", "m_ptr": "*fp32", "part_ptr": "*fp32", "n": "i32", "eps": "fp32",
             "hc_eps": "fp32", "post_mult": "fp32"}
@@ -725,13 +725,25 @@ MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SP
 
 
 def _hc_pre_by_rows(n: int) -> dict:
-    # decode rows: the measured tuner's winner on the H200 at the medium model's b1 and b8 shapes
-    # (autotune --measure, 2026-12-02: 1.45-1.53x over SPLIT 80 with 4 warps, which spilled)
-    return {"SPLIT": 160, "BK": 64, "BM": 16, "BH": 128, "num_warps": 8, "num_stages": 3} \
+    """Rows of a decode step split H over 160 programs. Up to 8 rows, one block of them on the
+    CUDA cores' FMAs (no 16-row dot of padding, no staged tiles: one trip to memory per program);
+    more rows take 16-row dots (docs/performance.md, twelfth session)."""
+    if n <= HC_PRE_FMA_ROWS:
+        return {"SPLIT": 160, "BK": 32, "BM": _p2(n), "BH": 128, "num_warps": 4, "num_stages": 1}
+    return {"SPLIT": 160, "BK": 64, "BM": 16, "BH": 128, "num_warps": 4, "num_stages": 3} \
         if n <= HC_PRE_SPLIT_ROWS else {}
 
 
 HC_PRE_SPLIT_ROWS = 256
+HC_PRE_FMA_ROWS = 8
+
+
+def _hc_split(cfg) -> int:
+    """cfg's K split; fewer than 16 rows a block only with one (the unsplit mix is a 16-row dot)."""
+    split = cfg.get("SPLIT", 1)
+    if split == 1 and cfg["BM"] < 16:
+        raise ValueError(f"hc_pre / hc_mix: BM {cfg['BM']} < 16 needs SPLIT > 1")
+    return split
 
 
 def _hc_supports(t, spec):
@@ -760,7 +772,7 @@ OPS = [
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
         # SPLIT > 1 splits the mix GEMM's K over programs, partials summed in split order
-        dict(BM=(16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
+        dict(BM=(1, 8, 16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
              SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
@@ -850,7 +862,8 @@ OPS = [
         dict(num_warps=4, num_stages=1), lambda a: {"ratio": a["ratio"], "eps": a["eps"]}),
     # hc_pre's mixes without its collapse (layer 0's attention); the same K split at decode rows
     _Op("hc_mix", "launch_hc_mix", _l_hc_mix,
-        dict(BM=(16, 32, 64), BK=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3), SPLIT=(1, 8, 20, 40, 80, 160)),
+        dict(BM=(1, 8, 16, 32, 64), BK=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 2, 3),
+             SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
         _hc_pre_by_rows),

@@ -21,9 +21,9 @@ TARGET = Target(
         # cores (triton_ops.MOE_GEMV; docs/performance.md, ninth session)
         "triton_grouped_gemm_fp4": {"gemv_rows": 8},
         # decode MoE GEMM on warp MMAs (tilelang_moe_decode); 64-row CTAs, 4 warps over K, the
-        # weight tile and x's rows (XS) three steps ahead in shared memory (docs/performance.md,
-        # tenth and eleventh sessions)
-        "tilelang_grouped_gemm_fp4_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "XS": 1},
+        # weight tile and x's rows (XS) three steps ahead in shared memory, CTAs over the experts
+        # with rows where those are few (ACT) (docs/performance.md, tenth to twelfth sessions)
+        "tilelang_grouped_gemm_fp4_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "XS": 1, "ACT": 1},
         # decode lin8 of at most 8 rows on warp MMAs (tilelang_gemm_decode), the same shape of
         # CTA; 64-row calls stay on the wgmma program (docs/performance.md, eleventh session)
         "tilelang_gemm_fp8_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1},
