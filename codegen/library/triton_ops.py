@@ -727,10 +727,11 @@ MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SP
 def _hc_pre_by_rows(n: int) -> dict:
     """Rows of a decode step split H over 160 programs. Up to 8 rows, one block of them on the
     CUDA cores' FMAs (no 16-row dot of padding, no staged tiles: one trip to memory per program);
-    more rows take 16-row dots (docs/performance.md, twelfth session)."""
+    more rows take 16-row dots, 32 columns of each copy a program (with 64 and 4 warps the medium
+    plan's b64 split kernel took 104 us a call against 68; docs/performance.md, twelfth session)."""
     if n <= HC_PRE_FMA_ROWS:
         return {"SPLIT": 160, "BK": 32, "BM": _p2(n), "BH": 128, "num_warps": 4, "num_stages": 1}
-    return {"SPLIT": 160, "BK": 64, "BM": 16, "BH": 128, "num_warps": 4, "num_stages": 3} \
+    return {"SPLIT": 160, "BK": 32, "BM": 16, "BH": 128, "num_warps": 8, "num_stages": 3} \
         if n <= HC_PRE_SPLIT_ROWS else {}
 
 
