@@ -121,8 +121,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     br, tt, nacc = 16 * RT, 8 * NT, RT * NT * 4
     cw = WK * ku * 4  # a step's weight words per row (STAGES > 0)
     # over the experts with rows only where they are few: the search costs every CTA two barriers
-    # before its first weight load, which lost 4% at 64 rows (all 96 experts) on the H200 and
-    # broke even at 8 (38 of 96); one sequence's 6 rows gained 1.2-1.4x
+    # before its first weight load, which lost 4% at 64 rows (all 96 experts) on the H200 and 3%
+    # of the 8-row step (48 CTAs); one sequence's 6 rows gained 1.2-1.4x
     ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
     find = active_expert(T, E, 32 * WK)
