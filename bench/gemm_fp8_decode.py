@@ -9,11 +9,13 @@ bandwidth measured in the same run. Not a test; run on the H200:
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
-split_k takes tilelang_gemm_decode.mma_config's split.
+split_k takes tilelang_gemm_decode.mma_config's split. LIN8_S12_RULE=1 adds the twelfth session's
+split rule (for a comparison within the run).
 """
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -44,6 +46,10 @@ def variants(n, k):
     t = get_target("sm90")
     c = tlg.gemm_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    if os.environ.get("LIN8_S12_RULE"):  # the twelfth session's split: powers of two, at most 2 CTAs per SM
+        c = tlgd.mma_config(t, n, k, {"split_k": next((s for s in (16, 8, 4, 2) if (k // 32) % (s * 4) == 0
+                                                       and n // 64 * s <= 2 * t.cores), 1)})
+        out.append(("mma s12 rule", c, [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
@@ -89,7 +95,7 @@ def main() -> int:
     t0 = time.time()
     nv = len(variants(*SHAPES[0][:2]))
     jobs = [(si, vi) for si in range(len(SHAPES)) for vi in range(nv)]
-    with ProcessPoolExecutor(args.workers) as ex:
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         errors = sorted({e for e in ex.map(_warm, jobs) if e})
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.0f} s", flush=True)
     for e in errors[:3]:  # the main process compiles these again, and reports per variant

@@ -13,7 +13,7 @@ from deepinfer.codegen.targets import get_target
 from deepinfer.codegen.template import KernelSpec, select, templates
 from deepinfer.ir.types import quantized, tensor
 
-KNOBS = {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1}
+KNOBS = {"RT": 2, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "CTAS": 4}
 
 
 def gemm_spec(m, n, k):
@@ -43,6 +43,20 @@ def test_sm90_takes_it_up_to_one_pass_of_rows():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_split_is_the_largest_within_the_ctas_per_sm():
+    from deepinfer.codegen.library.tilelang_gemm_decode import mma_config
+
+    t = get_target("sm90")
+    for (n, k), want in {(512, 5120): 20, (32768, 1280): 1, (5120, 8192): 2, (2304, 5120): 5}.items():
+        c = mma_config(t, n, k)
+        assert "CTAS" not in c and c["split_k"] == want, (n, k, c)
+        tiles, steps = n // 32, k // 128  # 32-row CTAs, 4 warps of 32-deep blocks
+        assert steps % want == 0 and (want == 1 or tiles * want <= 4 * t.cores)
+        assert not any(steps % s == 0 and tiles * s <= 4 * t.cores for s in range(want + 1, 65))
+    assert mma_config(t, 512, 5120, {"CTAS": 2})["split_k"] == 10  # 160 CTAs, where 20 would be 320
+    assert mma_config(t, 512, 5120, {"split_k": 4})["split_k"] == 4
+
+
 def test_renders_and_builds_without_spills():
     pytest.importorskip("tilelang")
     from deepinfer.codegen.library.tilelang_gemm import nvcc_report
@@ -52,7 +66,7 @@ def test_renders_and_builds_without_spills():
         spec = tpl.canonical(t, gemm_spec(1, n, k))
         cfg = tpl.default_config(t, spec)
         src = tpl.render(t, spec, cfg)
-        assert src.grid == (n // 64, cfg["split_k"], 1) and src.block == (128, 1, 1)
+        assert src.grid == (n // 32, cfg["split_k"], 1) and src.block == (128, 1, 1)
         assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
         assert "cp_async" in src.text and src.meta["rows_argument"]
         assert ("combine" in src.meta) == (cfg["split_k"] > 1)

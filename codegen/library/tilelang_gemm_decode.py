@@ -119,7 +119,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
 
 
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8)}
 
 
 def _mnk(spec: KernelSpec):
@@ -129,12 +129,15 @@ def _mnk(spec: KernelSpec):
 
 
 def mma_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None = None) -> dict:
-    """`knobs` over the target's, and (unless given) a K split that gives the GPU about two CTAs
-    per SM."""
+    """`knobs` over the target's, and (unless given) a K split: the largest that gives each warp
+    whole scale blocks and keeps the grid within `CTAS` CTAs per SM. At 1-8 rows a call of few
+    weight tiles is latency-bound: without a split most SMs sit idle, and each CTA's steps run
+    one after another."""
     c = dict(target.defaults["tilelang_gemm_fp8_mma"], **(knobs or {}))
-    tiles, kbs = n // (16 * c["RT"]), k // 32
-    c.setdefault("split_k", next((s for s in (16, 8, 4, 2) if kbs % (s * c["WK"]) == 0
-                                  and tiles * s <= 2 * target.cores), 1))
+    ctas = c.pop("CTAS", 2)
+    tiles, steps = n // (16 * c["RT"]), k // (32 * c["WK"])
+    c.setdefault("split_k", max((s for s in range(1, 65) if steps % s == 0 and tiles * s <= ctas * target.cores),
+                                default=1))
     return c
 
 

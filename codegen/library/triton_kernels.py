@@ -285,8 +285,9 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
         hm = hh < h_hi
         kk = cc[:, None] * H + hh[None, :]
         if BM < 16:
-            # few rows (decode): broadcast FMAs row by row; a dot's 16-row tile would compute
-            # 15 padded rows of the weight tile, which made this kernel compute-bound
+            # few rows (decode): broadcast FMAs row by row; a dot's 16-row tile computes 15
+            # padded rows and stages whole tiles, which left the kernel at low occupancy,
+            # issue- and latency-bound with DRAM nearly idle (ncu, twelfth session)
             f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
                         mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
             for r in tl.static_range(BM):

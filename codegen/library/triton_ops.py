@@ -725,18 +725,18 @@ MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SP
 
 
 def _hc_pre_by_rows(n: int) -> dict:
-    """Rows of a decode step split H over 160 programs. Up to 8 rows, one block of them on the
-    CUDA cores' FMAs (no 16-row dot of padding, no staged tiles: one trip to memory per program);
-    more rows take 16-row dots, 32 columns of each copy a program (with 64 and 4 warps the medium
-    plan's b64 split kernel took 104 us a call against 68; docs/performance.md, twelfth session)."""
+    """Rows of a decode step split H over 160 programs. Up to 64 rows, blocks of at most 8 on
+    the CUDA cores' FMAs (no 16-row dot of padding, no staged tiles: one trip to memory per
+    program; at 40 and 64 rows it beat the 16-row dots by 1.8x and 1.7x, docs/performance.md,
+    thirteenth session); more rows take 16-row dots, 32 columns of each copy a program."""
     if n <= HC_PRE_FMA_ROWS:
-        return {"SPLIT": 160, "BK": 32, "BM": _p2(n), "BH": 128, "num_warps": 4, "num_stages": 1}
+        return {"SPLIT": 160, "BK": 32, "BM": min(_p2(n), 8), "BH": 128, "num_warps": 4, "num_stages": 1}
     return {"SPLIT": 160, "BK": 32, "BM": 16, "BH": 128, "num_warps": 8, "num_stages": 3} \
         if n <= HC_PRE_SPLIT_ROWS else {}
 
 
 HC_PRE_SPLIT_ROWS = 256
-HC_PRE_FMA_ROWS = 8
+HC_PRE_FMA_ROWS = 64
 
 
 def _hc_split(cfg) -> int:
@@ -772,7 +772,8 @@ OPS = [
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
-        # SPLIT > 1 splits the mix GEMM's K over programs, partials summed in split order
+        # SPLIT > 1 splits the mix GEMM's K over programs; the finishing programs sum the partials
+        # in passes of 32 splits, then as a tree (a fixed order, no atomics)
         dict(BM=(1, 8, 16, 32, 64), BK=(32, 64, 128), BH=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3),
              SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, BH=256, num_warps=4, num_stages=2, SPLIT=1),

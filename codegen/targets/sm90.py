@@ -24,9 +24,10 @@ TARGET = Target(
         # weight tile and x's rows (XS) three steps ahead in shared memory, CTAs over the experts
         # with rows where those are few (ACT) (docs/performance.md, tenth to twelfth sessions)
         "tilelang_grouped_gemm_fp4_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "XS": 1, "ACT": 1},
-        # decode lin8 of at most 8 rows on warp MMAs (tilelang_gemm_decode), the same shape of
-        # CTA; 64-row calls stay on the wgmma program (docs/performance.md, eleventh session)
-        "tilelang_gemm_fp8_mma": {"RT": 4, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1},
+        # decode lin8 of at most 8 rows on warp MMAs (tilelang_gemm_decode): 32-row CTAs, K split
+        # up to 4 CTAs per SM; 64-row calls stay on the wgmma program (docs/performance.md,
+        # eleventh and thirteenth sessions)
+        "tilelang_gemm_fp8_mma": {"RT": 2, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "CTAS": 4},
     },
 )
 
