@@ -51,6 +51,7 @@ class BuildResult:
     reason: str = ""
     cached: bool = False
     seconds: float = 0.0
+    pdl: bool = False  # its kernels wait on the grid before them: launch them with PDL (grid_dependency)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -155,8 +156,9 @@ def _cc(target: Target) -> int:
     return int(re.sub(r"\D", "", target.arch))  # "sm_90a" -> 90
 
 
-# bumped when a builder's artefacts change (2: the split attention's combine kernel is built too)
-BUILDER_VERSION = 2
+# bumped when a builder's artefacts change (2: the split attention's combine kernel is built too;
+# 3: kernels for sm_90 and later start with the grid-dependency wait)
+BUILDER_VERSION = 3
 
 
 def cache_key(src: KernelSource, target: Target, options: dict | None = None) -> str:
@@ -212,6 +214,57 @@ def parse_ptxas_report(text: str) -> dict:
     return out
 
 
+# ---- programmatic dependent launch ----------------------------------------------------------------
+# A decode step is a chain of a few thousand small kernels, each waiting for the one before. On
+# sm_90 and later every kernel built here starts with `griddepcontrol.wait` (block until the grid
+# it follows has completed and its writes are visible) and then `griddepcontrol.launch_dependents`
+# (the next grid may launch once all of this one's CTAs have passed that point). Launched with
+# programmatic stream serialization (runtime/cuda_driver.py), the next kernel's launch and CTA
+# placement overlap this one's last wave; since each kernel's first act is the wait, every read and
+# write still follows its predecessor's completion, as with a plain launch (where the wait returns
+# at once).
+
+PDL_MIN_CC = 90
+GRID_DEPENDENCY = ("griddepcontrol.wait;", "griddepcontrol.launch_dependents;")
+_PTX_DECL = (".reg", ".local", ".shared", "//", ".loc", ".pragma")
+
+
+def grid_dependency_ptx(ptx: str) -> str:
+    """PTX with the grid-dependency instructions first in every entry's body, after its
+    declarations (an .entry's body opens with a line holding only '{')."""
+    lines, out, i = ptx.split("\n"), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        if lines[i].lstrip().startswith((".entry", ".visible .entry")):
+            i += 1
+            while i < len(lines) and lines[i].strip() != "{":
+                out.append(lines[i])
+                i += 1
+            if i == len(lines):
+                raise BuildError("PTX entry without a body")
+            out.append(lines[i])
+            i += 1
+            while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith(_PTX_DECL)):
+                out.append(lines[i])
+                i += 1
+            out.extend("\t" + ins for ins in GRID_DEPENDENCY)
+            continue
+        i += 1
+    return "\n".join(out)
+
+
+_KERNEL_OPEN = re.compile(r"__global__\s+void\s[^;{]*\{")
+
+
+def grid_dependency_cuda(text: str) -> str:
+    """CUDA source with the grid-dependency instructions first in every __global__ function."""
+    asm = 'asm volatile("' + "\\n\\t".join(GRID_DEPENDENCY) + '" ::: "memory");'
+    out, n = _KERNEL_OPEN.subn(lambda m: m.group(0) + "\n  " + asm, text)
+    if not n:
+        raise BuildError("CUDA source without a __global__ function")
+    return out
+
+
 # ---- builders ---------------------------------------------------------------------------------
 
 def _tilelang_includes() -> list[str]:
@@ -241,10 +294,11 @@ def _build_cuda(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
         parts.append(("_combine", src.meta["combine"]["entry"], src.meta["combine"]["text"]))
     report, files = {}, {"source": ("kernel.cu", src.text.encode())}
     log = ""
+    pdl = _cc(target) >= PDL_MIN_CC
     with tempfile.TemporaryDirectory(prefix="deepinfer-nvcc-") as d:
         for suffix, entry, text in parts:
             cu, cubin = os.path.join(d, f"kernel{suffix}.cu"), os.path.join(d, f"kernel{suffix}.cubin")
-            Path(cu).write_text(text)
+            Path(cu).write_text(grid_dependency_cuda(text) if pdl else text)
             r = subprocess.run(nvcc_command(target, cu, cubin), capture_output=True, text=True)
             if r.returncode != 0:
                 err = next((ln for ln in r.stderr.splitlines() if "error" in ln), r.stderr.strip()[-300:])
@@ -253,7 +307,7 @@ def _build_cuda(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
             files["cubin" + suffix] = (f"kernel{suffix}.cubin", Path(cubin).read_bytes())
             log += r.stderr
     files["ptxas_log"] = ("ptxas.log", log.encode())
-    return report, files, {"status": "built"}
+    return report, files, {"status": "built", "pdl": pdl}
 
 
 def _load_text_module(text: str):
@@ -285,6 +339,7 @@ def _build_triton(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
     from triton.compiler import ASTSource
 
     cc = _cc(target)
+    pdl = cc >= PDL_MIN_CC
     mod = _load_text_module(src.text)
     files = {"source": ("kernels.py", src.text.encode())}
     report, launches = {}, []
@@ -303,22 +358,28 @@ def _build_triton(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise BuildError(f"triton compile of {k['entry']} for sm_{cc} failed: {msg}") from None
         md = {f: _jsonable(getattr(ck.metadata, f, None)) for f in _META_FIELDS}
-        # resources: ptxas -v on the kernel's own PTX with Triton's ptxas (Triton drops its log)
+        md["launch_pdl"] = pdl
+        ptx_text = grid_dependency_ptx(ck.asm["ptx"]) if pdl else ck.asm["ptx"]
+        # the cubin: Triton's PTX through Triton's ptxas with the options Triton passes it (its
+        # fp fusion on), -v for the resources (Triton drops its log)
         with tempfile.TemporaryDirectory(prefix="deepinfer-ptxas-") as d:
-            ptx = os.path.join(d, "k.ptx")
-            Path(ptx).write_text(ck.asm["ptx"])
+            ptx, obj = os.path.join(d, "k.ptx"), os.path.join(d, "k.o")
+            Path(ptx).write_text(ptx_text)
             arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
-            r = subprocess.run([triton_ptxas(cc), "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(d, "k.o")],
-                               capture_output=True, text=True)
+            r = subprocess.run([triton_ptxas(cc), "-lineinfo", "-v", "--regAllocOptLevel=2", f"--gpu-name={arch}",
+                                ptx, "-o", obj], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise BuildError(f"ptxas failed on {k['entry']} for {arch}: {r.stderr.strip()[-300:]}")
+            cubin = Path(obj).read_bytes()
         res = parse_ptxas_report(r.stderr).get(md["name"], {})
         res.update(shared_bytes=md["shared"], n_regs=res.get("registers"),
                    n_spills=res.get("spill_stores", 0) + res.get("spill_loads", 0))
         report[f"{i}:{k['entry']}"] = res
         launches.append(dict(k, metadata=md))
-        files[f"cubin{i}"] = (f"{i}-{k['entry']}.cubin", ck.asm["cubin"])
-        files[f"ptx{i}"] = (f"{i}-{k['entry']}.ptx", ck.asm["ptx"].encode())
+        files[f"cubin{i}"] = (f"{i}-{k['entry']}.cubin", cubin)
+        files[f"ptx{i}"] = (f"{i}-{k['entry']}.ptx", ptx_text.encode())
     files["launches"] = ("launches.json", json.dumps(launches, indent=1, sort_keys=True).encode())
-    return report, files, {"status": "built"}
+    return report, files, {"status": "built", "pdl": pdl}
 
 
 def _build_ascend(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
@@ -354,7 +415,8 @@ def build_one(src: KernelSource, target: Target | str, cache: CompileCache | Non
     hit = cache.get(key)
     if hit is not None:
         return BuildResult(hit["status"], files=hit["files"], resources=hit.get("resources", {}),
-                           reason=hit.get("reason", ""), cached=True, seconds=time.perf_counter() - t0, **base)
+                           reason=hit.get("reason", ""), cached=True, seconds=time.perf_counter() - t0,
+                           pdl=bool(hit.get("pdl")), **base)
     builder = BUILDERS.get(src.language)
     if builder is None:
         return BuildResult("failed", reason=f"no builder for {src.language!r} sources", **base)
@@ -366,9 +428,11 @@ def build_one(src: KernelSource, target: Target | str, cache: CompileCache | Non
         reason = check(src, resources)
         if reason:
             return BuildResult("invalid", resources=resources, reason=reason, seconds=time.perf_counter() - t0, **base)
-    meta = dict(status=status["status"], reason=status.get("reason", ""), resources=resources, **base)
+    meta = dict(status=status["status"], reason=status.get("reason", ""), resources=resources,
+                pdl=bool(status.get("pdl")), **base)
     stored = cache.put(key, meta, files)
     return BuildResult(status["status"], files=stored["files"], resources=resources, reason=meta["reason"],
+                       pdl=meta["pdl"],
                        seconds=time.perf_counter() - t0, **base)
 
 

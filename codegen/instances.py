@@ -237,5 +237,6 @@ def kernel_record(template: str, spec: KernelSpec, config: dict, src: KernelSour
     record = {"template": template, "spec": spec.key(), "config": config, "language": src.language,
               "entry": src.entry, "grid": list(src.grid), "block": list(src.block), "smem_bytes": src.smem_bytes,
               "meta": src.meta, "build": {"status": res.status, "reason": res.reason, "files": built,
-                                          "resources": res.resources, "cached": res.cached}}
+                                          "resources": res.resources, "cached": res.cached,
+                                          "pdl": res.pdl}}
     return record, files

@@ -1,6 +1,10 @@
 """The few CUDA driver calls a compiled plan needs to run its cubins: load a module from bytes,
 find a function, raise its dynamic shared-memory limit, launch it on torch's current stream.
 
+A cubin built to wait on the grid before it (codegen/build.py, "programmatic dependent launch")
+is launched with programmatic stream serialization, so that its launch overlaps the tail of the
+kernel before it; DEEPINFER_PDL=0 launches every kernel plainly (the wait then returns at once).
+
 ctypes over libcuda, so the runtime needs neither TileLang nor a CUDA toolkit on the serving
 machine: the plan's cubins were built on the compile machine. Launches go onto torch's current
 stream, so they order with torch work and are recorded by CUDA graph capture like any kernel.
@@ -9,8 +13,27 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("value_pad", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuLaunchKernelEx)."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+def pdl_enabled() -> bool:
+    return os.environ.get("DEEPINFER_PDL", "1") != "0"
 
 
 class CudaError(RuntimeError):
@@ -57,10 +80,13 @@ def driver_version() -> str:
 class CubinFunction:
     """One kernel of a cubin, launched with a fixed grid, block and dynamic shared memory."""
 
-    def __init__(self, cubin: bytes, name: str, grid, block, smem: int, device: int = 0):
+    def __init__(self, cubin: bytes, name: str, grid, block, smem: int, device: int = 0, pdl: bool = False):
         _context(device)
         lib = _lib()
         self.name, self.smem = name, int(smem)
+        self.pdl = bool(pdl) and pdl_enabled()
+        if self.pdl:
+            self._attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self._image = ctypes.create_string_buffer(cubin, len(cubin))  # the driver reads it during load only
@@ -80,6 +106,10 @@ class CubinFunction:
             stream = torch.cuda.current_stream().cuda_stream
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
+        if self.pdl:
+            cfg = LaunchConfig(*g, *self.block, self.smem, ctypes.c_void_p(stream), ctypes.pointer(self._attr), 1)
+            _check(_lib().cuLaunchKernelEx(ctypes.byref(cfg), self.fn, ptrs, None), f"launching {self.name}")
+            return
         _check(_lib().cuLaunchKernel(self.fn, *[ctypes.c_uint(x) for x in g], *[ctypes.c_uint(x) for x in self.block],
                                      ctypes.c_uint(self.smem), ctypes.c_void_p(stream), ptrs, None),
                f"launching {self.name}")

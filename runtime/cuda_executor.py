@@ -65,13 +65,13 @@ class _TileLangKernels:
     """A TileLang instance's cubins: the main kernel, and the combine of a split attention."""
 
     def __init__(self, root: Path, k: dict, device: int):
-        files = k["build"]["files"]
+        files, pdl = k["build"]["files"], bool(k["build"].get("pdl"))
         self.kernels = [CubinFunction((root / files["cubin"]).read_bytes(), k["entry"], k["grid"], k["block"],
-                                      k["smem_bytes"], device)]
+                                      k["smem_bytes"], device, pdl)]
         if "combine" in k["meta"]:
             c = k["meta"]["combine"]
             self.kernels.append(CubinFunction((root / files["cubin_combine"]).read_bytes(), c["entry"], c["grid"],
-                                              c["block"], c["smem_bytes"], device))
+                                              c["block"], c["smem_bytes"], device, pdl))
 
     def launch(self, i: int, grid, args: list) -> None:
         self.kernels[i].launch(args, grid=grid)
@@ -88,7 +88,7 @@ def load_instance(root: Path, inst: str, k: dict, device: int):
         return _TileLangKernels(root, k, device)
     launches = json.loads((root / files["launches"]).read_text())
     cubins = [(root / files[f"cubin{i}"]).read_bytes() for i in range(len(launches))]
-    return TritonKernels(inst, launches, cubins, device)
+    return TritonKernels(inst, launches, cubins, device, bool(k["build"].get("pdl")))
 
 
 class CudaPlanExecutor(SlotStateOps):

@@ -17,10 +17,10 @@ from .cuda_driver import CubinFunction, c_arg
 class TritonKernels:
     """The launches of one kernel instance of a plan, each with its cubin."""
 
-    def __init__(self, inst: str, launches: list[dict], cubins: list[bytes], device: int = 0):
+    def __init__(self, inst: str, launches: list[dict], cubins: list[bytes], device: int = 0, pdl: bool = False):
         self.inst, self.device = inst, device
         self.functions = [CubinFunction(cb, ln["metadata"]["name"], ln["grid"], (32 * ln["num_warps"],),
-                                        ln["metadata"]["shared"], device) for ln, cb in zip(launches, cubins)]
+                                        ln["metadata"]["shared"], device, pdl) for ln, cb in zip(launches, cubins)]
         # scratch bytes per program, passed after the kernel's own arguments
         self.scratch = [[int(ln["metadata"].get(k) or 0) for k in ("global_scratch_size", "profile_scratch_size")]
                         for ln in launches]

@@ -115,9 +115,11 @@ def test_triton_aot_cc90_cc100_and_second_build_is_cached(cache):
             launches = json.loads(open(r.files["launches"]).read())
             assert launches[0]["metadata"]["arch"] == name
             assert open(r.files["cubin0"], "rb").read()[:4] == b"\x7fELF"
+            assert r.pdl and launches[0]["metadata"]["launch_pdl"]
+            _assert_waits_first(open(r.files["ptx0"]).read())
         t0 = time.perf_counter()
         again = B.build_for(b, srcs, cache=cache)
-        assert all(r.cached for r in again) and time.perf_counter() - t0 < 1.0
+        assert all(r.cached and r.pdl for r in again) and time.perf_counter() - t0 < 1.0
 
 
 def test_parallel_triton_builds(cache):
@@ -131,6 +133,29 @@ def test_parallel_triton_builds(cache):
     res = B.build_for(b, srcs + srcs[:1], jobs=2, cache=cache)
     assert [r.status for r in res] == ["built", "built", "built"], [r.reason for r in res]
     assert res[2] is res[0] and not res[0].cached
+
+
+def _assert_waits_first(ptx: str) -> None:
+    """The entry's first instructions are the grid-dependency wait, then the trigger."""
+    body = ptx[ptx.index(".entry"):]
+    body = body[body.index("\n{\n") + 3:].splitlines()
+    ins = [ln.strip() for ln in body if ln.strip() and not ln.strip().startswith(B._PTX_DECL)
+           and not ln.strip().endswith(":")]
+    assert ins[:2] == list(B.GRID_DEPENDENCY), ins[:4]
+    assert ptx.count("griddepcontrol.wait;") == 1
+
+
+def test_grid_dependency_goes_first_in_each_kernel():
+    ptx = ".version 8.7\n.visible .entry k(\n\t.param .u64 k_param_0\n)\n.reqntid 128\n{\n\t.reg .b32 \t%r<4>;\n" \
+          "\t.reg .b64 \t%rd<2>;\n\n$L__func_begin0:\n\tld.param.u64 \t%rd1, [k_param_0];\n\tret;\n}\n"
+    out = B.grid_dependency_ptx(ptx)
+    _assert_waits_first(out)
+    assert out.index("griddepcontrol.wait;") > out.index("%rd<2>")
+    cu = B.grid_dependency_cuda(CUDA_SRC + CUDA_SRC.replace("scale_rows", "other"))
+    assert cu.count('asm volatile("griddepcontrol.wait;') == 2
+    assert cu.index("griddepcontrol.wait") < cu.index("__shared__ float buf")
+    with pytest.raises(B.BuildError, match="without a __global__"):
+        B.grid_dependency_cuda("__device__ float f(float x) { return x; }")
 
 
 CUDA_SRC = """extern "C" __global__ void scale_rows(const float* x, float* y, int n) {
@@ -150,6 +175,7 @@ def test_nvcc_cubin_with_ptxas_report(cache):
     assert r.status == "built", r.reason
     assert r.resources["scale_rows"]["smem_bytes"] == 1024 and r.resources["scale_rows"]["registers"] > 0
     assert open(r.files["cubin"], "rb").read()[:4] == b"\x7fELF"
+    assert r.pdl and json.loads((cache.path(r.key) / "meta.json").read_text())["pdl"]
     (bad,) = B.build_for(b, [KernelSource("cuda", "broken", "__global__ void broken( {")], cache=cache)
     assert bad.status == "failed" and "nvcc failed on broken" in bad.reason and "\n" not in bad.reason
 

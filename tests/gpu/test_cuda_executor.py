@@ -76,3 +76,21 @@ def test_the_plan_generates_where_the_compiler_is_absent(plan):
         prompt_token_ids=prompts, sampling_params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
         use_tqdm=False)
     assert lines["TOKENS"] == str([o.token_ids for o in want])
+
+
+def test_pdl_launches_give_the_tokens_of_plain_launches(plan, monkeypatch):
+    """Every kernel of an sm90 plan waits on the grid before it, and is launched with programmatic
+    stream serialization (its launch overlaps the previous kernel's tail): CUDA-graph decode gives
+    the tokens of plain launches (DEEPINFER_PDL=0)."""
+    prompts = [[5, 6, 7, 8], list(range(100, 160))]
+    kw = dict(max_num_seqs=4, max_model_len=1024, max_num_batched_tokens=512)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    runs = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("DEEPINFER_PDL", pdl)
+        llm = LLM(plan=plan[0], weights=plan[1], **kw)
+        runs[pdl] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=sp, use_tqdm=False)]
+        fns = [f for k in llm.engine.executor._kernels.values()
+               for f in getattr(k, "kernels", None) or getattr(k, "functions", [])]
+        assert fns and all(f.pdl == (pdl == "1") for f in fns)
+    assert runs["0"] == runs["1"]
