@@ -4,7 +4,9 @@
 # plan's decode GPU time by kernel (--profile), optionally every call of the named templates in the
 # last plan's decode step against its op's reference (--divergence-medium), and a table last.
 #
-#   bench/plans_h200.sh [--check TEMPLATES] NAME=PLAN.tar.xz [NAME=PLAN.tar.xz ...]
+#   bench/plans_h200.sh [--check TEMPLATES|all] NAME=PLAN.tar.xz[:VAR=VALUE] [...]
+#
+# VAR=VALUE is set for that plan's runs (DEEPINFER_PDL=0: the same plan with plain launches).
 #
 # Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
 # plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.
@@ -16,25 +18,30 @@ if [ "${1:-}" = "--check" ]; then check=$2; shift 2; fi
 . bench/device_env.sh
 log="$out/plans.log"
 names=()
-declare -A dirs
+declare -A dirs envs
 for arg in "$@"; do
     name=${arg%%=*}
-    dirs[$name]=$(unpack "${arg#*=}" "$work/$name" plan.json)
+    spec=${arg#*=}
+    envs[$name]=""
+    if [[ $spec == *:* ]]; then envs[$name]=${spec#*:}; spec=${spec%%:*}; fi
+    dirs[$name]=$(unpack "$spec" "$work/$name" plan.json)
     names+=("$name")
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log" || true
 for name in "${names[@]}"; do
-    BENCH_GRAPH_ONLY=1 "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$out/runtime_$name.json" \
+    env BENCH_GRAPH_ONLY=1 ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$out/runtime_$name.json" \
         2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
 done
 for name in "${names[@]}"; do
-    "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --profile --out "$out/profile_$name.json" 2>&1 \
+    env ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --profile --out "$out/profile_$name.json" 2>&1 \
         | tail -n 40 | tee -a "$log" || echo "plans_h200: $name's profile failed" | tee -a "$log"
 done
 if [ -n "$check" ]; then
     last=${names[-1]}
-    "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium --decode-only \
-        --only-templates "$check" --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
+    only=(--only-templates "$check")
+    [ "$check" = all ] && only=()
+    env ${envs[$last]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium --decode-only \
+        "${only[@]}" --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
         || echo "plans_h200: the per-call check failed" | tee -a "$log"
 fi
 "$py" - "$out" "${names[@]}" <<'EOF'
@@ -55,6 +62,12 @@ for k, unit in (("prefill_4096", "tok/s"), ("decode_b1", "ms"), ("decode_b8", "m
     if vals[0] and vals[-1]:
         ratio = f"   {(vals[-1] / vals[0] if unit == 'tok/s' else vals[0] / vals[-1]):.3f}x faster"
     print(f"{k:<14}{cells}{ratio}  ({unit})")
+for b in (1, 8, 64):  # bit-equal logits digests, and argmax agreement with the first plan
+    first = rows[names[0]].get(f"decode_b{b}", {})
+    print(f"decode_b{b} logits " + ", ".join(
+        f"{n} {rows[n].get(f'decode_b{b}', {}).get('logits_sha256', '-')} argmax="
+        f"{sum(x == y for x, y in zip(rows[n].get(f'decode_b{b}', {}).get('argmax', []), first.get('argmax', [])))}"
+        f"/{len(first.get('argmax', []))}" for n in names))
 for n in names:
     prof = load("profile", n).get("medium_profile", {})
     for b, v in prof.items():

@@ -13,6 +13,7 @@ device's idle time per step is wall time minus the time the GPU spent on the ste
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -283,6 +284,11 @@ def medium(plan: str, seed: int = 0) -> dict:
                          "idle_ms": (w - busy) * 1e3}
             print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms "
                   f"({ex.graph_status.get(f'decode_b{b}', '')[:120]})", flush=True)
+        # what the step computed: equal digests mean bit-equal logits (the same plan launched two
+        # ways, e.g. DEEPINFER_PDL=0 against PDL), the argmax what another plan should agree with
+        lg = ex.step(chunks).float()
+        row["logits_sha256"] = hashlib.sha256(lg.contiguous().numpy().tobytes()).hexdigest()[:16]
+        row["argmax"] = lg.argmax(-1).tolist()
         out[f"decode_b{b}"] = row
     out["graphs"] = ex.graph_status
     return out
