@@ -3,7 +3,8 @@ find a function, raise its dynamic shared-memory limit, launch it on torch's cur
 
 A cubin built to wait on the grid before it (codegen/build.py, "programmatic dependent launch")
 is launched with programmatic stream serialization, so that its launch overlaps the tail of the
-kernel before it; DEEPINFER_PDL=0 launches every kernel plainly (the wait then returns at once).
+kernel before it; DEEPINFER_PDL=0 launches every kernel plainly (the wait then returns at once),
+and so does a step run under `pdl_launches(False)` (the executor's prefill steps).
 
 ctypes over libcuda, so the runtime needs neither TileLang nor a CUDA toolkit on the serving
 machine: the plan's cubins were built on the compile machine. Launches go onto torch's current
@@ -11,6 +12,8 @@ stream, so they order with torch work and are recorded by CUDA graph capture lik
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import functools
 import os
@@ -34,6 +37,19 @@ class LaunchConfig(ctypes.Structure):
 
 def pdl_enabled() -> bool:
     return os.environ.get("DEEPINFER_PDL", "1") != "0"
+
+
+_PDL_HERE = contextvars.ContextVar("deepinfer_pdl_launches", default=True)
+
+
+@contextlib.contextmanager
+def pdl_launches(on: bool):
+    """Launches made inside use PDL (where their kernel was built for it) only if `on`."""
+    token = _PDL_HERE.set(on)
+    try:
+        yield
+    finally:
+        _PDL_HERE.reset(token)
 
 
 class CudaError(RuntimeError):
@@ -106,7 +122,7 @@ class CubinFunction:
             stream = torch.cuda.current_stream().cuda_stream
         ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
-        if self.pdl:
+        if self.pdl and _PDL_HERE.get():
             cfg = LaunchConfig(*g, *self.block, self.smem, ctypes.c_void_p(stream), ctypes.pointer(self._attr), 1)
             _check(_lib().cuLaunchKernelEx(ctypes.byref(cfg), self.fn, ptrs, None), f"launching {self.name}")
             return

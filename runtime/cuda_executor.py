@@ -26,7 +26,7 @@ import torch
 
 from ..ir.quant import QTensor
 from .batch import DraftSeq, SeqChunk, bucket_inputs
-from .cuda_driver import CubinFunction, c_arg
+from .cuda_driver import CubinFunction, c_arg, pdl_launches
 from .host_recipe import HostRecipe
 from .plan_executor import (LoadedPlan, choose_bucket, draft_bucket_inputs, reference_call, time_step_buckets,
                             verify_seqs, verify_shapes)
@@ -194,7 +194,14 @@ class CudaPlanExecutor(SlotStateOps):
                     static_in[k].copy_(v, non_blocking=True)
                 cuda_graph.replay()
                 return static_out
-        return self.runner.run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+        return self._run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
+
+    def _run(self, graph: str, bucket: str, inputs: dict) -> dict:
+        """The plan runner's step, its kernels launched with PDL except in a prefill step: its
+        kernels are long, so there is no launch gap to hide, and on the H200 PDL cost the medium
+        plan's 4096-token prefill 4% (docs/performance.md, thirteenth session)."""
+        with pdl_launches(self.plan["bucket_kinds"].get(bucket) != "prefill"):
+            return self.runner.run(graph, bucket, inputs)
 
     def _capture(self, graph: str, bucket: str, inputs: dict):
         key = (graph, bucket)
@@ -209,11 +216,11 @@ class CudaPlanExecutor(SlotStateOps):
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
-                self.runner.run(graph, bucket, static_in)
+                self._run(graph, bucket, static_in)
             torch.cuda.current_stream().wait_stream(s)
             cuda_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(cuda_graph):
-                static_out = self.runner.run(graph, bucket, static_in)
+                static_out = self._run(graph, bucket, static_in)
         except Exception as e:  # noqa: BLE001  (any capture failure means: run this bucket eagerly)
             g, i = self.runner.at
             c = self.loaded.graphs[g].calls[i]
@@ -241,5 +248,5 @@ class CudaPlanExecutor(SlotStateOps):
             raise ValueError(f"model {self.cfg.model_id} has no DSpark draft head")
         b = len(seqs)
         bucket, inputs = draft_bucket_inputs(self.plan, self.cfg, seqs, self.num_slots)
-        outs = self.runner.run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
+        outs = self._run("draft", bucket, {k: v.to(self.device) for k, v in inputs.items()})
         return outs["drafts"][:b].cpu(), outs["confidence"][:b].float().cpu()

@@ -20,3 +20,13 @@ def test_pdl_switch(monkeypatch):
     assert D.pdl_enabled()
     monkeypatch.setenv("DEEPINFER_PDL", "0")
     assert not D.pdl_enabled()
+
+
+def test_pdl_launches_scope():
+    assert D._PDL_HERE.get()
+    with D.pdl_launches(False):
+        assert not D._PDL_HERE.get()
+        with D.pdl_launches(True):
+            assert D._PDL_HERE.get()
+        assert not D._PDL_HERE.get()
+    assert D._PDL_HERE.get()
