@@ -89,6 +89,11 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
     def run(k, x):
         if mma:
             a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
+            if c["split_k"] > 1 and c.get("CLUSTER"):  # the cluster's first CTA adds the partials
+                p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
+                out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
+                k[0](a, x["SA"], b, x["SB"], out, p)
+                return out
             if c["split_k"] > 1:
                 p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
                 k[0](a, x["SA"], b, x["SB"], p)
@@ -371,6 +376,8 @@ def tiny_cases():
         # 4 tiles a pass: 11 rows skip two tiles, 40 rows take a second pass of one tile
         gemm_fp8_case("tiny 4 tiles", 11, 256, 512, {"NT": 4, "RT": 2}, mma=True),
         gemm_fp8_case("tiny 4 tiles split-K", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2}, mma=True),
+        # split-K in a cluster whose first CTA adds the partials; 11 rows: two passes
+        gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
         linear_case("tiny", 7, 64, 96),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
@@ -398,6 +405,7 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120))
         out.append(gemm_fp8_case(f"decode b{m} wo_b", m, 5120, 8192, {"split_k": 2}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120, {"split_k": 8}, mma=True))
+        out.append(gemm_fp8_case(f"decode b{m} wq_a cluster", m, 1280, 5120, {"split_k": 8, "CLUSTER": 1}, mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))

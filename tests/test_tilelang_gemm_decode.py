@@ -96,3 +96,40 @@ def test_host_passes_the_rows_and_sums_the_splits():
     assert tuple(out.shape) == (3, 1280)
     launches = [s for s in rec["steps"] if "launch" in s]
     assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [3, 3]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_cluster_split_is_one_kernel_that_adds_the_partials():
+    """CLUSTER: the split's CTAs form a thread-block cluster (declared in the source, so a plain
+    launch honours it) whose first CTA adds the partials after a cluster barrier: no combine."""
+    pytest.importorskip("tilelang")
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+    t, tpl = enabled(CLUSTER=1), templates()["tilelang_gemm_fp8_mma"]
+    spec = tpl.canonical(t, gemm_spec(1, 1280, 5120))
+    cfg = tpl.default_config(t, spec)
+    assert cfg["split_k"] == 8  # a portable cluster's most (20 without one)
+    src = tpl.render(t, spec, cfg)
+    assert "combine" not in src.meta and src.grid == (40, 8, 1)
+    assert src.text.count("__cluster_dims__(1, 8, 1)") == 2 and "tl::cluster_sync()" in src.text
+    assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "P", "SA", "SB", "m"]
+    rep = nvcc_report(src.text, t.arch)
+    assert rep["ok"] and rep["spill_bytes"] == 0, rep["log"]
+
+
+def test_cluster_host_launches_once():
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    meta = {"params": [[n, "void*"] for n in ("A", "B", "C", "P", "SA", "SB")] + [["m", "int32_t"]],
+            "rows_argument": True, "mnk": (8, 1280, 5120)}
+    kernel = {"template": "tilelang_gemm_fp8_mma", "config": dict(KNOBS, split_k=8, CLUSTER=1), "meta": meta,
+              "grid": [40, 8, 1], "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(3, 5120, dtype=torch.float8_e4m3fn), torch.empty(3, 160, dtype=torch.uint8))
+        w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
+        rec, (out,) = record_tilelang(templates()["tilelang_gemm_fp8_mma"].host, kernel, [x, w],
+                                      {"out_dtype": "bf16"}, [False])
+    assert tuple(out.shape) == (3, 1280)
+    launches = [s for s in rec["steps"] if "launch" in s]
+    assert [s["launch"] for s in launches] == [0] and launches[0]["args"][-1] == 3

@@ -15,7 +15,11 @@ On the H200 it runs the medium plan's lin8 calls of 1 and 8 rows 1.3 to 2.4 time
 wgmma program (the four shapes timed), and loses at 64 rows (bench/gemm_fp8_decode.py;
 docs/performance.md, eleventh session).
 """
+import dataclasses
+import re
 from typing import Any, Mapping
+
+import torch
 
 from ..targets import Target, building
 from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
@@ -25,7 +29,7 @@ from ..template import KernelSource, KernelSpec, Template, batch_invariant, regi
 
 
 def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT=4, WK=4, KU=2, STAGES=3, NT=1,
-                              split_k=1, rows=64):
+                              split_k=1, rows=64, CLUSTER=0):
     """C[m, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] for m <= `rows` live rows
     (a kernel argument). CTA (16*RT weight rows, split): WK warps take turns over the split's
     scale blocks, KU each per step, and add their sums through shared memory in warp order; the
@@ -35,7 +39,10 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     g and g + 8's 32-byte block (A slots 4q.. and 16+4q..) and the same two words of row g of A
     (B slots). NT tiles of 8 rows per pass over the weights, the tiles past m skipped (a pass wide
     enough for the largest bucket costs the smallest one no MMAs). split_k > 1 writes fp32 partials
-    P[split, rows, N] for the combine."""
+    P[split, rows, N] for the combine; with CLUSTER the split's CTAs are one thread-block cluster
+    (the source needs `cluster_dims_source`), and after a cluster barrier (release / acquire at
+    cluster scope, so the partials in global memory are visible) its first CTA adds them in split
+    order, as the combine would, and writes C: no second kernel."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
@@ -51,6 +58,12 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     sbr = max(br // 32, 1)  # 32-row scale blocks the CTA's rows span
     m = T.dynamic("m")
     out_shape, c_dtype = ((split_k, rows, N), "float32") if split_k > 1 else ((m, N), out_dtype)
+    cluster = bool(CLUSTER) and split_k > 1
+    assert not cluster or split_k <= 8, "a portable cluster holds at most 8 CTAs"
+    threads = 32 * WK
+    # TileLang's own launcher (the benches) passes the cluster shape at launch; a plan's source
+    # carries it (cluster_dims_source)
+    launch, launch_kw = (T.ClusterKernel, {"cluster_dims": (1, split_k, 1)}) if cluster else (T.Kernel, {})
 
     @T.macro
     def block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q, kb, kw):
@@ -71,11 +84,24 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             s = e8m0_f32(T, SB_s[(rt * 16) // 32, kb % per])
             mma(a, b, c, acc, rt * NT * 4, s, s, sx, m - tb)
 
-    @T.prim_func
-    def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
-                     B: T.Tensor((N, K // 4), "uint32"), SB: T.Tensor(((N + 31) // 32, kbs), "uint8"),
-                     C: T.Tensor(out_shape, c_dtype)):
-        with T.Kernel(N // br, split_k, threads=32 * WK) as (bx, bz):
+    @T.macro
+    def cluster_combine(P, C, bx, bz, tb, tx):
+        """After the split's CTAs wrote their partials: its first CTA adds them in split order."""
+        T.cluster_sync()
+        if bz == 0:
+            for j in T.serial(T.ceildiv(tt * br, threads)):
+                e = j * threads + tx
+                if e < tt * br and tb + e // br < m:
+                    tot = T.alloc_var("float32")
+                    tot = T.float32(0)
+                    for sp in T.serial(split_k):
+                        tot += P[sp, tb + e // br, bx * br + e % br]
+                    C[tb + e // br, bx * br + e % br] = T.Cast(out_dtype, tot)
+
+    @T.macro
+    def body(A, SA, B, SB, C, P):
+        """P: the split partials (C itself unless the cluster combines them)."""
+        with launch(N // br, split_k, threads=threads, **launch_kw) as (bx, bz):
             tx = T.get_thread_binding()
             wp = tx // 32
             g = (tx % 32) // 4
@@ -109,17 +135,32 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
                         dt, dr = out_position(T, i, NT)
                         if tb + 2 * q + dt < m:
                             if split_k > 1:
-                                C[bz, tb + 2 * q + dt, bx * br + g + dr] = acc[i]
+                                P[bz, tb + 2 * q + dt, bx * br + g + dr] = acc[i]
                             else:
                                 C[tb + 2 * q + dt, bx * br + g + dr] = T.Cast(c_dtype, acc[i])
+                if cluster:
+                    cluster_combine(P, C, bx, bz, tb, tx)
                 if WK > 1:
                     T.sync_threads()
+
+    if cluster:
+        @T.prim_func
+        def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
+                         B: T.Tensor((N, K // 4), "uint32"), SB: T.Tensor(((N + 31) // 32, kbs), "uint8"),
+                         C: T.Tensor((m, N), out_dtype), P: T.Tensor((split_k, rows, N), "float32")):
+            body(A, SA, B, SB, C, P)
+    else:
+        @T.prim_func
+        def gemm_fp8_mma(A: T.Tensor((m, K // 4), "uint32"), SA: T.Tensor((m, kbs), "uint8"),
+                         B: T.Tensor((N, K // 4), "uint32"), SB: T.Tensor(((N + 31) // 32, kbs), "uint8"),
+                         C: T.Tensor(out_shape, c_dtype)):
+            body(A, SA, B, SB, C, C)
 
     return gemm_fp8_mma
 
 
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1)}
 
 
 def _mnk(spec: KernelSpec):
@@ -136,9 +177,20 @@ def mma_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None =
     c = dict(target.defaults["tilelang_gemm_fp8_mma"], **(knobs or {}))
     ctas = c.pop("CTAS", 2)
     tiles, steps = n // (16 * c["RT"]), k // (32 * c["WK"])
-    c.setdefault("split_k", max((s for s in range(1, 65) if steps % s == 0 and tiles * s <= ctas * target.cores),
+    top = 8 if c.get("CLUSTER") else 64  # a portable cluster: at most 8 CTAs
+    c.setdefault("split_k", max((s for s in range(1, top + 1) if steps % s == 0 and tiles * s <= ctas * target.cores),
                                 default=1))
     return c
+
+
+def cluster_dims_source(text: str, entry: str, dims: tuple[int, int, int]) -> str:
+    """The kernel's declaration and definition with a compile-time cluster shape, which a plain
+    launch honours (TileLang's own launcher passes it at launch instead)."""
+    attr = f"__cluster_dims__({dims[0]}, {dims[1]}, {dims[2]})"
+    out, n = re.subn(r"(__global__ void )((?:__launch_bounds__\([^)]*\) )?" + re.escape(entry) + r"\()",
+                     lambda mt: mt.group(1) + attr + " " + mt.group(2), text)
+    assert n, f"{entry} not found in its source"
+    return out
 
 
 def default_config(target: Target, spec: KernelSpec) -> dict:
@@ -162,7 +214,9 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
     func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=m, **c)
     src = source(func, target.arch, {"template": "tilelang_gemm_fp8_mma", "config": c, "mnk": (m, n, k),
                                      "rows_argument": True})
-    if c["split_k"] > 1:
+    if c.get("CLUSTER") and c["split_k"] > 1:
+        src = dataclasses.replace(src, text=cluster_dims_source(src.text, src.entry, (1, c["split_k"], 1)))
+    elif c["split_k"] > 1:
         comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
         src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
                                "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
@@ -191,9 +245,18 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
 
 
 def _host(launch, inputs, attrs, config, meta):
-    from .tilelang_host import host_gemm_fp8
+    from .tilelang_host import _torch_dtype, host_gemm_fp8
 
-    return host_gemm_fp8(launch, inputs, attrs, config, meta)
+    if not (config.get("CLUSTER") and config.get("split_k", 1) > 1):
+        return host_gemm_fp8(launch, inputs, attrs, config, meta)
+    x, w = inputs  # the cluster's first CTA adds the partials: one launch
+    k, n = x.data.shape[-1], w.data.shape[0]
+    a = x.data.reshape(-1, k).contiguous()
+    m, dev = a.shape[0], a.device
+    c = torch.empty(m, n, dtype=_torch_dtype(attrs["out_dtype"]), device=dev)
+    p = torch.empty(config["split_k"], meta["mnk"][0], n, dtype=torch.float32, device=dev)
+    launch(0, A=a, SA=x.scale.reshape(-1, k // 32).contiguous(), B=w.data, SB=w.scale, C=c, P=p, m=m)
+    return c.reshape(*x.data.shape[:-1], n)
 
 
 def _canonical(target: Target, spec: KernelSpec) -> KernelSpec:
