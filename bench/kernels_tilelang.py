@@ -78,7 +78,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
     """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order)."""
     if mma:
-        c = {**TARGET.defaults["tilelang_gemm_fp8_mma"], "split_k": 1, **(config or {})}
+        c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
         c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
 

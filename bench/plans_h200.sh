@@ -7,6 +7,7 @@
 #   bench/plans_h200.sh [--check TEMPLATES|all] NAME=PLAN.tar.xz[:VAR=VALUE] [...]
 #
 # VAR=VALUE is set for that plan's runs (DEEPINFER_PDL=0: the same plan with plain launches).
+# PLANS_PROFILE=last profiles only the last plan, none none (default: all).
 #
 # Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
 # plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.
@@ -32,7 +33,9 @@ for name in "${names[@]}"; do
     env BENCH_GRAPH_ONLY=1 ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$out/runtime_$name.json" \
         2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
 done
-for name in "${names[@]}"; do
+profiled=("${names[@]}")
+case "${PLANS_PROFILE:-all}" in none) profiled=() ;; last) profiled=("${names[-1]}") ;; esac
+for name in "${profiled[@]}"; do
     env ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --profile --out "$out/profile_$name.json" 2>&1 \
         | tail -n 40 | tee -a "$log" || echo "plans_h200: $name's profile failed" | tee -a "$log"
 done
