@@ -9,8 +9,7 @@ bandwidth measured in the same run. Not a test; run on the H200:
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
-split_k takes tilelang_gemm_decode.mma_config's split. LIN8_S12_RULE=1 adds the twelfth session's
-split rule (for a comparison within the run).
+split_k takes tilelang_gemm_decode.mma_config's split.
 """
 import argparse
 import datetime
@@ -46,16 +45,12 @@ def variants(n, k):
     t = get_target("sm90")
     c = tlg.gemm_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
-    if os.environ.get("LIN8_S12_RULE"):  # the twelfth session's split: powers of two, at most 2 CTAs per SM
-        c = tlgd.mma_config(t, n, k, {"RT": 4, "CTAS": 2, "split_k": next((s for s in (16, 8, 4, 2) if (k // 32) % (s * 4) == 0
-                                                       and n // 64 * s <= 2 * t.cores), 1)})
-        out.append(("mma s12 rule", c, [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
                     [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
     for _, c, progs in out:
-        if c["split_k"] > 1 and not c.get("CLUSTER"):  # a cluster's first CTA adds the partials
+        if c["split_k"] > 1 and not tlgd.cluster_split(c):  # a cluster's first CTA adds the partials
             progs.append(tlg.gemm_split_sum_program(n, c["split_k"], ROWS, "bfloat16"))
     return out
 
@@ -77,7 +72,7 @@ def run(kernels, c, mma, x, n):
     out = torch.empty(x["A"].shape[0], n, device="cuda", dtype=torch.bfloat16)
     if c["split_k"] > 1:
         p = torch.empty(c["split_k"], ROWS, n, device="cuda", dtype=torch.float32)
-        if c.get("CLUSTER"):
+        if tlgd.cluster_split(c):
             kernels[0](a, x["SA"], b, x["SB"], out, p)
         else:
             kernels[0](a, x["SA"], b, x["SB"], p)

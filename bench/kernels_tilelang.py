@@ -89,7 +89,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
     def run(k, x):
         if mma:
             a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
-            if c["split_k"] > 1 and c.get("CLUSTER"):  # the cluster's first CTA adds the partials
+            if tlgd.cluster_split(c):  # the cluster's first CTA adds the partials
                 p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
                 out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
                 k[0](a, x["SA"], b, x["SB"], out, p)

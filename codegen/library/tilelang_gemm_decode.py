@@ -58,7 +58,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     sbr = max(br // 32, 1)  # 32-row scale blocks the CTA's rows span
     m = T.dynamic("m")
     out_shape, c_dtype = ((split_k, rows, N), "float32") if split_k > 1 else ((m, N), out_dtype)
-    cluster = bool(CLUSTER) and split_k > 1
+    cluster = cluster_split({"CLUSTER": CLUSTER, "split_k": split_k})
     assert not cluster or split_k <= 8, "a portable cluster holds at most 8 CTAs"
     threads = 32 * WK
     # TileLang's own launcher (the benches) passes the cluster shape at launch; a plan's source
@@ -183,6 +183,11 @@ def mma_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None =
     return c
 
 
+def cluster_split(c: Mapping[str, Any]) -> bool:
+    """Whether config `c`'s K split is added inside a cluster (no combine kernel)."""
+    return bool(c.get("CLUSTER")) and c.get("split_k", 1) > 1
+
+
 def cluster_dims_source(text: str, entry: str, dims: tuple[int, int, int]) -> str:
     """The kernel's declaration and definition with a compile-time cluster shape, which a plain
     launch honours (TileLang's own launcher passes it at launch instead)."""
@@ -214,7 +219,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
     func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=m, **c)
     src = source(func, target.arch, {"template": "tilelang_gemm_fp8_mma", "config": c, "mnk": (m, n, k),
                                      "rows_argument": True})
-    if c.get("CLUSTER") and c["split_k"] > 1:
+    if cluster_split(c):
         src = dataclasses.replace(src, text=cluster_dims_source(src.text, src.entry, (1, c["split_k"], 1)))
     elif c["split_k"] > 1:
         comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
@@ -247,7 +252,7 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
 def _host(launch, inputs, attrs, config, meta):
     from .tilelang_host import _torch_dtype, host_gemm_fp8
 
-    if not (config.get("CLUSTER") and config.get("split_k", 1) > 1):
+    if not cluster_split(config):
         return host_gemm_fp8(launch, inputs, attrs, config, meta)
     x, w = inputs  # the cluster's first CTA adds the partials: one launch
     k, n = x.data.shape[-1], w.data.shape[0]
