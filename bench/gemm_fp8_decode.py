@@ -9,7 +9,10 @@ bandwidth measured in the same run. Not a test; run on the H200:
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
-split_k takes tilelang_gemm_decode.mma_config's split.
+split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of the Triton program with
+the weight as the MMA's left operand, widened to bf16 in registers (bench/linear_rows_dq.py), e.g.
+'[{"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3}]'; SPLIT 0 (the default) picks the split
+from the shape.
 """
 import argparse
 import datetime
@@ -26,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from ceilings import measure_ceilings  # noqa: E402
+import linear_rows_dq  # noqa: E402
 from kernels_tilelang import rand_e8m0, rand_fp8, rel_err  # noqa: E402
 
 from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
@@ -40,8 +44,22 @@ SHAPES = [(1280, 5120, 40), (32768, 1280, 40), (512, 5120, 43), (5120, 8192, 40)
 ROWS = tlg.DECODE_ROWS
 
 
+DQ_BASE = {"BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3, "SCALE": 0, "PREF": 0}
+
+
+def dq_config(n, k, knobs):
+    """A LIN8_DQ config made whole for one shape: the split is the largest that divides K into
+    whole BK steps and keeps the programs within two per SM (when knobs give none)."""
+    c = dict(DQ_BASE, **knobs)
+    if not c["SPLIT"]:
+        c["SPLIT"] = max(s for s in (1, 2, 4, 8, 16) if s == 1 or (k % (s * c["BK"]) == 0
+                                                                 and n // c["BN"] * s <= 264))
+    return c
+
+
 def variants(n, k):
-    """(label, config, [programs]) per variant of one shape: the wgmma program first."""
+    """(label, config, [programs]) per variant of one shape: the wgmma program first; a Triton
+    variant (label "dq ...") has no programs (linear_rows_dq.run launches it)."""
     t = get_target("sm90")
     c = tlg.gemm_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
@@ -49,17 +67,30 @@ def variants(n, k):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
                     [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
-    for _, c, progs in out:
+    for knobs in json.loads(os.environ.get("LIN8_DQ", "[]")):
+        short = {"BN": "n", "BK": "k", "num_warps": "w", "num_stages": "s", "SPLIT": "p", "PREF": "f", "SCALE": "c"}
+        out.append(("dq " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())),
+                    dq_config(n, k, knobs), []))
+    for label, c, progs in out:
+        if label.startswith("dq"):
+            continue
         if c["split_k"] > 1 and not tlgd.cluster_split(c):  # a cluster's first CTA adds the partials
             progs.append(tlg.gemm_split_sum_program(n, c["split_k"], ROWS, "bfloat16"))
     return out
 
 
 def _warm(args):
-    si, vi = args
+    si, vi, rows_list = args
     try:
-        for p in variants(*SHAPES[si][:2])[vi][2]:
+        n, k = SHAPES[si][:2]
+        label, c, progs = variants(n, k)[vi]
+        for p in progs:
             tlg.compile_kernel(p)
+        for m in rows_list if label.startswith("dq") else ():  # Triton specialises the row count
+            x = {"A": rand_fp8(m, k), "SA": rand_e8m0(m, k // 32), "B": rand_fp8(n, k),
+                 "SB": rand_e8m0(-(-n // 32), k // 32)}
+            run([], c, "dq", x, n)
+        torch.cuda.synchronize()
         return None
     except Exception as e:  # reported again by the main process
         return f"{type(e).__name__}: {e}"
@@ -67,6 +98,13 @@ def _warm(args):
 
 def run(kernels, c, mma, x, n):
     a, b = x["A"], x["B"]
+    if mma == "dq":
+        m, k = a.shape
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        part = torch.empty(c["SPLIT"], m, n, device="cuda", dtype=torch.float32) if c["SPLIT"] > 1 else out
+        linear_rows_dq.run(a.view(torch.uint8), x["SA"], b.view(torch.uint8), x["SB"], out, part, m, 1, k, n,
+                           dict(c, BR=max(16, 1 << (m - 1).bit_length())))
+        return out
     if mma:  # the warp-MMA program reads both operands as 32-bit words
         a, b = a.view(torch.uint8).view(torch.uint32), b.view(torch.uint8).view(torch.uint32)
     out = torch.empty(x["A"].shape[0], n, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +130,8 @@ def main() -> int:
 
     t0 = time.time()
     nv = len(variants(*SHAPES[0][:2]))
-    jobs = [(si, vi) for si in range(len(SHAPES)) for vi in range(nv)]
+    rows_list = [int(r) for r in args.rows.split(",")]
+    jobs = [(si, vi, rows_list) for si in range(len(SHAPES)) for vi in range(nv)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         errors = sorted({e for e in ex.map(_warm, jobs) if e})
     print(f"compiled {len(jobs)} variants in {time.time() - t0:.0f} s", flush=True)
@@ -100,7 +139,6 @@ def main() -> int:
         print("warm-up:", e[-300:], flush=True)
     ceil = measure_ceilings(lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     bw = ceil["copy_bytes_per_s"]
-    rows_list = [int(r) for r in args.rows.split(",")]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.date.today().isoformat(), "ceilings": ceil, "rows": []}
     step = {}  # (variant, rows) -> [sum calls x time us, sum calls x floor us, all passed]
@@ -109,6 +147,7 @@ def main() -> int:
         for label, c, progs in variants(n, k):
             try:
                 kernels = [tlg.compile_kernel(p) for p in progs]
+                kind = "dq" if label.startswith("dq") else label != "wgmma"
             except Exception as e:
                 print(f"{n}x{k} {label}: build error {type(e).__name__}: {str(e)[-300:]}", flush=True)
                 res["rows"].append({"shape": [n, k], "variant": label, "config": c, "status": "build-error"})
@@ -118,10 +157,10 @@ def main() -> int:
                      "SB": rand_e8m0(-(-n // 32), k // 32)}
                 row = {"shape": [n, k], "rows": m, "calls": calls, "variant": label, "config": c}
                 try:
-                    out = run(kernels, c, label != "wgmma", x, n)
+                    out = run(kernels, c, kind, x, n)
                     ref = get_op("gemm_fp8").ref(QTensor(x["A"], x["SA"]), QTensor(x["B"], x["SB"]), out_dtype="f32")
                     mx, _ = rel_err(out.float(), ref.float())
-                    t = triton.testing.do_bench_cudagraph(lambda: run(kernels, c, label != "wgmma", x, n), rep=100,
+                    t = triton.testing.do_bench_cudagraph(lambda: run(kernels, c, kind, x, n), rep=100,
                                                           return_mode="median") * 1e3
                     floor = (n * k * (1 + 1 / 1024) + m * k * 33 / 32 + m * n * 2) / bw * 1e6
                     row.update(status="pass" if mx <= 1e-2 else "FAIL", max_rel=mx, time_us=t, floor_us=floor)

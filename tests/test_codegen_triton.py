@@ -78,6 +78,53 @@ def test_block_linear_on_dot_scaled_matches_reference_interpreted(bk, split, f8)
     assert got == {"grouped_linear": None, "gemm_fp8": None, "linear": None}, got
 
 
+@pytest.mark.parametrize("n,split", [(5, 0), (5, 2), (20, 4)], ids=["5rows-auto", "5rows-split2", "20rows-split4"])
+def test_block_linear_rows_matches_reference_interpreted(n, split):
+    """block_linear_rows_kernel (WL): every row in one tile (16 or 32), the weight as the MMA's
+    left operand widened to bf16 with its 32x32 scales in registers (wo_a's fp8 weight against
+    bf16 rows, lin8's fp8 rows per 32, the fp32-compute linear's bf16 operands), 32-wide N
+    tiles, the K split auto (SPLIT 0) or 2 and 4 ways summed in split order."""
+    dims = dict(triton_check.TINY, H=128, E=32, n=n)
+    got = triton_check.run_interpreted(["grouped_linear", "gemm_fp8", "linear"], dims, n,
+                                       dict(triton_check.SMALL_BLOCKS, WL=1, BN=32, BK=32, SPLIT=split))
+    assert got == {"grouped_linear": None, "gemm_fp8": None, "linear": None}, got
+
+
+def test_block_linear_rows_by_shape():
+    """wo_a and the LM head take WL at 17-64 rows (the head's 129280 and wo_a's 8 x 1024 outputs
+    are whole 128-wide tiles; wo_a splits K in 4 for 256 programs, the head's 1010 tiles need no
+    split); the router's 96 experts, 16 rows and 65 rows keep the row-tiled block linear."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import KernelSpec, select
+    from deepinfer.ir import dtypes as dt
+    from deepinfer.ir.types import TensorType, quantized
+
+    t = get_target("sm90")
+
+    def launch(op, spec):
+        tpl = select(t, spec)
+        return tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]
+
+    def wo_a(rows):
+        return KernelSpec("grouped_linear", (("groups", 8), ("weight_dtype", "bf16")),
+                          (TensorType(dt.bf16, (rows, 8 * 4096)), quantized("fp8e4m3", (8192, 4096), "e8m0", (32, 32))),
+                          (TensorType(dt.bf16, (rows, 8192)),))
+
+    def head(rows, vocab=129280):
+        return KernelSpec("linear", (("compute", "f32"), ("out_dtype", "f32")),
+                          (TensorType(dt.bf16, (rows, 5120)), TensorType(dt.bf16, (vocab, 5120))),
+                          (TensorType(dt.f32, (rows, vocab)),))
+
+    k = launch("grouped_linear", wo_a(64))
+    assert [x["entry"] for x in k] == ["block_linear_rows_kernel", "split_sum_kernel"]
+    assert k[0]["grid"] == [64, 4] and k[0]["constexprs"]["BR"] == 64
+    k = launch("linear", head(40))
+    assert [x["entry"] for x in k] == ["block_linear_rows_kernel"] and k[0]["grid"] == [1010, 1]
+    assert k[0]["constexprs"]["BR"] == 64
+    for spec in (wo_a(16), wo_a(65), head(64, vocab=96), head(8)):
+        assert launch(spec.op, spec)[0]["entry"] == "block_linear_mx_kernel"
+
+
 def test_gemm_fp8_selection_by_row_count():
     """Where a target names a row limit for it (sm90 names none: measured slower), decode rows of
     lin8 take the Triton template, its K split picked from the shape (the same at every row count)

@@ -814,6 +814,62 @@ def block_linear_mx_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: t
 
 
 @triton.jit
+def _widen_blocks(q, sbytes, R: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr):
+    """e4m3 bytes [R, BK] times 2^(s - 127) per 32 of K (ue8m0 bytes [R, BK / 32]) -> DT, exact in
+    bf16: 4 significant bits times a power of two."""
+    s = tl.reshape(tl.broadcast_to(_pow2(sbytes.to(tl.int32), 0)[:, :, None], (R, BK // 32, 32)), (R, BK))
+    return (q.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s).to(DT)
+
+
+@triton.jit
+def block_linear_rows_kernel(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, part_ptr, n, G: tl.constexpr, KG: tl.constexpr,
+                             NG: tl.constexpr, SK: tl.constexpr, XQ: tl.constexpr, WQ: tl.constexpr,
+                             BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                             F32: tl.constexpr = 0):
+    """block_linear_mx_kernel's product for n <= BR rows, all in one tile, with the weight as the
+    MMA's left operand: acc[BN, BR] = W_tile . x^T. Each weight tile is read once (row tiles of
+    16 read it once per tile), and its codes are widened to bf16 with their 32x32 block's scale
+    in the registers the MMA takes them from (exact, as in dot_scaled's widening; sm90's wgmma
+    takes its left operand from registers), so one fp32 accumulator runs over the whole K. x is
+    bf16 rows or (XQ) fp8 rows per 32 K, widened the same way. Program (N tile, K split); NG is a
+    multiple of BN and every split a whole number of BK steps (`block_linear_rows_fits`). F32:
+    fp32 operands, for the CPU interpreter, whose bf16 dot is not exact (the same products)."""
+    DT: tl.constexpr = tl.float32 if F32 else tl.bfloat16
+    pn = tl.program_id(0)
+    ps = tl.program_id(1)
+    TILES: tl.constexpr = NG // BN
+    KS: tl.constexpr = KG // SPLIT
+    g = pn // TILES
+    cols = (pn % TILES) * BN + tl.arange(0, BN)
+    wrow = (g * NG + cols).to(tl.int64)
+    rows = tl.arange(0, BR)
+    rm = rows < n
+    rows64 = rows.to(tl.int64)
+    xrow = rows64 * (G * KG) + g * KG
+    acc = tl.zeros([BN, BR], tl.float32)
+    for k0 in range(ps * KS, ps * KS + KS, BK):
+        ks = k0 + tl.arange(0, BK)
+        kb = k0 // 32 + tl.arange(0, BK // 32)
+        wq = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :])
+        if WQ:
+            w = _widen_blocks(wq, tl.load(s_ptr + (wrow // 32)[:, None] * SK + kb[None, :]), BN, BK, DT)
+        else:
+            w = wq.to(DT)
+        if XQ:
+            xq = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + ks[None, :], mask=rm[:, None], other=0)
+            sx = tl.load(sx_ptr + rows64[:, None] * (G * SK) + g * SK + kb[None, :], mask=rm[:, None], other=127)
+            x = _widen_blocks(xq, sx, BR, BK, DT)
+        else:
+            x = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None], other=0.0).to(DT)
+        acc = tl.dot(w, tl.trans(x), acc)
+    out = rows64[None, :] * (G * NG) + g * NG + cols[:, None]
+    if SPLIT == 1:
+        _store_as(y_ptr + out, acc, rm[None, :])
+    else:
+        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=rm[None, :])
+
+
+@triton.jit
 def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """y = part[0] + part[1] + ... in split order (fp32), rounded to y's dtype: a split-K GEMM's
     sum, the same order whatever the launch."""

@@ -19,7 +19,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
-from .triton_kernels import HC_PART, block_linear_mx_kernel
+from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
 from .triton_kernels import dspark_pick_kernel, dspark_step_kernel
@@ -365,16 +365,24 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     ng, kg = data.shape[0] // groups, data.shape[1]
     x2 = xd.reshape(-1, xd.shape[-1])
     n = x2.shape[0]
-    from .triton_ops import block_linear_f8, block_linear_split  # as the template rendered them
+    from .triton_ops import block_linear_f8, block_linear_rows, block_linear_split  # as the template rendered them
 
-    split = block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
+    wl = block_linear_rows(cfg, n, ng, kg, groups)
+    split = wl["SPLIT"] if wl else block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
     y = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
     part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else y
     grid = (triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)
     tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
     run = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, num_warps=cfg["num_warps"],
                num_stages=cfg["num_stages"])
-    if cfg.get("MX", 0):
+    if wl:
+        xs = _u8(x[1].reshape(n, -1)) if xq else x2
+        # the interpreter's bf16 dot is not exact: fp32 operands there (the same products)
+        _k(block_linear_rows_kernel)[(groups * ng // wl["BN"], split)](
+            _u8(x2) if xq else x2, xs, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
+            **tiles, XQ=xq, WQ=quant, **wl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **({"F32": True} if INTERPRETED else {}))
+    elif cfg.get("MX", 0):
         xs = _u8(x[1].reshape(n, -1)) if xq else x2
         _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,
                                          _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant,

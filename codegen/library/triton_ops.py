@@ -342,6 +342,41 @@ def block_linear_f8(cfg, xq: bool, quant: bool) -> int:
     return int(bool(cfg.get("F8", 0) and xq and quant and cfg["BM"] == 16))
 
 
+def block_linear_rows(cfg, n: int, ng: int, kg: int, groups: int) -> dict | None:
+    """block_linear_rows_kernel's tiles for a call of n rows (cfg's WL), or None where the call
+    takes block_linear_mx_kernel: all rows in one tile of at most 64, NG whole BN tiles, and the K
+    split (SPLIT 0: the largest that keeps whole BK steps and at most SPLIT_PROGRAMS programs)."""
+    if not cfg.get("WL", 0):
+        return None
+    bn, bk, split = cfg["BN"], cfg["BK"], cfg.get("SPLIT", 0)
+    if n > 64 or ng % bn or kg % bk:
+        raise ValueError(f"WL needs at most 64 rows and whole {bn} x {bk} tiles (rows {n}, N {ng}, K {kg})")
+    if not split:
+        split = max(s for s in (1, 2, 4, 8, 16)
+                    if s == 1 or (kg % (s * bk) == 0 and groups * (ng // bn) * s <= SPLIT_PROGRAMS))
+    if kg % (split * bk):
+        raise ValueError(f"WL's split {split} leaves a part of a {bk}-deep K step (K {kg})")
+    return {"BR": max(16, _p2(n)), "BN": bn, "BK": bk, "SPLIT": split}
+
+
+def _block_linear_rows_by_spec(spec, n: int) -> dict:
+    """wo_a and the LM head at 17-64 rows: the weight as the MMA's left operand, all rows in one
+    tile (H200, 64 rows: wo_a 59.0 -> 20.9 us, the head 1022 -> 329 us against a 320 us floor,
+    bench/linear_rows_dq.py, docs/performance.md's fourteenth session); where the shape takes no
+    whole 128 x 128 tiles (the router's 96 experts) the block linear's row tiles stay."""
+    if not 16 < n <= 64:
+        return {}
+    x, w = spec.in_types
+    quant = isinstance(w, QuantType)
+    rows_w, kg = _ints((w.data if quant else w).shape)
+    cfg = {"WL": 1, "BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3 if quant else 4}
+    try:
+        block_linear_rows(cfg, n, rows_w // spec.attr.get("groups", 1), kg, spec.attr.get("groups", 1))
+    except ValueError:
+        return {}
+    return cfg
+
+
 def _l_grouped_linear(spec, cfg):
     x, w = spec.in_types
     quant = isinstance(w, QuantType)
@@ -349,9 +384,18 @@ def _l_grouped_linear(spec, cfg):
     rows_w, kg = _ints(data.shape)
     g = spec.attr.get("groups", 1)  # linear: one group
     n = _rows(x)
-    split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
     out = spec.out_types[0]
     ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32)}
+    wl = block_linear_rows(cfg, n, rows_w // g, kg, g)
+    if wl is not None:
+        xq = isinstance(x, QuantType)
+        args = {"x_ptr": "*u8" if xq else _ptr(x), "sx_ptr": "*u8" if xq else _ptr(x),
+                "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
+                "y_ptr": _ptr(out), "part_ptr": "*fp32" if wl["SPLIT"] > 1 else _ptr(out), "n": "i32"}
+        main = _launch("block_linear_rows_kernel", args, {**ce, "XQ": xq, "WQ": quant, **wl},
+                       (g * (rows_w // g) // wl["BN"], wl["SPLIT"]), cfg, aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
+        return [main] + _split_sum(wl["SPLIT"], n * rows_w, out)
+    split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
     grid = (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split)
     tiles = {"BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT": split}
     part = "*fp32" if split > 1 else _ptr(out)
@@ -368,11 +412,15 @@ def _l_grouped_linear(spec, cfg):
         args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
                 "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
         main = _launch("grouped_linear_kernel", args, {**ce, "QUANT": quant, **tiles}, grid, cfg)
+    return [main] + _split_sum(split, n * rows_w, out)
+
+
+def _split_sum(split: int, total: int, out) -> list:
+    """The K split's sum in split order (none for one split)."""
     if split == 1:
-        return [main]
-    total = n * rows_w
-    return [main, _launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
-                          {"SPLIT": split, "BLOCK": 1024}, (_cdiv(total, 1024),), {"num_warps": 4, "num_stages": 1})]
+        return []
+    return [_launch("split_sum_kernel", {"part_ptr": "*fp32", "y_ptr": _ptr(out), "total": "i32"},
+                    {"SPLIT": split, "BLOCK": 1024}, (_cdiv(total, 1024),), {"num_warps": 4, "num_stages": 1})]
 
 
 def _l_grouped_gemm_fp4(spec, cfg):
@@ -700,6 +748,8 @@ class _Op:
     by_rows: Callable[[int], dict] = lambda n: {}  # default knobs that depend on the call's row count
     # ... and on the target: (target defaults for this template, rows) -> knobs over by_rows'
     by_target: Callable[[dict, int], dict] = lambda d, n: {}
+    # ... and on the call's shapes (spec, rows) -> knobs over both
+    by_spec: Callable[[KernelSpec, int], dict] = lambda spec, n: {}
 
 
 def _rope_attrs(op):
@@ -817,18 +867,19 @@ OPS = [
     # decode row counts split K in 8 (H200, bench/results/triton_h200_block_linear_split.json: the
     # fastest of the SPLIT x BN sweep at batch 1 and 64 for both ops, 128-wide N tiles for wo_a,
     # 32-wide for the fp32-compute linear)
-    _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1), supports=_grouped_linear_supports,
-        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS),
-    _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1),
-        supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS),
+    _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
+        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS, by_spec=_block_linear_rows_by_spec),
+    _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
+        supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS,
+        by_spec=_block_linear_rows_by_spec),
     # lin8 at decode rows (block_linear_mx_kernel): N tiles x K splits spread the weight stream
     # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows
     _Op("gemm_fp8", "launch_gemm_fp8", _l_grouped_linear,
         dict(BM=(16, 32, 64), BN=(32, 64, 128), BK=(64, 128, 256), num_warps=(4, 8), num_stages=(2, 3, 4, 5),
              SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1, F8=0),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1, F8=0, WL=0),
         lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_rows=lambda n: {"BM": _decode_row_tile(n)}),
     # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
     # on the MX operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go
@@ -926,14 +977,22 @@ def default_config(op: str, rows: int | None = None, target=None) -> dict:
     return {**o.default, **o.by_rows(rows), **o.by_target(tdef, rows)}
 
 
+def _spec_default(o: _Op, target, spec: KernelSpec) -> dict:
+    """A call's default knobs: by its rows and target, then by its shapes (a batch-invariant target
+    takes the row-independent default: one config at every bucket)."""
+    if batch_invariant(target):
+        return default_config(o.op, None, target)
+    rows = _call_rows(spec)
+    cfg = default_config(o.op, rows, target)
+    return {**cfg, **o.by_spec(spec, rows)} if rows is not None else cfg
+
+
 _BY_OP = {o.op: o for o in OPS}
 TEMPLATES_BY_OP: dict[str, Template] = {}
 for _o in OPS:
     TEMPLATES_BY_OP[_o.op] = register(Template(
         name=f"triton_{_o.op}", ops=(_o.op,), targets=TARGETS, knobs=_o.knobs, render=_make_render(_o),
-        # a batch-invariant target takes the row-independent default: one config at every bucket
-        default_config=(lambda target, spec, _o=_o: default_config(
-            _o.op, None if batch_invariant(target) else _call_rows(spec), target)), supports=_o.supports))
+        default_config=(lambda target, spec, _o=_o: _spec_default(_o, target, spec)), supports=_o.supports))
 _ATTRS = {o.op: o.attrs for o in OPS}
 LAUNCHERS = {o.op: o.launcher for o in OPS}
 
