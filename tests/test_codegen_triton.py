@@ -101,9 +101,15 @@ def test_block_linear_rows_by_shape():
 
     t = get_target("sm90")
 
+    defs = _jit_defs(triton_ops.kernels_source())
+
     def launch(op, spec):
         tpl = select(t, spec)
-        return tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]
+        kernels = tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]
+        for k in kernels:  # the ahead-of-time build compiles each launch by its signature
+            assert list(k["signature"]) == [p for p, _ in defs[k["entry"]]], k["entry"]
+            assert {p for p, c in defs[k["entry"]] if c} == set(k["constexprs"]), k["entry"]
+        return kernels
 
     def wo_a(rows):
         return KernelSpec("grouped_linear", (("groups", 8), ("weight_dtype", "bf16")),

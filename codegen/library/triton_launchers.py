@@ -380,8 +380,7 @@ def _block_linear(x, w, groups, out_dtype, cfg):
         # the interpreter's bf16 dot is not exact: fp32 operands there (the same products)
         _k(block_linear_rows_kernel)[(groups * ng // wl["BN"], split)](
             _u8(x2) if xq else x2, xs, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
-            **tiles, XQ=xq, WQ=quant, **wl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **({"F32": True} if INTERPRETED else {}))
+            **tiles, XQ=xq, WQ=quant, **wl, F32=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     elif cfg.get("MX", 0):
         xs = _u8(x[1].reshape(n, -1)) if xq else x2
         _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,

@@ -392,7 +392,8 @@ def _l_grouped_linear(spec, cfg):
         args = {"x_ptr": "*u8" if xq else _ptr(x), "sx_ptr": "*u8" if xq else _ptr(x),
                 "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
                 "y_ptr": _ptr(out), "part_ptr": "*fp32" if wl["SPLIT"] > 1 else _ptr(out), "n": "i32"}
-        main = _launch("block_linear_rows_kernel", args, {**ce, "XQ": xq, "WQ": quant, **wl},
+        # F32 (fp32 operands) is the CPU interpreter's: its launcher passes it there
+        main = _launch("block_linear_rows_kernel", args, {**ce, "XQ": xq, "WQ": quant, **wl, "F32": False},
                        (g * (rows_w // g) // wl["BN"], wl["SPLIT"]), cfg, aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
         return [main] + _split_sum(wl["SPLIT"], n * rows_w, out)
     split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
