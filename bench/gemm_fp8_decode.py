@@ -8,6 +8,8 @@ bandwidth measured in the same run. Not a test; run on the H200:
 
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
+LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
+a split is cut to the largest that gives every split whole K tiles).
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
 split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of the Triton program with
 the weight as the MMA's left operand, widened to bf16 in registers (bench/linear_rows_dq.py), e.g.
@@ -41,6 +43,8 @@ from deepinfer.ir.registry import get_op  # noqa: E402
 # (N, K, calls in one decode step of the medium plan): counted off its step graph
 SHAPES = [(1280, 5120, 40), (32768, 1280, 40), (512, 5120, 43), (5120, 8192, 40), (2304, 5120, 80),
           (5120, 2304, 40), (25600, 6144, 2), (4096, 1280, 8), (5120, 15360, 1)]
+if os.environ.get("LIN8_SHAPES"):  # e.g. 5120x8192,1280x5120: these shapes only (ncu runs)
+    SHAPES = [sh for sh in SHAPES if f"{sh[0]}x{sh[1]}" in os.environ["LIN8_SHAPES"].split(",")]
 ROWS = tlg.DECODE_ROWS
 
 
@@ -63,6 +67,14 @@ def variants(n, k):
     t = get_target("sm90")
     c = tlg.gemm_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    for knobs in json.loads(os.environ.get("LIN8_WGMMA", "[]")):
+        w = dict(c, **{a: b for a, b in knobs.items() if a != "split_x"})
+        steps = k // w["block_K"]
+        want = w["split_k"] * knobs.get("split_x", 1)  # split_x: the default split times this
+        w["split_k"] = max(d for d in range(1, want + 1) if steps % d == 0)  # whole K tiles per split
+        short = {"block_N": "n", "block_K": "k", "stages": "s", "split_k": "p", "threads": "t", "split_x": "x"}
+        out.append(("wgmma " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())), w,
+                    [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **w)]))
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
@@ -147,7 +159,7 @@ def main() -> int:
         for label, c, progs in variants(n, k):
             try:
                 kernels = [tlg.compile_kernel(p) for p in progs]
-                kind = "dq" if label.startswith("dq") else label != "wgmma"
+                kind = "dq" if label.startswith("dq") else not label.startswith("wgmma")
             except Exception as e:
                 print(f"{n}x{k} {label}: build error {type(e).__name__}: {str(e)[-300:]}", flush=True)
                 res["rows"].append({"shape": [n, k], "variant": label, "config": c, "status": "build-error"})

@@ -7,7 +7,8 @@
 #   bench/plans_h200.sh [--check TEMPLATES|all] NAME=PLAN.tar.xz[:VAR=VALUE] [...]
 #
 # VAR=VALUE is set for that plan's runs (DEEPINFER_PDL=0: the same plan with plain launches).
-# PLANS_PROFILE=last profiles only the last plan, none none (default: all).
+# PLANS_PROFILE=last profiles only the last plan, none none (default: all). CHECK_LENS: the checked
+# prompts' lengths, comma-separated (more than 8 prompts: the 64-row decode bucket).
 #
 # Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
 # plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.
@@ -44,7 +45,7 @@ if [ -n "$check" ]; then
     only=(--only-templates "$check")
     [ "$check" = all ] && only=()
     env ${envs[$last]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium --decode-only \
-        "${only[@]}" --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
+        "${only[@]}" ${CHECK_LENS:+--check-lens "$CHECK_LENS"} --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
         || echo "plans_h200: the per-call check failed" | tee -a "$log"
 fi
 "$py" - "$out" "${names[@]}" <<'EOF'

@@ -376,6 +376,8 @@ def main(argv=None) -> int:
                    help="only: every call of the medium plan against its reference (on the GPU) on the GPU's own inputs")
     p.add_argument("--decode-only", action="store_true", help="--divergence-medium: check the decode step only")
     p.add_argument("--only-templates", help="--divergence-medium: check these templates' calls only (comma list)")
+    p.add_argument("--check-lens", default="300,500,700,1000",
+                   help="--divergence-medium: the prompts' lengths (more than 8 take the 64-row decode bucket)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "runtime_sm90.json"))
     a = p.parse_args(argv)
     res = result_header()
@@ -386,7 +388,8 @@ def main(argv=None) -> int:
         parts = (("noise_floor", lambda _: noise_floor(), "cpu"),)
     elif a.divergence_medium:
         only = frozenset(a.only_templates.split(",")) if a.only_templates else None
-        parts = (("local_medium", lambda pl: local_check(pl, 0, "v4.1-flash-medium", "cuda", (300, 500, 700, 1000),
+        lens = tuple(int(x) for x in a.check_lens.split(","))
+        parts = (("local_medium", lambda pl: local_check(pl, 0, "v4.1-flash-medium", "cuda", lens,
                                                          only, not a.decode_only), a.medium_plan),)
     elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts
@@ -398,7 +401,8 @@ def main(argv=None) -> int:
     m = res.get("medium", {})
     if "prefill_4096" in m:
         print(f"medium: prefill 4K {m['prefill_4096']['tok_per_s']:.0f} tok/s; " + "; ".join(
-            f"b{b} " + ", ".join(f"{mode} {r['wall_ms']:.2f} ms" for mode, r in m[f"decode_b{b}"].items())
+            f"b{b} " + ", ".join(f"{mode} {r['wall_ms']:.2f} ms" for mode, r in m[f"decode_b{b}"].items()
+                                 if isinstance(r, dict))
             for b in (1, 8, 64) if f"decode_b{b}" in m))
     return 0
 

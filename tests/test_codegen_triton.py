@@ -91,9 +91,10 @@ def test_block_linear_rows_matches_reference_interpreted(n, split):
 
 
 def test_block_linear_rows_by_shape():
-    """wo_a and the LM head take WL at 17-64 rows (the head's 129280 and wo_a's 8 x 1024 outputs
-    are whole 128-wide tiles; wo_a splits K in 4 for 256 programs, the head's 1010 tiles need no
-    split); the router's 96 experts, 16 rows and 65 rows keep the row-tiled block linear."""
+    """wo_a and the LM head take WL at up to 64 rows (the head's 129280 and wo_a's 8 x 1024
+    outputs are whole 128-wide tiles; wo_a splits K in 4 for 256 programs, the head's 1010 tiles
+    need no split); the router's 96 experts (no whole tile), a 512-wide linear (4 tiles) and 65
+    rows keep the row-tiled block linear."""
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import KernelSpec, select
     from deepinfer.ir import dtypes as dt
@@ -127,7 +128,8 @@ def test_block_linear_rows_by_shape():
     k = launch("linear", head(40))
     assert [x["entry"] for x in k] == ["block_linear_rows_kernel"] and k[0]["grid"] == [1010, 1]
     assert k[0]["constexprs"]["BR"] == 64
-    for spec in (wo_a(16), wo_a(65), head(64, vocab=96), head(8)):
+    assert launch("linear", head(1))[0]["constexprs"]["BR"] == 16 and launch("grouped_linear", wo_a(8))[0]["grid"] == [64, 4]
+    for spec in (wo_a(65), head(64, vocab=96), head(64, vocab=512)):
         assert launch(spec.op, spec)[0]["entry"] == "block_linear_mx_kernel"
 
 

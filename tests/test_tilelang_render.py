@@ -180,3 +180,25 @@ def test_sparse_attn_sm90_structure():
     assert "combine_kernel" in str(src.meta["combine"])
     # keys are gathered a row piece at a time (16 bytes of fp4 codes, 8 of fp8), not byte by byte
     assert "*(uint4*)(CKV" in src.text and "*(fp8_e4_8_t*)(RING" in src.text
+
+
+def test_lin8_decode_default_on_the_wgmma_program():
+    """lin8 at decode rows (sm90's wgmma program): a split shape doubles its split, cut to whole K
+    tiles, on 2 stages; an unsplit one takes 128-wide N tiles on 3 stages; prefill rows, sm100's
+    block-scaled program and batch-invariant plans keep the general GEMM default."""
+    import dataclasses
+
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import BATCH_INVARIANT
+
+    sm90 = get_target("sm90")
+    c = tlg.gemm_fp8_default_config(sm90, 64, 5120, 8192)
+    assert (c["split_k"], c["stages"], c["block_N"]) == (4, 2, 64)
+    c = tlg.gemm_fp8_default_config(sm90, 64, 5120, 2304)  # 18 K tiles: 2 x 2 is cut to 3
+    assert (c["split_k"], c["stages"]) == (3, 2)
+    c = tlg.gemm_fp8_default_config(sm90, 64, 32768, 1280)
+    assert (c["split_k"], c["stages"], c["block_N"]) == (1, 3, 128)
+    for t, m in ((sm90, 4096), (get_target("sm100"), 64),
+                 (dataclasses.replace(sm90, features=sm90.features + (BATCH_INVARIANT,)), 64)):
+        assert tlg.gemm_fp8_default_config(t, m, 5120, 8192) == tlg.gemm_default_config(t, m, 5120, 8192)

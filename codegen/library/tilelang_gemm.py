@@ -390,6 +390,23 @@ def gemm_default_config(target: Target, m: int, n: int, k: int) -> dict:
             "split_k": 1}
 
 
+def gemm_fp8_default_config(target: Target, m: int, n: int, k: int) -> dict:
+    """lin8's default: gemm_default_config's, with decode rows on the wgmma program tuned by the
+    H200's sweep at 64 rows (bench/gemm_fp8_decode.py LIN8_WGMMA, docs/performance.md's fourteenth
+    session; the step's lin8 6.23 -> 4.88 ms taking each shape's best): a split shape takes twice
+    the split (cut to whole K tiles) on 2 stages, more CTAs in flight and a shorter wave tail
+    (5120 x 8192 42.1 -> 33.1 us); an unsplit one (many N tiles already) 128-wide N tiles on 3
+    stages (32768 x 1280 39.8 -> 26.8 us). Prefill rows, block-scaled targets and batch-invariant
+    plans keep gemm_default_config's."""
+    c = gemm_default_config(target, m, n, k)
+    if m > DECODE_ROWS or batch_invariant(target) or block_scaled_gemm(target, n, k):
+        return c
+    if c["split_k"] > 1:
+        steps = ceil_div(k, c["block_K"])
+        return dict(c, stages=2, split_k=max(d for d in range(1, 2 * c["split_k"] + 1) if steps % d == 0))
+    return dict(c, block_N=128, stages=3) if n % 128 == 0 else c
+
+
 def rows_argument(target: Target, m: int, n: int, k: int, config: Mapping[str, Any]) -> bool:
     """The decode program (rows a kernel argument, no padding, split-K without atomics) serves
     this instance: one row tile holding every row of the canonical decode instance."""
@@ -399,7 +416,7 @@ def rows_argument(target: Target, m: int, n: int, k: int, config: Mapping[str, A
 
 def _render_gemm_fp8(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     m, n, k = _mnk(spec)
-    c = dict(gemm_default_config(target, m, n, k), **config)
+    c = dict(gemm_fp8_default_config(target, m, n, k), **config)
     meta = {"template": "tilelang_gemm_fp8", "config": c, "mnk": (m, n, k)}
     if rows_argument(target, m, n, k, c):
         func = gemm_fp8_rows_program(n, k, out_dtype_name(spec), **c)
@@ -422,7 +439,7 @@ register(Template(
     targets=building("cuda", defaults="tilelang_gemm"),
     knobs=GEMM_KNOBS,
     render=_render_gemm_fp8,
-    default_config=lambda target, spec: gemm_default_config(target, *_mnk(spec)),
+    default_config=lambda target, spec: gemm_fp8_default_config(target, *_mnk(spec)),
     supports=lambda target, spec: _mnk(spec)[2] % 32 == 0,
     host=host_gemm_fp8,
     canonical=canonical_rows,

@@ -359,22 +359,29 @@ def block_linear_rows(cfg, n: int, ng: int, kg: int, groups: int) -> dict | None
     return {"BR": max(16, _p2(n)), "BN": bn, "BK": bk, "SPLIT": split}
 
 
+# wo_a and the LM head at decode rows on block_linear_rows_kernel: the fastest config of the H200's
+# sweep at 1, 8 and 64 rows (bench/linear_rows_dq.py; wo_a 17.6 / 18.0 / 59.0 -> 13.9 / 14.2 / 20.9 us,
+# the head 305 / 331 / 1022 -> 291 / 296 / 329 against a 314-320 us floor; docs/performance.md's
+# fourteenth session). Narrow outputs keep the row-tiled block linear: fewer than WL_MIN_TILES
+# 128-wide tiles leave most SMs idle even split 16 ways (the router's 96 experts, the 512-wide
+# compressor, DSpark's 128-expert router).
+BLOCK_LINEAR_WL = {"WL": 1, "BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3}
+WL_MIN_TILES = 16
+
+
 def _block_linear_rows_by_spec(spec, n: int) -> dict:
-    """wo_a and the LM head at 17-64 rows: the weight as the MMA's left operand, all rows in one
-    tile (H200, 64 rows: wo_a 59.0 -> 20.9 us, the head 1022 -> 329 us against a 320 us floor,
-    bench/linear_rows_dq.py, docs/performance.md's fourteenth session); where the shape takes no
-    whole 128 x 128 tiles (the router's 96 experts) the block linear's row tiles stay."""
-    if not 16 < n <= 64:
+    if n > 64:
         return {}
     x, w = spec.in_types
     quant = isinstance(w, QuantType)
     rows_w, kg = _ints((w.data if quant else w).shape)
-    cfg = {"WL": 1, "BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3 if quant else 4}
+    if rows_w // BLOCK_LINEAR_WL["BN"] < WL_MIN_TILES:
+        return {}
     try:
-        block_linear_rows(cfg, n, rows_w // spec.attr.get("groups", 1), kg, spec.attr.get("groups", 1))
+        block_linear_rows(BLOCK_LINEAR_WL, n, rows_w // spec.attr.get("groups", 1), kg, spec.attr.get("groups", 1))
     except ValueError:
         return {}
-    return cfg
+    return dict(BLOCK_LINEAR_WL)
 
 
 def _l_grouped_linear(spec, cfg):
