@@ -50,3 +50,13 @@ def test_every_knob_point_of_the_space_agrees(op):
     for cfg in configs:
         msg = triton_check.check(op, _launcher(op), dims, 64, device="cuda", cfg=cfg)
         assert msg is None, f"{cfg}: {msg}"
+
+
+@pytest.mark.parametrize("n", [1, 8, 40, 64])
+@pytest.mark.parametrize("op,dims", [("grouped_linear", {}), ("linear", {"E": 129280})], ids=["wo_a", "head"])
+def test_block_linear_rows_at_real_widths(op, dims, n):
+    """block_linear_rows_kernel (WL) as the plan takes it for wo_a and the LM head at decode rows:
+    compiled for the GPU (bf16 MMAs with the weight widened in registers), against the reference."""
+    cfg = dict(triton_ops.default_config(op, n), **triton_ops.BLOCK_LINEAR_WL)
+    msg = triton_check.check(op, _launcher(op), dict(triton_check.REAL, **dims), n, device="cuda", seed=n, cfg=cfg)
+    assert msg is None, msg
