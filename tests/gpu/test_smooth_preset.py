@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):  # pragma: no cover
     pytest.skip("needs an sm90 GPU", allow_module_level=True)
 
-from deepinfer.models.checkpoint import GeneratedCheckpoint  # noqa: E402
+from deepinfer.models.checkpoint import SMOOTH_BRANCH_SCALE, GeneratedCheckpoint  # noqa: E402
 from deepinfer.models.config import load_config  # noqa: E402
 from deepinfer.models.deepseek_v41 import build_model, load_params  # noqa: E402
 from deepinfer.passes.driver import CompileOptions, compile_model  # noqa: E402
@@ -43,21 +43,22 @@ def plan(tmp_path_factory):
     return compile_model(PRESET, opts, tmp_path_factory.mktemp("smooth") / "plan").plan_dir
 
 
-# Measured on the H200 (2026-12-01, the plan of this session's code): every call of the smooth plan
-# passes against its reference on the GPU's own inputs (bench/runtime_sm90.local_check), but the
-# logits of the prefill step reach cosine 0.994-0.997 only. The CPU reference moves as far by
-# itself: one bf16 ulp on 0.1% of its embedding values gives 0.996-0.998, on 1% 0.993-0.997
-# (the fp8 activation roundings flip and compound; random weights). The bar stays the issue's;
-# strict, so a plan that meets it turns this into a failure to be removed.
-@pytest.mark.xfail(strict=True, reason="cosine 0.994 on the H200, below 0.999: the random-weight smooth model's "
-                                       "own 1-ulp noise floor is 0.996-0.998 (see the comment above)")
+# Measured on the H200 (2026-12-01 and 2026-12-03) with unit-scale residual branches: every call of
+# the smooth plan passes against its reference on the GPU's own inputs, but the logits reach cosine
+# 0.994-0.997 only, as the CPU reference does by itself when nudged by one bf16 ulp (the random
+# model is chaotic). Its checkpoint now scales the branches by SMOOTH_BRANCH_SCALE, where the
+# reference's own noise floor is 0.99989 (tests/test_checkpoint.py); not run on the H200 with that
+# scale yet. Strict: a plan that meets the bar turns this into a failure, and the marker goes.
+@pytest.mark.xfail(strict=True, reason="cosine 0.994 on the H200 with unit-scale branches; with "
+                                       "SMOOTH_BRANCH_SCALE not yet run on the H200 (see the comment above)")
 def test_teacher_forced_against_the_cpu_reference(plan):
     cfg = load_config(PRESET)
     seed = 11
     program = build_model(cfg)
-    ref = InterpreterExecutor(program, load_params(program, GeneratedCheckpoint(cfg, seed)), num_slots=4,
-                              num_pages=8)
-    gpu = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed), config_hash=cfg.config_hash)
+    ckpt = GeneratedCheckpoint(cfg, seed, branch_scale=SMOOTH_BRANCH_SCALE)
+    ref = InterpreterExecutor(program, load_params(program, ckpt), num_slots=4, num_pages=8)
+    gpu = CudaPlanExecutor(plan, checkpoint=GeneratedCheckpoint(cfg, seed, branch_scale=SMOOTH_BRANCH_SCALE),
+                           config_hash=cfg.config_hash)
     g = torch.Generator().manual_seed(seed)
     chunks = [SeqChunk(i, 0, torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist(), [2 * i, 2 * i + 1])
               for i, n in enumerate(LENS)]
