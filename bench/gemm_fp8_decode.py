@@ -11,8 +11,8 @@ bandwidth measured in the same run. Not a test; run on the H200:
 LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
 a split is cut to the largest that gives every split whole K tiles).
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
-split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of the Triton program with
-the weight as the MMA's left operand, widened to bf16 in registers (bench/linear_rows_dq.py), e.g.
+split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of block_linear_rows_kernel (the
+weight as the MMA's left operand, both operands widened to bf16 in registers; bench/linear_rows_dq.py), e.g.
 '[{"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3}]'; SPLIT 0 (the default) picks the split
 from the shape.
 """
@@ -48,7 +48,7 @@ if os.environ.get("LIN8_SHAPES"):  # e.g. 5120x8192,1280x5120: these shapes only
 ROWS = tlg.DECODE_ROWS
 
 
-DQ_BASE = {"BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3, "SCALE": 0, "PREF": 0}
+DQ_BASE = {"BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3}
 
 
 def dq_config(n, k, knobs):
@@ -80,7 +80,7 @@ def variants(n, k):
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
                     [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
     for knobs in json.loads(os.environ.get("LIN8_DQ", "[]")):
-        short = {"BN": "n", "BK": "k", "num_warps": "w", "num_stages": "s", "SPLIT": "p", "PREF": "f", "SCALE": "c"}
+        short = {"BN": "n", "BK": "k", "num_warps": "w", "num_stages": "s", "SPLIT": "p"}
         out.append(("dq " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())),
                     dq_config(n, k, knobs), []))
     for label, c, progs in out:

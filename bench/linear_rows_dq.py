@@ -1,11 +1,8 @@
-"""Decode GEMMs at 16-64 rows with the weight as the MMA's left operand (experiment, not a
-template yet). lin8 (gemm_fp8: fp8 rows and fp8 weight, ue8m0 per 32 K of a row and per 32x32
-weight block), wo_a (grouped_linear: bf16 rows, fp8 weight) and the LM head (linear: bf16 rows, bf16
-weight): all rows in one tile, each weight code widened to bf16 with its scale in the registers
-it was loaded into (exact: e4m3's 4 significant bits times a power of two), so one fp32
-accumulator runs over the whole K with no rescale per 32-deep block, where the wgmma program
-(tilelang_gemm_fp8's rows program) rescales its whole accumulator after every 32 K and
-block_linear_mx's tl.dot_scaled tiles rows by 16 and re-reads the weight per row tile.
+"""block_linear_rows_kernel (the block linear's WL: all decode rows in one tile, the weight as the
+MMA's left operand, its codes widened to bf16 with their scale in registers) over a config sweep
+at the medium plan's wo_a (grouped_linear: bf16 rows, fp8 weight with 32x32 ue8m0 blocks) and LM
+head (linear: bf16 rows and weight, fp32 output), against the plan's own template at the same
+shape. The fourteenth session's experiment, before the kernel became the default for these calls.
 
 Each variant is checked against the op's reference (codegen/library/triton_check.py) before it is
 timed (CUDA-graph replay, median), against the floor at the copy ceiling of the same run and
@@ -27,138 +24,24 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-
-@triton.jit
-def _pow2_bf16(sbyte):
-    """2^(sbyte - 127) for ue8m0 bytes (int32), as fp32 (exact while normal)."""
-    return (sbyte << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _load_w(w_ptr, sw_ptr, wrow, k0, KG: tl.constexpr, SK: tl.constexpr, WQ: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, SCALE: tl.constexpr):
-    ks = k0 + tl.arange(0, BK)
-    wq = tl.load(w_ptr + wrow[:, None] * KG + ks[None, :])
-    if WQ:
-        if SCALE == 0:
-            kb = k0 // 32 + tl.arange(0, BK // 32)
-            sw = tl.load(sw_ptr + (wrow // 32)[:, None] * SK + kb[None, :])
-        else:
-            sw = tl.load(sw_ptr + (wrow // 32)[:, None] * SK + (ks // 32)[None, :])
-    else:
-        sw = wq
-    return wq, sw
-
-
-@triton.jit
-def _widen_w(wq, sw, WQ: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SCALE: tl.constexpr, DT: tl.constexpr):
-    if WQ:
-        wf = wq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        if SCALE == 0:
-            sfull = tl.reshape(tl.broadcast_to(_pow2_bf16(sw.to(tl.int32))[:, :, None], (BN, BK // 32, 32)), (BN, BK))
-        else:
-            sfull = _pow2_bf16(sw.to(tl.int32))
-        return (wf * sfull).to(DT)
-    return wq.to(DT)
-
-
-@triton.jit
-def _load_x(x_ptr, sx_ptr, xrow, srow, rm, k0, XQ: tl.constexpr, BK: tl.constexpr):
-    ks = k0 + tl.arange(0, BK)
-    if XQ:
-        xq = tl.load(x_ptr.to(tl.pointer_type(tl.uint8)) + xrow[:, None] + ks[None, :], mask=rm[:, None], other=0)
-        kb = k0 // 32 + tl.arange(0, BK // 32)
-        sx = tl.load(sx_ptr + srow[:, None] + kb[None, :], mask=rm[:, None], other=127)
-    else:
-        xq = tl.load(x_ptr + xrow[:, None] + ks[None, :], mask=rm[:, None], other=0.0)
-        sx = xq
-    return xq, sx
-
-
-@triton.jit
-def _widen_x(xq, sx, XQ: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr):
-    if XQ:
-        xf = xq.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.reshape(tl.broadcast_to(_pow2_bf16(sx.to(tl.int32))[:, :, None], (BR, BK // 32, 32)), (BR, BK))
-        return (xf * s).to(DT)
-    return xq.to(DT)
-
-
-@triton.jit
-def linear_rows_dq_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, y_ptr, part_ptr, n, G: tl.constexpr, KG: tl.constexpr,
-                          NG: tl.constexpr, SK: tl.constexpr, XQ: tl.constexpr, WQ: tl.constexpr,
-                          BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                          SCALE: tl.constexpr, PREF: tl.constexpr = 1, F32: tl.constexpr = 0):
-    """y[r, g*NG + c] = sum_k x[r, g*KG + k] * W[g*NG + c, k] for the n <= BR rows, as
-    acc[BN, BR] = W_tile . x^T. SCALE 0 broadcasts a [BN, BK/32] scale tile over its 32 K by a
-    reshape; SCALE 1 loads each code's scale byte at its own index (L1 hits). PREF: the next K
-    step's codes are loaded into registers before this step's are widened (Triton pipelines only
-    loads that feed an MMA from shared memory; these are widened in registers first). F32: fp32
-    operands (the CPU interpreter's bf16 dot is not exact)."""
-    DT: tl.constexpr = tl.float32 if F32 else tl.bfloat16
-    pn = tl.program_id(0)
-    ps = tl.program_id(1)
-    TILES: tl.constexpr = NG // BN
-    KS: tl.constexpr = KG // SPLIT
-    g = pn // TILES
-    cols = (pn % TILES) * BN + tl.arange(0, BN)
-    wrow = (g * NG + cols).to(tl.int64)
-    rows = tl.arange(0, BR)
-    rm = rows < n
-    rows64 = rows.to(tl.int64)
-    xrow = rows64 * (G * KG) + g * KG
-    srow = rows64 * (G * SK) + g * SK
-    acc = tl.zeros([BN, BR], tl.float32)
-    k_lo = ps * KS
-    k_hi = k_lo + KS
-    wq, sw = _load_w(w_ptr, sw_ptr, wrow, k_lo, KG, SK, WQ, BN, BK, SCALE)
-    xq, sx = _load_x(x_ptr, sx_ptr, xrow, srow, rm, k_lo, XQ, BK)
-    for k0 in range(k_lo, k_hi, BK):
-        if PREF:
-            kn = tl.minimum(k0 + BK, k_hi - BK)  # the last step reloads itself (an L2 hit), no masks
-            wq_n, sw_n = _load_w(w_ptr, sw_ptr, wrow, kn, KG, SK, WQ, BN, BK, SCALE)
-            xq_n, sx_n = _load_x(x_ptr, sx_ptr, xrow, srow, rm, kn, XQ, BK)
-        else:
-            wq, sw = _load_w(w_ptr, sw_ptr, wrow, k0, KG, SK, WQ, BN, BK, SCALE)
-            xq, sx = _load_x(x_ptr, sx_ptr, xrow, srow, rm, k0, XQ, BK)
-            wq_n, sw_n, xq_n, sx_n = wq, sw, xq, sx
-        w = _widen_w(wq, sw, WQ, BN, BK, SCALE, DT)
-        x = _widen_x(xq, sx, XQ, BR, BK, DT)
-        acc = tl.dot(w, tl.trans(x), acc)
-        wq, sw, xq, sx = wq_n, sw_n, xq_n, sx_n
-    out = rows64[None, :] * (G * NG) + g * NG + cols[:, None]
-    if SPLIT == 1:
-        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=rm[None, :])
-    else:
-        tl.store(part_ptr + ps * n * (G * NG) + out, acc, mask=rm[None, :])
-
-
-@triton.jit
-def split_sum_rows_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < total
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + s * total + i, mask=m, other=0.0)
-    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=m)
+from deepinfer.codegen.library.triton_kernels import block_linear_rows_kernel, split_sum_kernel  # noqa: E402
 
 
 def run(x, sx, w, sw, y, part, n, G, KG, NG, cfg):
     """Launch the product (and the split's sum) for rows x [n, G*KG] into y [n, G*NG]."""
     xq, wq = sx is not None, sw is not None
     grid = (G * NG // cfg["BN"], cfg["SPLIT"])
-    linear_rows_dq_kernel[grid](x, sx if xq else x, w, sw if wq else w, y, part if cfg["SPLIT"] > 1 else y, n,
-                                G, KG, NG, KG // 32, xq, wq, cfg["BR"], cfg["BN"], cfg["BK"], cfg["SPLIT"],
-                                cfg.get("SCALE", 0), cfg.get("PREF", 1), os.environ.get("TRITON_INTERPRET") == "1",
-                                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    block_linear_rows_kernel[grid](x, sx if xq else x, w, sw if wq else w, y, part if cfg["SPLIT"] > 1 else y, n,
+                                   G, KG, NG, KG // 32, xq, wq, cfg["BR"], cfg["BN"], cfg["BK"], cfg["SPLIT"],
+                                   os.environ.get("TRITON_INTERPRET") == "1",
+                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if cfg["SPLIT"] > 1:
         total = n * G * NG
-        split_sum_rows_kernel[(triton.cdiv(total, 1024),)](part, y, total, cfg["SPLIT"], 1024, num_warps=4)
+        split_sum_kernel[(triton.cdiv(total, 1024),)](part, y, total, cfg["SPLIT"], 1024, num_warps=4)
 
 
 def _e8m0(b):
@@ -218,8 +101,7 @@ def configs(n, K, N):
     for (bn, bk, warps, stages), cap in itertools.product(SHAPES, CAPS):
         if N % bn or K % bk:
             continue
-        c = dict(BR=br, BN=bn, BK=bk, SPLIT=split_for(N, K, bn, bk, cap), num_warps=warps, num_stages=stages,
-                 SCALE=0, PREF=0)
+        c = dict(BR=br, BN=bn, BK=bk, SPLIT=split_for(N, K, bn, bk, cap), num_warps=warps, num_stages=stages)
         if c not in out:
             out.append(c)
     return out
@@ -245,9 +127,8 @@ def interpret_check() -> int:
     for (G, KG, NG, xq, wq), n in itertools.product([(1, 256, 128, True, True), (2, 128, 64, False, True),
                                                      (1, 128, 64, False, False)], (1, 5)):
         x, sx, w, sw = make(n, G, KG, NG, xq, wq, "cpu")
-        for cfg in (dict(BR=16, BN=64, BK=64, SPLIT=1, num_warps=4, num_stages=1, SCALE=0),
-                    dict(BR=16, BN=64, BK=64, SPLIT=2, num_warps=4, num_stages=1, SCALE=1),
-                    dict(BR=16, BN=64, BK=64, SPLIT=1, num_warps=4, num_stages=1, SCALE=0, PREF=0)):
+        for cfg in (dict(BR=16, BN=64, BK=64, SPLIT=1, num_warps=4, num_stages=1),
+                    dict(BR=16, BN=64, BK=64, SPLIT=2, num_warps=4, num_stages=1)):
             if KG % (cfg["SPLIT"] * cfg["BK"]):
                 continue
             y = torch.empty(n, G * NG, dtype=torch.float32)
@@ -255,7 +136,7 @@ def interpret_check() -> int:
             run(x, sx, w, sw, y, part, n, G, KG, NG, cfg)
             ref = reference(x, sx, w, sw, G, KG, NG)
             err = ((y - ref).abs().max() / ref.abs().max()).item()
-            print(G, KG, NG, xq, wq, n, cfg["SPLIT"], cfg["SCALE"], f"rel {err:.2e}")
+            print(G, KG, NG, xq, wq, n, cfg["SPLIT"], f"rel {err:.2e}")
             bad += err > 1e-5
     return int(bad > 0)
 
