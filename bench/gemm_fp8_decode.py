@@ -35,6 +35,7 @@ import linear_rows_dq  # noqa: E402
 from kernels_tilelang import rand_e8m0, rand_fp8, rel_err  # noqa: E402
 
 from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
+from deepinfer.codegen.library import triton_ops  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
 from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
@@ -52,12 +53,9 @@ DQ_BASE = {"BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3}
 
 
 def dq_config(n, k, knobs):
-    """A LIN8_DQ config made whole for one shape: the split is the largest that divides K into
-    whole BK steps and keeps the programs within two per SM (when knobs give none)."""
+    """A LIN8_DQ config made whole for one shape: the product's split rule (SPLIT 0) or the knobs'."""
     c = dict(DQ_BASE, **knobs)
-    if not c["SPLIT"]:
-        c["SPLIT"] = max(s for s in (1, 2, 4, 8, 16) if s == 1 or (k % (s * c["BK"]) == 0
-                                                                 and n // c["BN"] * s <= 264))
+    c["SPLIT"] = triton_ops.block_linear_rows(dict(c, WL=1), ROWS, n, k, 1)["SPLIT"]
     return c
 
 
@@ -65,8 +63,9 @@ def variants(n, k):
     """(label, config, [programs]) per variant of one shape: the wgmma program first; a Triton
     variant (label "dq ...") has no programs (linear_rows_dq.run launches it)."""
     t = get_target("sm90")
-    c = tlg.gemm_default_config(t, ROWS, n, k)
+    c = tlg.gemm_fp8_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    c = tlg.gemm_default_config(t, ROWS, n, k)  # LIN8_WGMMA's knobs go over the general GEMM default
     for knobs in json.loads(os.environ.get("LIN8_WGMMA", "[]")):
         w = dict(c, **{a: b for a, b in knobs.items() if a != "split_x"})
         steps = k // w["block_K"]

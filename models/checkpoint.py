@@ -420,8 +420,8 @@ def _init_values(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator, rows: s
     return normal(shape[1] ** -0.5)  # [out, in] projections, the LM and Markov heads included
 
 
-# the projections whose outputs each sub-layer adds to the residual streams (attention's wo_b, the
-# routed and shared experts' w2)
+# the projections whose outputs the attention and MoE sub-layers add to the residual streams
+# (attention's wo_b, the routed and shared experts' w2; Engram's update is not scaled)
 BRANCH_OUTPUTS = ("attn.wo_b.weight", ".w2.weight")
 # The smooth preset's checkpoint for comparing two implementations end to end (its GPU test): with
 # branches x 1/8 the reference's own noise floor (one bf16 ulp on 0.1% of the embedding, 40
@@ -580,7 +580,8 @@ class GeneratedCheckpoint(Mapping):
     memory, for models whose checkpoint would not fit the machine's disk): the same schema, value
     rules and per-tensor seeding as `make_checkpoint`, each tensor made when first read. Values
     depend on the device's generator, so a GPU-made checkpoint differs from the cpu one.
-    `branch_scale` < 1 makes every sub-layer add a smaller update to the residual streams: with
+    `branch_scale` < 1 makes the attention and MoE sub-layers add smaller updates to the residual
+    streams (BRANCH_OUTPUTS): with
     unit-scale branches the random model is chaotic (one bf16 ulp on 0.1% of the embedding moves
     the smooth preset's logits to cosine 0.996), so rounding-level differences between two
     correct implementations compound past any fixed bar."""

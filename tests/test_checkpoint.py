@@ -361,9 +361,9 @@ def test_branch_scale_moves_only_the_residual_branch_scales():
 
 def test_smooth_preset_with_scaled_branches_is_smooth():
     """The smooth preset's reference nudged by one bf16 ulp on 0.1% of its embedding, teacher-forced
-    for 3 steps: at unit-scale branches the logits fall below cosine 0.999 (the random model is
+    for 2 steps: at unit-scale branches the logits fall below cosine 0.999 (the random model is
     chaotic, so no pair of correct implementations can meet the GPU test's bar); with the GPU
-    test's SMOOTH_BRANCH_SCALE they stay above 0.9998 (3 steps here; 0.99989 over the GPU test's 40)."""
+    test's SMOOTH_BRANCH_SCALE they stay above 0.9998 (2 steps here; 0.99989 over the GPU test's 40)."""
     from deepinfer.models.checkpoint import SMOOTH_BRANCH_SCALE, GeneratedCheckpoint
     from deepinfer.models.deepseek_v41 import build_model, load_params
     from deepinfer.runtime.batch import SeqChunk
@@ -384,7 +384,7 @@ def test_smooth_preset_with_scaled_branches_is_smooth():
         chunks = [SeqChunk(i, 0, torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist(), [2 * i, 2 * i + 1])
                   for i, n in enumerate((37, 90, 150, 200))]
         worst = 1.0
-        for _ in range(3):
+        for _ in range(2):
             r, x = a.step(chunks).double(), b.step(chunks).double()
             worst = min(worst, float(torch.nn.functional.cosine_similarity(x, r, dim=-1).min()))
             chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [t], c.pages) for c, t in zip(chunks, r.argmax(-1).tolist())]

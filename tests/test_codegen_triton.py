@@ -84,6 +84,8 @@ def test_block_linear_rows_matches_reference_interpreted(n, split):
     left operand widened to bf16 with its 32x32 scales in registers (wo_a's fp8 weight against
     bf16 rows, lin8's fp8 rows per 32, the fp32-compute linear's bf16 operands), 32-wide N
     tiles, the K split auto (SPLIT 0) or 2 and 4 ways summed in split order."""
+    # run_interpreted applies only overrides whose key the default config has
+    assert all("WL" in triton_ops.default_config(op, n) for op in ("grouped_linear", "gemm_fp8", "linear"))
     dims = dict(triton_check.TINY, H=128, E=32, n=n)
     got = triton_check.run_interpreted(["grouped_linear", "gemm_fp8", "linear"], dims, n,
                                        dict(triton_check.SMALL_BLOCKS, WL=1, BN=32, BK=32, SPLIT=split))
