@@ -581,10 +581,9 @@ class GeneratedCheckpoint(Mapping):
     rules and per-tensor seeding as `make_checkpoint`, each tensor made when first read. Values
     depend on the device's generator, so a GPU-made checkpoint differs from the cpu one.
     `branch_scale` < 1 makes the attention and MoE sub-layers add smaller updates to the residual
-    streams (BRANCH_OUTPUTS): with
-    unit-scale branches the random model is chaotic (one bf16 ulp on 0.1% of the embedding moves
-    the smooth preset's logits to cosine 0.996), so rounding-level differences between two
-    correct implementations compound past any fixed bar."""
+    streams (BRANCH_OUTPUTS): with unit-scale branches the random model is chaotic (one bf16 ulp
+    on 0.1% of the embedding moves the smooth preset's logits to cosine 0.996), so rounding-level
+    differences between two correct implementations compound past any fixed bar."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, device="cpu", chunk_rows: int = 1 << 16,
                  branch_scale: float = 1.0):

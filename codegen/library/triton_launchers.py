@@ -371,24 +371,23 @@ def _block_linear(x, w, groups, out_dtype, cfg):
     split = wl["SPLIT"] if wl else block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
     y = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
     part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else y
-    grid = (triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)
     tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
-    run = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, num_warps=cfg["num_warps"],
-               num_stages=cfg["num_stages"])
+    wq, ws = (_u8(data), _u8(w[1])) if quant else (data, data)
+    # the MX and WL kernels take the rows (raw fp8 bytes where quantised) and their scales apart
+    xs = (_u8(x2), _u8(x[1].reshape(n, -1))) if xq else (x2, x2)
+    warps = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if wl:
-        xs = _u8(x[1].reshape(n, -1)) if xq else x2
         # the interpreter's bf16 dot is not exact: fp32 operands there (the same products)
         _k(block_linear_rows_kernel)[(groups * ng // wl["BN"], split)](
-            _u8(x2) if xq else x2, xs, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
-            **tiles, XQ=xq, WQ=quant, **wl, F32=INTERPRETED, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    elif cfg.get("MX", 0):
-        xs = _u8(x[1].reshape(n, -1)) if xq else x2
-        _k(block_linear_mx_kernel)[grid](_u8(x2) if xq else x2, xs, _u8(data) if quant else data,
-                                         _u8(w[1]) if quant else data, y, part, n, **tiles, XQ=xq, WQ=quant,
-                                         F8=block_linear_f8(cfg, xq, quant), **run)
+            *xs, wq, ws, y, part, n, **tiles, XQ=xq, WQ=quant, **wl, F32=INTERPRETED, **warps)
     else:
-        _k(grouped_linear_kernel)[grid](x2, _u8(data) if quant else data, _u8(w[1]) if quant else data, y, part, n,
-                                        **tiles, QUANT=quant, **run)
+        grid = (triton.cdiv(n, cfg["BM"]), groups * triton.cdiv(ng, cfg["BN"]), split)
+        run = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], SPLIT=split, **warps)
+        if cfg.get("MX", 0):
+            _k(block_linear_mx_kernel)[grid](*xs, wq, ws, y, part, n, **tiles, XQ=xq, WQ=quant,
+                                             F8=block_linear_f8(cfg, xq, quant), **run)
+        else:
+            _k(grouped_linear_kernel)[grid](x2, wq, ws, y, part, n, **tiles, QUANT=quant, **run)
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
                                                              num_warps=4)
