@@ -423,6 +423,12 @@ def real_cases():
     out.append(grouped_case("prefill 4K w1", torch.bincount(sel.flatten(), minlength=384).tolist(), 2304, 5120, 384))
     for b in (1, 64):
         out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)]))
+    # ATTN_CONFIGS: a JSON list of config objects over the default, each a further sparse decode
+    # case at 1, 8 and 64 rows (a sweep of the split and the key block)
+    for i, over in enumerate(json.loads(os.environ.get("ATTN_CONFIGS", "[]"))):
+        for b in (1, 8, 64):
+            out.append(attention_case(f"decode b{b} cfg{i}", "sparse", [(8000 + 37 * j, 1) for j in range(b)],
+                                      config=over))
     out.append(attention_case("prefill 4K", "sparse", [(2048, 4096)]))
     out.append(attention_case("decode b64", "window", [(8000 + 37 * i, 1) for i in range(64)]))
     out.append(attention_case("draft b64", "dspark", [(8000 + 37 * i, 5) for i in range(64)]))

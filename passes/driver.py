@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..ir import shapes as sh
 from ..ir.graph import Graph
+from ..ir.registry import get_op
 from ..ir.text import print_graph
 from ..models.config import load_config
 from ..models.deepseek_v41 import PAGE_TOKENS, build_model, max_backtrack, param_sources
@@ -269,6 +270,8 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
     invariant = batch_invariant(target)
     calls = []
     producer: dict[str, int] = {}  # value -> index of the call that makes it
+    buffer: dict[str, str] = {}  # value -> the value whose memory it is (through in-place writes and views)
+    touched: dict[str, list[int]] = {}  # memory (root value) -> the calls so far that read it
     for i, n in enumerate(g.nodes):
         if i in load:
             continue
@@ -276,8 +279,18 @@ def _calls(g: Graph, load: set[int], buckets: dict[str, dict], target, instances
         # explicit dependencies: the calls whose outputs this one reads (state order is the call
         # order: the verifier keeps each state read before the write that follows it)
         deps = sorted({producer[v] for v in n.inputs if v in producer})
+        # a call that writes memory in place comes `after` every earlier reader of that memory,
+        # which its inputs do not show (a runtime that runs calls concurrently needs the edge)
+        writes = {buffer.get(n.inputs[k], n.inputs[k]) for k in get_op(n.op).inplace.values()}
+        after = sorted({j for m in writes for j in touched.get(m, ())} - set(deps))
         call = {"op": n.op, "kernel": kernel, "inputs": list(n.inputs), "outputs": list(n.outputs), "deps": deps,
-                "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")}, "launch": {}}
+                "after": after, "attrs": {k: v for k, v in n.attr.items() if not k.startswith("@")}, "launch": {}}
+        for v in n.inputs:
+            touched.setdefault(buffer.get(v, v), []).append(len(calls))
+        for o, k in get_op(n.op).inplace.items():
+            buffer[n.outputs[o]] = buffer.get(n.inputs[k], n.inputs[k])
+        if kernel == "view":
+            buffer.update((o, buffer.get(n.inputs[0], n.inputs[0])) for o in n.outputs)
         producer.update((o, len(calls)) for o in n.outputs)
         common = None
         if invariant and kernel != "view":  # one template for the call at every bucket's shapes

@@ -3,6 +3,8 @@ other use and replaces it with the fused op defined as exactly that composition 
 so the interpreter's output is unchanged bit for bit."""
 from __future__ import annotations
 
+import os
+
 from ..ir.graph import Graph, Node
 from ..ir.types import TensorType
 from .rewrite import Context, Rewrite, apply_rules
@@ -283,6 +285,50 @@ def fuse_moe_shared_add(ctx: Context, i: int):
 
 def fuse_moe_shared(g: Graph) -> Graph:
     return apply_rules(g, [fuse_moe_shared_add])
+
+
+# ---- parallel GEMMs over one input ----------------------------------------------------------------
+
+def _stacked_name(a: str, b: str) -> str:
+    """`x.w1.weight`, `x.w3.weight` -> `x.w13.weight`: the names differ in one dotted part."""
+    pa, pb = a.split("."), b.split(".")
+    diff = [i for i, (u, v) in enumerate(zip(pa, pb)) if u != v]
+    if len(pa) != len(pb) or len(diff) != 1:
+        return f"{a}+{b}"
+    i = diff[0]
+    k = len(os.path.commonprefix([pa[i], pb[i]]))
+    return ".".join(pa[:i] + [pa[i] + pb[i][k:]] + pa[i + 1:])
+
+
+def fuse_gate_up_gemm(ctx: Context, i: int):
+    """A SwiGLU whose gate and up are two fp8 GEMMs of the same activation (the shared expert's
+    w1 and w3): one GEMM over both weights stacked by rows (stacked once at load: the concat
+    reads only params), and the SwiGLU reads the halves of its output. A decode step reads the
+    activation once and launches one GEMM, not two."""
+    n = ctx.g.nodes[i]
+    if n.op != "swiglu_quant_fp8":
+        return None
+    (jg, gate), (ju, up) = ctx.producer_op(n.inputs[0], "gemm_fp8"), ctx.producer_op(n.inputs[1], "gemm_fp8")
+    if gate is None or up is None or jg == ju or gate.inputs[0] != up.inputs[0] or gate.attrs != up.attrs:
+        return None
+    w1, w3 = gate.inputs[1], up.inputs[1]
+    t1, t3 = ctx.g.types[w1], ctx.g.types[w3]
+    if w1 not in ctx.g.params or w3 not in ctx.g.params or t1 != t3:
+        return None
+    if not (ctx.sole_user(n.inputs[0], i) and ctx.sole_user(n.inputs[1], i)):
+        return None
+    from ..ir.registry import get_op
+
+    w13, gu = _stacked_name(w1, w3), f"{n.outputs[0]}.gu"
+    types = {w13: get_op("concat").infer_types([t1, t3], {"axis": 0})[0]}
+    types[gu] = get_op("gemm_fp8").infer_types([ctx.g.types[gate.inputs[0]], types[w13]], gate.attr)[0]
+    return Rewrite([jg, ju, i], [Node.make("concat", [w1, w3], [w13], {"axis": 0}),
+                                 Node.make("gemm_fp8", [gate.inputs[0], w13], [gu], gate.attr),
+                                 Node.make("swiglu_gu_quant_fp8", [gu], n.outputs, n.attr)], types)
+
+
+def fuse_gate_up_gemms(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_gate_up_gemm])
 
 
 # ---- decode steps only ----------------------------------------------------------------------------

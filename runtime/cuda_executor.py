@@ -129,6 +129,8 @@ class CudaPlanExecutor(SlotStateOps):
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs
+        # streams a decode, verify or draft step's calls are spread over (DEEPINFER_LANES)
+        self.lanes = int(os.environ.get("DEEPINFER_LANES", "1"))
         # DEEPINFER_SYNC_CALLS=1: wait for every call, so a failing kernel is named (debugging only)
         sync = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
         self.runner = PlanRunner(lp, self.params, self.state, self._call_fn, self.device,
@@ -199,9 +201,11 @@ class CudaPlanExecutor(SlotStateOps):
     def _run(self, graph: str, bucket: str, inputs: dict) -> dict:
         """The plan runner's step, its kernels launched with PDL except in a prefill step: its
         kernels are long, so there is no launch gap to hide, and on the H200 PDL cost the medium
-        plan's 4096-token prefill 4% (docs/performance.md, thirteenth session)."""
-        with pdl_launches(self.plan["bucket_kinds"].get(bucket) != "prefill"):
-            return self.runner.run(graph, bucket, inputs)
+        plan's 4096-token prefill 4% (docs/performance.md, thirteenth session). Steps other than
+        prefill spread their calls over `self.lanes` streams (plan_runner.schedule_lanes)."""
+        few = self.plan["bucket_kinds"].get(bucket) != "prefill"
+        with pdl_launches(few):
+            return self.runner.run(graph, bucket, inputs, lanes=self.lanes if few else 1)
 
     def _capture(self, graph: str, bucket: str, inputs: dict):
         key = (graph, bucket)

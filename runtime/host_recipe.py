@@ -5,6 +5,8 @@ A recipe holds what the compiler's host code did at the call's static shapes, so
 host work a generated call needs; the runtime imports no compiler code."""
 from __future__ import annotations
 
+import os
+
 from typing import Callable
 
 import torch
@@ -63,6 +65,13 @@ def _aten(name: str):
         raise PlanError(f"host recipe step {name} is not an aten op of this torch ({torch.__version__})") from None
 
 
+def _poison(t: torch.Tensor) -> None:
+    if t.dtype.is_floating_point and t.element_size() > 1:
+        t.fill_(float("nan"))
+    elif t.element_size() == 1:
+        t.view(torch.uint8).fill_(0xFF)
+
+
 class HostRecipe:
     """One recipe bound to a device and its kernels: `launch(i, grid, args)` runs the instance's
     i-th kernel with `args` (ctypes values in parameter order)."""
@@ -92,6 +101,10 @@ class HostRecipe:
                 self.steps.append((_aten(st["op"]), None, None, (args, kwargs, _has_slot(kwargs)), st["out"]))
         self.c_arg = c_arg or (lambda ctype, v: v)
         self.checked = False
+        # DEEPINFER_POISON=1 (debugging): every buffer a recipe allocates starts as NaN (floats;
+        # 0xFF bytes for fp8 codes and scales), so a kernel that reads what no call wrote shows
+        self.poison = {i for i, st in enumerate(recipe["steps"]) if "op" in st and st["op"].startswith(("aten.empty",
+                       "aten.new_empty"))} if os.environ.get("DEEPINFER_POISON") == "1" else set()
 
     def _check_strides(self, slots) -> None:
         i = 0
@@ -116,7 +129,7 @@ class HostRecipe:
                 slots[part[0]] = x
         if not self.checked:
             self._check_strides(slots)
-        for fn, k, grid, args, outs in self.steps:
+        for i, (fn, k, grid, args, outs) in enumerate(self.steps):
             if fn is None:
                 vals, ctypes, aligned = args
                 vals = _bind(vals, slots)
@@ -128,6 +141,8 @@ class HostRecipe:
                 continue
             a, kw, kw_slots = args
             res = fn(*_bind(a, slots), **({k2: _bind(v, slots) for k2, v in kw.items()} if kw_slots else kw))
+            if i in self.poison and isinstance(res, torch.Tensor):
+                _poison(res)
             if len(outs) == 1:
                 slots[outs[0]] = res if isinstance(res, torch.Tensor) else res[0]
             elif outs:

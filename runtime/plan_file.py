@@ -4,8 +4,9 @@ The compiler writes plans (codegen/plan.py); the runtime reads them here, and no
 serving machine needs this module, torch and the CUDA driver, not the compiler.
 
     plan.json     model id + config hash + config, target, versions, per graph its inputs, params,
-                  state, outputs and kernel calls (buffers, dependencies, launch shapes and host
-                  recipes per bucket), memory plan per bucket, params and their checkpoint sources,
+                  state, outputs and kernel calls (buffers, dependencies: `deps` the calls whose
+                  outputs a call reads, `after` the earlier readers of memory it writes in place;
+                  launch shapes and host recipes per bucket), memory plan per bucket, params and their checkpoint sources,
                   the load-time program, kernel instances (configs, parameter lists, launches),
                   sha256 of every other file, and its own hash
     kernels/      rendered sources and built binaries

@@ -71,6 +71,32 @@ def test_every_pass_keeps_the_interpreter_output(tiny):
             f"pass {name} changed the draft graph"
 
 
+def test_gate_up_gemms_fuse_without_changing_the_logits(tiny):
+    """fuse_gate_up_gemms (sm90 / sm100): the shared expert's w1 and w3 GEMMs become one GEMM over
+    their rows stacked at load and a SwiGLU over its halves; the interpreter's logits are unchanged
+    bit for bit, and a GEMM per layer goes."""
+    from deepinfer.passes.fuse import fuse_gate_up_gemms
+
+    _, prog, params = tiny
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randint(3, prog.cfg.vocab_size, (30,), generator=gen).tolist()
+    steps = [[SeqChunk(0, 0, a, [0])], [SeqChunk(0, 30, [7], [0])]]
+    g = prog.step
+    for _, fn in pipeline("cpu"):
+        g = fn(g)
+    want, _ = _run_steps(g, _params_for(g, params), prog.state, steps)
+    f = fuse_gate_up_gemms(g)
+    got, _ = _run_steps(f, _params_for(f, params), prog.state, steps)
+    assert all(torch.equal(w, x) for w, x in zip(want, got))
+    before, after = g.op_counts(), f.op_counts()
+    layers = sum(1 for r in prog.cfg.layers if not r.is_draft)
+    assert after["swiglu_gu_quant_fp8"] == layers and "swiglu_quant_fp8" not in after
+    assert after["gemm_fp8"] == before["gemm_fp8"] - layers and after["concat"] == before["concat"] + layers
+    stacked = {n.outputs[0] for n in f.nodes if n.op == "concat" and n.attr["axis"] == 0}
+    assert "layers.0.ffn.shared_experts.w13.weight" in stacked
+    assert all(i in load_time_nodes(f) for i, n in enumerate(f.nodes) if n.op == "concat" and n.outputs[0] in stacked)
+
+
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""
@@ -104,7 +130,8 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     assert ops["hc_pre"] == 2 * n - 1  # every sub-layer entry but layer 0's attention (its input is the embedding)
     assert ops["hc_mix"] == 1 and "hc_mix_gemm" not in ops and "hc_sinkhorn" not in ops  # layer 0's attention
     assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
-    assert ops["swiglu_quant_fp8"] == n and "swiglu" not in ops
+    # the shared expert's w1 and w3 in one GEMM (fuse_gate_up_gemms), its SwiGLU over the halves
+    assert ops["swiglu_gu_quant_fp8"] == n and "swiglu_quant_fp8" not in ops and "swiglu" not in ops
     assert ops["indexer_topk"] == len(cfg.index_source_layer_ids) and "indexer_scores" not in ops
     # the head weights' factor (spec §4.4d) folded in: no scale call left
     assert all(x.attr.get("w_scale") for x in g.nodes if x.op == "indexer_topk") and "scale" not in ops
@@ -116,7 +143,7 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     assert ops["moe_combine_shared"] == n and "moe_combine" not in ops
     assert ops["rope_quant_fp8"] == n + 3  # window keys of every layer and the DSpark context keys
     assert ops["grouped_gemm_fp4"] == 2 * n and "moe_experts" not in ops
-    assert ops["concat"] == n + 1  # w13 per layer (load time) + the DSpark taps
+    assert ops["concat"] == 2 * n + 1  # w13 per layer and the shared expert's (load time) + the DSpark taps
     shared = [x for x in g.nodes if x.op == "sparse_attn" and "@shares_topk_of" in x.attr]
     assert len(shared) == ops["sparse_attn"] - len(cfg.index_source_layer_ids)  # REUSE layers share a buffer
     assert all(x.attr["@operands"] == "fp4->fp8 in prologue" for x in g.nodes if x.op == "grouped_gemm_fp4")

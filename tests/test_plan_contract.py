@@ -92,3 +92,48 @@ def test_a_call_graph_with_a_wrong_dependency_is_refused(cpu_plan):
     bad["calls"][0]["deps"] = [len(bad["calls"]) - 1]
     with pytest.raises(PlanError, match="does not precede"):
         PlanGraph("step", bad)
+
+
+def test_a_call_writing_memory_in_place_comes_after_its_earlier_readers(cpu_plan):
+    """`after` edges: every window-ring write comes after the attention that read the ring before
+    it (no value flows between them, so `deps` cannot say it); a runtime running calls
+    concurrently (schedule_lanes) orders them by it."""
+    plan, _ = cpu_plan
+    g = json.loads((Path(plan) / "plan.json").read_text())["graphs"]["step"]
+    calls = g["calls"]
+    writes = [(i, c) for i, c in enumerate(calls) if c["op"] == "swa_write"]
+    checked = 0
+    for i, c in writes:
+        ring = c["inputs"][0]
+        readers = [j for j, r in enumerate(calls[:i]) if ring in r["inputs"] and j not in c["deps"]]
+        assert set(readers) <= set(c["after"]), (c["outputs"], readers, c["after"])
+        checked += bool(readers)
+    assert checked >= len(writes) // 2
+    bad = json.loads(json.dumps(g))
+    bad["calls"][writes[0][0]]["after"] = [len(calls) - 1]
+    with pytest.raises(PlanError, match="ordered after a call that does not precede"):
+        PlanGraph("step", bad)
+
+
+def _chain(*deps, after=()):
+    return [{"deps": list(d), "after": list(a)} for d, a in zip(deps, after or [()] * len(deps))]
+
+
+def test_schedule_lanes_branches_and_joins():
+    """A call continues its latest dependency's stream; a second consumer of the same call starts
+    a branch on another stream; a join waits on the other stream's latest call it needs, once."""
+    from deepinfer.runtime.plan_runner import schedule_lanes
+
+    # 0 -> 1 -> 2 ; 0 -> 3 -> 4 (branch) ; 5 needs 2 and 4 ; 6 needs 5 and 3 (already implied)
+    calls = _chain([], [0], [1], [0], [3], [2, 4], [5, 3])
+    lanes, waits = schedule_lanes(calls, 2)
+    assert lanes[:3] == [0, 0, 0] and lanes[3:5] == [1, 1]
+    assert waits[3] == [0] and waits[4] == []
+    assert lanes[5] == 1 and waits[5] == [2]  # continues its latest dependency (4), waits for 2
+    assert lanes[6] == 1 and waits[6] == []  # 3 is on its own stream
+    # one stream: everything in order, no waits
+    assert schedule_lanes(calls, 1) == ([0] * 7, [[]] * 7)
+    # an in-place write after a reader on another stream waits for it
+    calls = _chain([], [0], [0], [1], [3], after=[(), (), (), (), (2,)])
+    lanes, waits = schedule_lanes(calls, 2)
+    assert lanes[2] != lanes[4] and waits[4] == [2]

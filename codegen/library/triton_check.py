@@ -314,6 +314,8 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         return [sel.to(device)], {"n_experts": E}
     if op == "swiglu_quant_fp8":
         return [rn(n, dims["F"], scale=4), rn(n, dims["F"], scale=4)], {"limit": 10.0, "block": 32}
+    if op == "swiglu_gu_quant_fp8":
+        return [rn(n, 2 * dims["F"], scale=4)], {"limit": 10.0, "block": 32}
     if op == "swiglu_weighted_quant_fp8":
         k = dims["k"]
         m = n * k
@@ -687,7 +689,8 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
 OUTPUT_KINDS = {
     "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
     "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "hc_pre": "rounded", "hc_expand": "rounded",
-    "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_weighted_quant_fp8": "quant",
+    "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
+    "swiglu_weighted_quant_fp8": "quant",
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",

@@ -227,6 +227,17 @@ def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
     return q, s
 
 
+def launch_swiglu_gu_quant_fp8(gu, *, limit, block, cfg):
+    n, f2 = gu.shape
+    f = f2 // 2
+    q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=gu.device)
+    s = torch.empty(n, f // 32, dtype=torch.uint8, device=gu.device)
+    _k(swiglu_quant_kernel)[(n, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, gu, gu, _u8(q), s, limit, F=f, G_STRIDE=f2,
+                                                         U_OFF=f, WEIGHTED=False, BLOCK=cfg["BLOCK"],
+                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s
+
+
 def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
     m, f2 = gu.shape
     f = f2 // 2

@@ -192,6 +192,15 @@ def _l_swiglu(spec, cfg):
     return [_launch("swiglu_quant_kernel", args, ce, (n, _cdiv(f, cfg["BLOCK"])), cfg)]
 
 
+def _l_swiglu_gu(spec, cfg):
+    (gu,) = spec.in_types
+    n, f2 = _ints(gu.shape)
+    args = {"g_ptr": _ptr(gu), "u_ptr": _ptr(gu), "wt_ptr": _ptr(gu), "pair_ptr": _ptr(gu), "q_ptr": "*u8",
+            "s_ptr": "*u8", "limit": "fp32"}
+    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": False, "BLOCK": cfg["BLOCK"]}
+    return [_launch("swiglu_quant_kernel", args, ce, (n, _cdiv(f2 // 2, cfg["BLOCK"])), cfg)]
+
+
 def _l_swiglu_w(spec, cfg):
     gu, wt, pairs = spec.in_types
     m, f2 = _ints(gu.shape)
@@ -846,6 +855,8 @@ OPS = [
     # the bias: one row, one per token, or bias / bias_vl picked by token id (route_bias folded in)
     _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
+        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
+    _Op("swiglu_gu_quant_fp8", "launch_swiglu_gu_quant_fp8", _l_swiglu_gu, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
     _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
         dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),

@@ -155,6 +155,23 @@ def swiglu_quant_fp8(g, u, *, limit, block):
     return q.quant_fp8_32(moe.swiglu(g, u, limit=limit), block)
 
 
+def _swiglu_gu_quant_rule(ins, a):
+    gu = want_float(ins[0], "gate|up")
+    if not isinstance(gu.shape[-1], int) or gu.shape[-1] % 2:
+        raise ShapeError(f"gate|up must have an even width, got {gu}")
+    half = gu.with_shape(gu.shape[:-1] + (gu.shape[-1] // 2,))
+    return _swiglu_quant_rule([half, half], a)
+
+
+@op("swiglu_gu_quant_fp8", infer=_swiglu_gu_quant_rule, flops=lambda i, o, a: 9 * o[0].numel,
+    attrs={"limit": REQUIRED, "block": 32}, n_inputs=1)
+def swiglu_gu_quant_fp8(gu, *, limit, block):
+    """swiglu_quant_fp8 of the two halves of one [gate | up] tensor: the output of one GEMM over
+    the gate and up weights stacked by rows (fuse_gate_up_gemms)."""
+    f = gu.shape[-1] // 2
+    return swiglu_quant_fp8(gu[..., :f], gu[..., f:], limit=limit, block=block)
+
+
 # ---- compressor pooling + norm ------------------------------------------------------------------
 
 def _pool_norm_rule(ins, a):

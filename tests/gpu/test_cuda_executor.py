@@ -94,3 +94,29 @@ def test_pdl_launches_give_the_tokens_of_plain_launches(plan, monkeypatch):
                for f in getattr(k, "kernels", None) or getattr(k, "functions", [])]
         assert fns and all(f.pdl == (pdl == "1") for f in fns)
     assert runs["0"] == runs["1"]
+
+
+def test_calls_on_two_streams_give_the_logits_of_one(plan, monkeypatch):
+    """DEEPINFER_LANES=2 spreads a decode step's calls over two streams (plan_runner.schedule_lanes:
+    branches such as the shared expert beside the routed experts, joined by events; in-place
+    writes after their readers by the plan's `after` edges): a prefill and six decode steps,
+    captured as CUDA graphs, give the logits of one stream bit for bit."""
+    from deepinfer.runtime.batch import SeqChunk
+    from deepinfer.runtime.cuda_executor import CudaPlanExecutor
+
+    runs = {}
+    for lanes in ("1", "2"):
+        monkeypatch.setenv("DEEPINFER_LANES", lanes)
+        ex = CudaPlanExecutor(plan[0], plan[1])
+        chunks = [SeqChunk(0, 0, list(range(5, 45)), [0]), SeqChunk(1, 0, list(range(100, 130)), [1])]
+        out = [ex.step(chunks)]
+        for _ in range(6):
+            chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [int(r.argmax())], c.pages)
+                      for c, r in zip(chunks, out[-1])]
+            out.append(ex.step(chunks))
+        runs[lanes] = out
+        assert all(v == "captured" for v in ex.graph_status.values()), ex.graph_status
+        if lanes == "2":
+            used = [s for s in ex.runner._lanes.values()]
+            assert used and all(max(s[0]) == 1 and sum(map(len, s[1])) > 0 for s in used)
+    assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["2"]))
