@@ -331,6 +331,26 @@ def fuse_gate_up_gemms(g: Graph) -> Graph:
     return apply_rules(g, [fuse_gate_up_gemm])
 
 
+def split_hc_pre_node(ctx: Context, i: int):
+    """An mHC entry as its normalised input (hc_collapse_norm) and its mixes (hc_mix), two calls:
+    the mixes (a 2 MB GEMM and a 20-step Sinkhorn) are read only by the next sub-layer's entry and
+    this sub-layer's hc_expand, so on a runtime with several streams they run beside the
+    sub-layer's first GEMMs instead of ahead of them. The input comes first: it is the call the
+    main stream goes on with."""
+    n = ctx.g.nodes[i]
+    if n.op != "hc_pre":
+        return None
+    r, fn, scale, base, pre_in, norm_w = n.inputs
+    a = n.attr
+    return Rewrite([i], [Node.make("hc_collapse_norm", [r, pre_in, norm_w], [n.outputs[0]], {"eps": a["eps"]}),
+                         Node.make("hc_mix", [r, fn, scale, base], list(n.outputs[1:]),
+                                   {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")})])
+
+
+def split_hc_pre(g: Graph) -> Graph:
+    return apply_rules(g, [split_hc_pre_node])
+
+
 # ---- decode steps only ----------------------------------------------------------------------------
 
 def fuse_decode_cache_write(ctx: Context, i: int):

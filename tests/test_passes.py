@@ -97,6 +97,27 @@ def test_gate_up_gemms_fuse_without_changing_the_logits(tiny):
     assert all(i in load_time_nodes(f) for i, n in enumerate(f.nodes) if n.op == "concat" and n.outputs[0] in stacked)
 
 
+def test_split_hc_pre_keeps_the_logits(tiny):
+    """split_hc_pre (sm90 / sm100): each hc_pre becomes hc_collapse_norm then hc_mix, the
+    interpreter's logits unchanged bit for bit (both are hc_pre's own composition)."""
+    from deepinfer.passes.fuse import split_hc_pre
+
+    _, prog, params = tiny
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randint(3, prog.cfg.vocab_size, (30,), generator=gen).tolist()
+    steps = [[SeqChunk(0, 0, a, [0])], [SeqChunk(0, 30, [7], [0])]]
+    g = prog.step
+    for _, fn in pipeline("cpu"):
+        g = fn(g)
+    want, _ = _run_steps(g, _params_for(g, params), prog.state, steps)
+    f = split_hc_pre(g)
+    got, _ = _run_steps(f, _params_for(f, params), prog.state, steps)
+    assert all(torch.equal(w, x) for w, x in zip(want, got))
+    assert f.op_counts()["hc_collapse_norm"] == g.op_counts()["hc_pre"] and "hc_pre" not in f.op_counts()
+    order = [n.op for n in f.nodes if n.op in ("hc_collapse_norm", "hc_mix")]
+    assert order[1:3] == ["hc_collapse_norm", "hc_mix"]  # the input first: the main stream goes on with it
+
+
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""
@@ -127,8 +148,10 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
         g = fn(g)
     ops = g.op_counts()
     n = cfg.num_hidden_layers
-    assert ops["hc_pre"] == 2 * n - 1  # every sub-layer entry but layer 0's attention (its input is the embedding)
-    assert ops["hc_mix"] == 1 and "hc_mix_gemm" not in ops and "hc_sinkhorn" not in ops  # layer 0's attention
+    # every sub-layer entry but layer 0's attention (its input is the embedding) as its normalised
+    # input and its mixes, apart (split_hc_pre: the mixes on the runtime's second stream)
+    assert ops["hc_collapse_norm"] == 2 * n - 1 and "hc_pre" not in ops
+    assert ops["hc_mix"] == 2 * n and "hc_mix_gemm" not in ops and "hc_sinkhorn" not in ops
     assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
     # the shared expert's w1 and w3 in one GEMM (fuse_gate_up_gemms), its SwiGLU over the halves
     assert ops["swiglu_gu_quant_fp8"] == n and "swiglu_quant_fp8" not in ops and "swiglu" not in ops

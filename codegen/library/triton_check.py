@@ -71,7 +71,7 @@ def _bf16_ulp(v):
 
 ROW_FLOOR = 2.0**-16
 # op -> {output index: bf16 roundings of intermediates the spec pins on the way to that output}
-INNER_ROUNDINGS = {"hc_pre": {0: 1}, "compress_pool_norm": {0: 1}}
+INNER_ROUNDINGS = {"hc_pre": {0: 1}, "hc_collapse_norm": {0: 1}, "compress_pool_norm": {0: 1}}
 
 
 def compare_rounded(got, ref, what="output", inner=0):
@@ -276,6 +276,8 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
                 rn(3, scale=0.5, dtype=torch.float32), rn(mix, scale=0.5, dtype=torch.float32),
                 torch.rand(n, C, generator=g).to(device), rn(H)], \
             {"eps": 1e-20, "copies": C, "iters": dims["hc_iters"], "hc_eps": 1e-6, "post_mult": 2.0}
+    if op == "hc_collapse_norm":
+        return [rn(n, C, H), torch.rand(n, C, generator=g).to(device), rn(H)], {"eps": 1e-20}
     if op == "hc_expand":
         m = torch.rand(n, C, C, generator=g).to(device)
         return [rn(n, H), rn(n, C, H), torch.rand(n, C, generator=g).to(device) * 2, m], {}
@@ -524,7 +526,7 @@ def spec_dims(op: str, ts, attrs: dict) -> tuple[str, dict, int]:
     n = _shape(ts[0])[0] if ts else 0
     if op in ("rms_norm", "rms_norm_quant_fp8", "quant_fp8"):
         dims["H"] = _shape(ts[0])[1]
-    elif op == "hc_pre":
+    elif op in ("hc_pre", "hc_collapse_norm"):
         n, dims["C"], dims["H"] = _shape(ts[0])
     elif op == "grouped_linear":
         rows, dims["o_in"] = _shape(ts[1])
@@ -695,7 +697,7 @@ OUTPUT_KINDS = {
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
     "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
-    "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_mean": "rounded",
+    "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_collapse_norm": "rounded", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
     "indexer_topk": "exact", "dspark_heads": "drafts", "gemm_fp8": "rounded",
 }

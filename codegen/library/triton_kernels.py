@@ -1364,6 +1364,25 @@ def hc_reduce_kernel(r_ptr, mix_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr, 
 
 
 @triton.jit
+def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, eps, C: tl.constexpr, H: tl.constexpr,
+                            BH: tl.constexpr):
+    """x = w * RMSNorm(sum_c pre_in[c] * R[c]), the collapse in fp32 in copy order rounded to the
+    stream's dtype first (hc_pre's input, as its finishing kernel computes it); a program per
+    row, the whole row in one block (one trip to memory)."""
+    row = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, BH)
+    hm = hh < H
+    acc = tl.zeros([BH], tl.float32)
+    for c in tl.static_range(C):
+        rc = tl.load(r_ptr + row * C * H + c * H + hh, mask=hm, other=0.0).to(tl.float32)
+        acc += tl.load(prein_ptr + row * C + c) * rc
+    xc = _round_like(acc, r_ptr.dtype.element_ty)
+    rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / H + eps)
+    w = tl.load(nw_ptr + hh, mask=hm, other=0.0).to(tl.float32)
+    _store_as(x_ptr + row * H + hh, w * (xc * rstd), hm)
+
+
+@triton.jit
 def repeat_rows_kernel(x_ptr, out_ptr, W: tl.constexpr, COPIES: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, c] = x[t] for c < COPIES (the repeated mHC stream); program (row, chunk)."""
     t = tl.program_id(0).to(tl.int64)

@@ -18,7 +18,8 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
                              inverse_perm_kernel, moe_combine_kernel, split_sum_kernel, moe_router_kernel, quant_fp8_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
-                             hc_reduce_kernel, lookup_kernel, repeat_rows_kernel, seq_first_kernel)
+                             hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
+                             seq_first_kernel)
 from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
@@ -510,6 +511,14 @@ def _hc_reduce(r, mix, cfg):
 
 def launch_hc_collapse(r, mix, *, cfg):
     return _hc_reduce(r, mix, cfg)
+
+
+def launch_hc_collapse_norm(r, pre_in, nw, *, eps, cfg):
+    n, c, h = r.shape
+    x = torch.empty(n, h, dtype=r.dtype, device=r.device)
+    _k(hc_collapse_norm_kernel)[(n,)](r, pre_in, nw, x, eps, C=c, H=h, BH=triton.next_power_of_2(h),
+                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return x
 
 
 def launch_hc_mean(r, *, cfg):

@@ -630,6 +630,13 @@ def _l_hc_reduce(spec, cfg):
                     (n, _cdiv(h, cfg["BH"])), cfg)]
 
 
+def _l_hc_collapse_norm(spec, cfg):
+    r, pre_in, nw = spec.in_types
+    n, c, h = _ints(r.shape)
+    args = {"r_ptr": _ptr(r), "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "eps": "fp32"}
+    return [_launch("hc_collapse_norm_kernel", args, {"C": c, "H": h, "BH": _p2(h)}, (n,), cfg)]
+
+
 def _l_hc_repeat(spec, cfg):
     (x,) = spec.in_types
     n, h = _ints(x.shape)
@@ -939,6 +946,9 @@ OPS = [
         dict(BM=16, BK=64, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
         _hc_pre_by_rows),
+    # a row per program, the whole row in registers: 16 warps hold 5120 columns in 10 a thread
+    _Op("hc_collapse_norm", "launch_hc_collapse_norm", _l_hc_collapse_norm, ROW, dict(num_warps=16, num_stages=1),
+        lambda a: {"eps": a["eps"]}, supports=lambda t, s: s.in_types[0].rank == 3),
     _Op("hc_collapse", "launch_hc_collapse", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 3),
     _Op("hc_mean", "launch_hc_mean", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),

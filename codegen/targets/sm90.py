@@ -45,6 +45,7 @@ PASSES = (
     "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)
     "fuse_moe_shared",  # after lower_moe_dispatch makes the combine it fuses the shared expert's add into
     "fuse_gate_up_gemms",  # the shared expert's w1 and w3 GEMMs as one; after fuse makes swiglu_quant_fp8
+    "split_hc_pre",  # mHC mixes apart from the normalised input, for the runtime's second stream; after fuse
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",
     "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats

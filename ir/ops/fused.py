@@ -61,6 +61,20 @@ def hc_pre(r, fn, scale, base, pre_in, norm_w, *, eps, copies, iters, hc_eps, po
     return x, pre, post, m
 
 
+def _hc_collapse_norm_rule(ins, a):
+    (c,) = _infer("hc_collapse", ins[:2], {})
+    return _infer("rms_norm", [c, ins[2]], {"eps": a["eps"]})
+
+
+@op("hc_collapse_norm", infer=_hc_collapse_norm_rule, flops=lambda i, o, a: 2 * i[0].numel + 4 * o[0].numel,
+    attrs={"eps": REQUIRED}, n_inputs=3)
+def hc_collapse_norm(r, pre_in, norm_w, *, eps):
+    """hc_pre's normalised input without its mixes: RMSNorm(collapse of the stream with the
+    previous sub-layer's pre). split_hc_pre pairs it with hc_mix, so that the mixes (wanted only
+    at the sub-layer's end) can run beside the sub-layer's first GEMMs."""
+    return core.rms_norm(mhc.hc_collapse(r, pre_in), norm_w, eps=eps)
+
+
 def _hc_mix_rule(ins, a):
     r, fn, scale, base = ins
     (raw,) = _infer("hc_mix_gemm", [r, fn], {"eps": a["eps"]})
