@@ -46,6 +46,13 @@ def to_device(v, device):
     return v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
 
 
+def lanes_from_env() -> int:
+    raw = os.environ.get("DEEPINFER_LANES", "2")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"DEEPINFER_LANES must be a whole number of streams >= 1, got {raw!r}")
+    return int(raw)
+
+
 class _Pending:
     """A submitted step: its logits on their way into pinned host memory, queued on the step's
     stream behind the step (and ahead of the next step, which rewrites a graph's output buffer)."""
@@ -129,8 +136,10 @@ class CudaPlanExecutor(SlotStateOps):
         self._kernels: dict[str, object] = {}
         self._recipes: dict[str, HostRecipe] = {}
         self.cuda_graphs = cuda_graphs
-        # streams a decode, verify or draft step's calls are spread over (DEEPINFER_LANES)
-        self.lanes = int(os.environ.get("DEEPINFER_LANES", "1"))
+        # streams a decode, verify or draft step's calls are spread over (DEEPINFER_LANES; 2 beat
+        # 1 at every decode bucket of the medium plan on the H200 and 3 did not beat 2 overall,
+        # docs/performance.md, fifteenth session)
+        self.lanes = lanes_from_env()
         # DEEPINFER_SYNC_CALLS=1: wait for every call, so a failing kernel is named (debugging only)
         sync = os.environ.get("DEEPINFER_SYNC_CALLS") == "1"
         self.runner = PlanRunner(lp, self.params, self.state, self._call_fn, self.device,
