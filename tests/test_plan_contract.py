@@ -137,3 +137,18 @@ def test_schedule_lanes_branches_and_joins():
     calls = _chain([], [0], [0], [1], [3], after=[(), (), (), (), (2,)])
     lanes, waits = schedule_lanes(calls, 2)
     assert lanes[2] != lanes[4] and waits[4] == [2]
+
+
+def test_the_stream_count_comes_from_the_environment(monkeypatch):
+    """DEEPINFER_LANES: 2 streams unless set; a value that is not a whole number >= 1 is refused
+    with one line naming the variable."""
+    from deepinfer.runtime.cuda_executor import lanes_from_env
+
+    monkeypatch.delenv("DEEPINFER_LANES", raising=False)
+    assert lanes_from_env() == 2
+    monkeypatch.setenv("DEEPINFER_LANES", "3")
+    assert lanes_from_env() == 3
+    for bad in ("0", "two", "-1", ""):
+        monkeypatch.setenv("DEEPINFER_LANES", bad)
+        with pytest.raises(ValueError, match="DEEPINFER_LANES"):
+            lanes_from_env()
