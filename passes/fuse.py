@@ -317,10 +317,15 @@ def fuse_gate_up_gemm(ctx: Context, i: int):
         return None
     if not (ctx.sole_user(n.inputs[0], i) and ctx.sole_user(n.inputs[1], i)):
         return None
-    from ..ir.registry import get_op
+    from ..ir.registry import ShapeError, get_op
 
     w13, gu = _stacked_name(w1, w3), f"{n.outputs[0]}.gu"
-    types = {w13: get_op("concat").infer_types([t1, t3], {"axis": 0})[0]}
+    if w13 in ctx.g.types or gu in ctx.g.types:  # the name is taken (the same pair stacked for another SwiGLU)
+        return None
+    try:  # rows that are not whole scale blocks cannot be stacked: the GEMMs stay apart
+        types = {w13: get_op("concat").infer_types([t1, t3], {"axis": 0})[0]}
+    except ShapeError:
+        return None
     types[gu] = get_op("gemm_fp8").infer_types([ctx.g.types[gate.inputs[0]], types[w13]], gate.attr)[0]
     return Rewrite([jg, ju, i], [Node.make("concat", [w1, w3], [w13], {"axis": 0}),
                                  Node.make("gemm_fp8", [gate.inputs[0], w13], [gu], gate.attr),

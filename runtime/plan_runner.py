@@ -13,8 +13,9 @@ that has waited longest), and waits on an event of every other stream whose work
 `deps`, and the earlier readers of memory it writes in place: `after`). Independent chains of a
 decode step, such as the shared expert beside the routed experts, then run side by side, and a
 CUDA graph captured from it holds them as parallel branches. A value read on a stream other than
-its producer's is kept to the end of the step (the allocator would hand its block back to the
-producer's stream while the reader still reads it)."""
+its producer's is freed only once its producer's stream has waited for those readers
+(`cross_stream_frees`): the allocator hands a freed block back to the stream that allocated it,
+which must not reuse it while another stream still reads it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -81,6 +82,49 @@ def schedule_lanes(calls: list[dict], lanes: int) -> tuple[list[int], list[list[
     return lane_of, waits
 
 
+def cross_stream_frees(calls: list[dict], lane_of: list[int], waits: list[list[int]],
+                       keep: set[str]) -> tuple[dict[str, int], set[str]]:
+    """For values read on a stream other than the one that made them: (value -> the call after
+    which it may be freed: the first call of its producer's stream, at or after its last reader
+    there, by which that stream has waited for its last reader on every other stream; values with
+    no such call, or whose memory other values share (views, in-place writes), are kept to the
+    step's end: the second set). Values in `keep` are never freed."""
+    lanes = max(lane_of) + 1
+    seen = [[-1] * lanes for _ in range(lanes)]
+    seen_after = []  # per call: what its stream has waited for of every stream, after it
+    for i, w in enumerate(waits):
+        for d in w:
+            seen[lane_of[i]][lane_of[d]] = max(seen[lane_of[i]][lane_of[d]], d)
+        seen_after.append(list(seen[lane_of[i]]))
+    aliased = {v for c in calls if c["kernel"] == "view" or c.get("after") for v in (*c["inputs"], *c["outputs"])}
+    made = {o: i for i, c in enumerate(calls) for o in c["outputs"]}
+    readers: dict[str, list[int]] = {}
+    for i, c in enumerate(calls):
+        for v in c["inputs"]:
+            readers.setdefault(v, []).append(i)
+    on_lane = [[i for i, x in enumerate(lane_of) if x == lane] for lane in range(lanes)]
+    free_at, kept = {}, set()
+    for v, p in made.items():
+        own = lane_of[p]
+        other: dict[int, int] = {}
+        for r in readers.get(v, ()):
+            if lane_of[r] != own:
+                other[lane_of[r]] = max(other.get(lane_of[r], -1), r)
+        if not other or v in keep:
+            continue
+        if v in aliased:
+            kept.add(v)
+            continue
+        last_own = max([r for r in readers[v] if lane_of[r] == own] + [p])
+        j = next((j for j in on_lane[own] if j >= last_own and all(seen_after[j][x] >= r for x, r in other.items())),
+                 None)
+        if j is None:
+            kept.add(v)
+        else:
+            free_at[v] = j
+    return free_at, kept
+
+
 def as_outputs(out) -> tuple:
     """A reference's result as one value per node output."""
     return tuple(out) if isinstance(out, tuple) and not isinstance(out, QTensor) else (out,)
@@ -99,19 +143,25 @@ class PlanRunner:
         self.at: tuple[str, int] | None = None  # (graph, node index) of the call running or last run
 
     def lanes_of(self, graph: str, lanes: int):
-        """(stream per call, waits per call, values kept to the step's end, calls others wait for)
-        of a graph on `lanes` streams; None where it runs on one: one asked for, or a plan whose
-        calls carry no `after` edges (written before they existed: their in-place order is only
-        the call order)."""
+        """(stream per call, waits per call, values read across streams (their frees are the next
+        item's), the cross-stream values each call frees, the calls others wait for with their
+        events) of a graph on `lanes` streams; None where it runs on one: one asked for, or a plan
+        whose calls carry no `after` edges (written before they existed: their in-place order is
+        only the call order)."""
         g = self.loaded.graphs[graph]
         if lanes < 2 or any("after" not in c for c in g.calls):
             return None
         key = (graph, lanes)
         if key not in self._lanes:
             lane_of, waits = schedule_lanes(g.calls, lanes)
-            made = {o: lane_of[i] for i, c in enumerate(g.calls) for o in c["outputs"]}
-            shared = {v for i, c in enumerate(g.calls) for v in c["inputs"] if v in made and made[v] != lane_of[i]}
-            self._lanes[key] = (lane_of, waits, shared, {d for w in waits for d in w})
+            keep = set(g.outputs) | set(g.params) | set(g.state) | set(g.state_updates.values())
+            free_at, kept = cross_stream_frees(g.calls, lane_of, waits, keep)
+            frees: list[list[str]] = [[] for _ in g.calls]
+            for v, j in free_at.items():
+                frees[j].append(v)
+            # events made once and recorded again each step (fewer host calls in eager steps)
+            events = {d: torch.cuda.Event() for w in waits for d in w}
+            self._lanes[key] = (lane_of, waits, kept | set(free_at), frees, events)
         return self._lanes[key]
 
     def program(self, graph: str, bucket: str | None) -> list:
@@ -169,7 +219,7 @@ class PlanRunner:
         return {o: vals[o] for o in g.outputs}
 
     def _run_lanes(self, graph: str, bucket: str | None, vals: dict, sched) -> None:
-        lane_of, waits, shared, recorded = sched
+        lane_of, waits, crossing, frees, events = sched
         main = torch.cuda.current_stream(self.device)
         n = max(lane_of) + 1
         while len(self._streams) < n - 1:
@@ -179,20 +229,23 @@ class PlanRunner:
         start.record(main)
         for s in streams[1:]:
             s.wait_event(start)
-        events: dict[int, torch.cuda.Event] = {}
-        for i, (fn, ins, outs, dead) in enumerate(self.program(graph, bucket)):
-            self.at = (graph, i)
-            s = streams[lane_of[i]]
-            for d in waits[i]:
-                s.wait_event(events[d])
-            with torch.cuda.stream(s):
-                vals.update(zip(outs, as_outputs(fn(*(vals[v] for v in ins)))))
-            if i in recorded:
-                events[i] = torch.cuda.Event()
-                events[i].record(s)
-            for v in dead:
-                if v not in shared:
+        try:
+            for i, (fn, ins, outs, dead) in enumerate(self.program(graph, bucket)):
+                self.at = (graph, i)
+                s = streams[lane_of[i]]
+                for d in waits[i]:
+                    s.wait_event(events[d])
+                with torch.cuda.stream(s):
+                    vals.update(zip(outs, as_outputs(fn(*(vals[v] for v in ins)))))
+                if i in events:
+                    events[i].record(s)
+                for v in dead:
+                    if v not in crossing:
+                        vals.pop(v, None)
+                for v in frees[i]:
                     vals.pop(v, None)
-        for s in streams[1:]:
-            main.wait_stream(s)
+        finally:
+            # joined even when a call fails: a capture must end with every stream it forked joined
+            for s in streams[1:]:
+                main.wait_stream(s)
 

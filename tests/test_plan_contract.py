@@ -152,3 +152,24 @@ def test_the_stream_count_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv("DEEPINFER_LANES", bad)
         with pytest.raises(ValueError, match="DEEPINFER_LANES"):
             lanes_from_env()
+
+
+def test_a_value_read_on_another_stream_is_freed_once_its_stream_waited_for_the_reader():
+    """cross_stream_frees: `v` made on stream 0 and read on stream 1 may go back to stream 0's pool
+    only after stream 0 waited for that reader (call 4, the join), not at its last reader (call 2);
+    a value no later call of its stream waits past is kept to the step's end, and so is one a view
+    shares."""
+    from deepinfer.runtime.plan_runner import cross_stream_frees, schedule_lanes
+
+    def call(ins, outs, deps, kernel="k"):
+        return {"inputs": ins, "outputs": outs, "deps": deps, "after": [], "kernel": kernel}
+
+    calls = [call([], ["v"], []), call(["v"], ["a"], [0]), call(["v"], ["b"], [0]), call(["a"], ["c"], [1]),
+             call(["c", "b"], ["d"], [3, 2]), call(["b"], ["e"], [2]), call(["e"], ["w"], [5], kernel="view"),
+             call(["w"], ["x"], [6]), call(["w", "d"], ["out"], [6, 4])]
+    lanes, waits = schedule_lanes(calls, 2)
+    assert lanes[:5] == [0, 0, 1, 0, 0] and waits[4] == [2]
+    free_at, kept = cross_stream_frees(calls, lanes, waits, keep={"out", "x"})
+    assert free_at["v"] == 4
+    assert lanes[8] == 0 and "w" in kept  # a view's output read across: its memory is b's too
+    assert "out" not in free_at and "out" not in kept
