@@ -538,19 +538,19 @@ def test_cost_model_only_from_a_model_and_target_needs_no_plan_and_compile_takes
 
     db_path = tmp_path / "sm100.jsonl"
     args = ["autotune", "--model", "v4.1-flash-tiny", "--target", "sm100", "--cost-model-only", "--db", str(db_path),
-            "--only", "triton_hc_pre", "--decode-batches", "1,8", "--prefill-tokens", "512"]
+            "--only", "triton_hc_mix", "--decode-batches", "1,8", "--prefill-tokens", "512"]
     assert main(args) == 0
     assert "modelled (cost model, no hardware)" in capsys.readouterr().out
     rows = TuningDB.load(db_path).rows
-    assert rows and all(not r["measured"] and r["template"] == "triton_hc_pre" and r["fingerprint"]["target"] == "sm100"
+    assert rows and all(not r["measured"] and r["template"] == "triton_hc_mix" and r["fingerprint"]["target"] == "sm100"
                         and r["provenance"]["source"] == "cost model" for r in rows)
     opts = dict(max_model_len=2048, decode_batches=(1, 8), prefill_tokens=(512,))
     tuned = select_instances("v4.1-flash-tiny", CompileOptions("sm100", tuning_db=str(db_path), **opts))
-    hc = [v for v in tuned.values() if v[1] == "triton_hc_pre"]
+    hc = [v for v in tuned.values() if v[1] == "triton_hc_mix"]
     by_bucket = {(r["structure"], r["bucket"]): r for r in rows}
     assert hc and all(v[4] and v[4]["rung"] == "modelled" and v[4]["source"] == "cost model"
                       and v[3] == dict(v[3], **by_bucket[structure_key(v[2])]["config"]) for v in hc)
-    assert not any(v[4] for v in tuned.values() if v[1] != "triton_hc_pre")
+    assert not any(v[4] for v in tuned.values() if v[1] != "triton_hc_mix")
     # bad combinations are one line each
     for bad, why in ((["autotune", "--model", "v4.1-flash-tiny", "--target", "sm100", "--db", str(db_path)],
                       "--cost-model-only"),
