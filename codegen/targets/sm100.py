@@ -3,6 +3,7 @@ MoE weights go to the native block-scaled MMA. Its default tiles are narrower th
 ptxas reports spills."""
 from .capacity import cuda_check
 from .manifest import Manifest, Target
+from .sm90 import PASSES as SM90_PASSES
 
 TARGET = Target(
     "sm100", "cuda", "sm_100a", cores=148, smem_bytes=227 * 1024, hbm_bytes_per_s=8.0e12,
@@ -29,22 +30,8 @@ TARGET = Target(
 OPERAND_FORMATS = {"gemm_fp8": "fp8", "grouped_gemm_fp4": "fp4", "moe_experts": "fp4", "grouped_linear": "bf16",
                    "engram_gather": "fp8"}
 
-PASSES = (
-    "verify",  # the builder's graph must be sound before any pass reads it; errors name the node
-    "infer_shapes",  # every later rule reads value types: the op rules' output, not the builder's
-    "legalize_quant",  # checks activation quantisation, records OPERAND_FORMATS; before fuse hides the quant nodes
-    "fuse",  # rule-list fusion; before the lowerings so they see the fused indexer and quantised activations
-    "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
-    "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
-    "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
-    "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)
-    "fuse_moe_shared",  # after lower_moe_dispatch makes the combine it fuses the shared expert's add into
-    "fuse_gate_up_gemms",  # the shared expert's w1 and w3 GEMMs as one; after fuse makes swiglu_quant_fp8
-    "split_hc_pre",  # mHC mixes apart from the normalised input, for the runtime's second stream; after fuse
-    "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
-    "verify_final",
-    "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats
-)
+# the same pipeline as sm90's: the CUDA targets differ in their kernels, not in their passes
+PASSES = SM90_PASSES
 
 MANIFEST = Manifest(TARGET, languages=("cuda", "triton"), operand_formats=OPERAND_FORMATS, passes=PASSES,
                     check=cuda_check(TARGET))
