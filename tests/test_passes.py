@@ -71,23 +71,31 @@ def test_every_pass_keeps_the_interpreter_output(tiny):
             f"pass {name} changed the draft graph"
 
 
-def test_gate_up_gemms_fuse_without_changing_the_logits(tiny):
-    """fuse_gate_up_gemms (sm90 / sm100): the shared expert's w1 and w3 GEMMs become one GEMM over
-    their rows stacked at load and a SwiGLU over its halves; the interpreter's logits are unchanged
-    bit for bit, and a GEMM per layer goes."""
-    from deepinfer.passes.fuse import fuse_gate_up_gemms
-
+def _cpu_graph_and_rewrite(tiny, rewrite, seed):
+    """(the cpu pipeline's step graph, `rewrite` of it), after checking that a prefill and a
+    decode step give the same logits bit for bit through both."""
     _, prog, params = tiny
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(seed)
     a = torch.randint(3, prog.cfg.vocab_size, (30,), generator=gen).tolist()
     steps = [[SeqChunk(0, 0, a, [0])], [SeqChunk(0, 30, [7], [0])]]
     g = prog.step
     for _, fn in pipeline("cpu"):
         g = fn(g)
     want, _ = _run_steps(g, _params_for(g, params), prog.state, steps)
-    f = fuse_gate_up_gemms(g)
+    f = rewrite(g)
     got, _ = _run_steps(f, _params_for(f, params), prog.state, steps)
-    assert all(torch.equal(w, x) for w, x in zip(want, got))
+    assert all(torch.equal(w, x) for w, x in zip(want, got)), f"{rewrite.__name__} changed the logits"
+    return g, f
+
+
+def test_gate_up_gemms_fuse_without_changing_the_logits(tiny):
+    """fuse_gate_up_gemms (sm90 / sm100): the shared expert's w1 and w3 GEMMs become one GEMM over
+    their rows stacked at load and a SwiGLU over its halves; the interpreter's logits are unchanged
+    bit for bit, and a GEMM per layer goes."""
+    from deepinfer.passes.fuse import fuse_gate_up_gemms
+
+    prog = tiny[1]
+    g, f = _cpu_graph_and_rewrite(tiny, fuse_gate_up_gemms, seed=5)
     before, after = g.op_counts(), f.op_counts()
     layers = sum(1 for r in prog.cfg.layers if not r.is_draft)
     assert after["swiglu_gu_quant_fp8"] == layers and "swiglu_quant_fp8" not in after
@@ -102,17 +110,7 @@ def test_split_hc_pre_keeps_the_logits(tiny):
     interpreter's logits unchanged bit for bit (both are hc_pre's own composition)."""
     from deepinfer.passes.fuse import split_hc_pre
 
-    _, prog, params = tiny
-    gen = torch.Generator().manual_seed(6)
-    a = torch.randint(3, prog.cfg.vocab_size, (30,), generator=gen).tolist()
-    steps = [[SeqChunk(0, 0, a, [0])], [SeqChunk(0, 30, [7], [0])]]
-    g = prog.step
-    for _, fn in pipeline("cpu"):
-        g = fn(g)
-    want, _ = _run_steps(g, _params_for(g, params), prog.state, steps)
-    f = split_hc_pre(g)
-    got, _ = _run_steps(f, _params_for(f, params), prog.state, steps)
-    assert all(torch.equal(w, x) for w, x in zip(want, got))
+    g, f = _cpu_graph_and_rewrite(tiny, split_hc_pre, seed=6)
     assert f.op_counts()["hc_collapse_norm"] == g.op_counts()["hc_pre"] and "hc_pre" not in f.op_counts()
     order = [n.op for n in f.nodes if n.op in ("hc_collapse_norm", "hc_mix")]
     assert order[1:3] == ["hc_collapse_norm", "hc_mix"]  # the input first: the main stream goes on with it
