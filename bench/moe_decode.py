@@ -65,7 +65,9 @@ def sweep_configs(mtot: int):
     names = list(SWEEP)
     for vals in itertools.product(*(SWEEP[n] for n in names)):
         c = dict(zip(names, vals))
-        if c.get("MX") and c.get("WORDS") or not c.get("MX") and c["num_warps"] != 4:  # MX ignores WORDS
+        mx, f8 = c.get("MX"), c.get("F8")
+        # MX and F8 ignore WORDS (F8 also MX); the fp16 widening keeps its registers at 4 warps
+        if (mx or f8) and c.get("WORDS") or mx and f8 or not (mx or f8) and c["num_warps"] != 4:
             continue
         yield triton_config(mtot, c)
 
@@ -136,7 +138,7 @@ def run(args, bench, ceil) -> dict:
                 why = triton_check.compare_rounded(got, want)
                 t = bench(fn) * 1e3
                 return {"config": cfg, "check": "pass" if why is None else "FAIL: " + why, "time_us": t,
-                        "floor_over_time": floor_us / t}
+                        "floor_over_time": floor_us / t, "tflops": 2 * mtot * n * k / t / 1e6}
             except Exception as ex:  # noqa: BLE001  (reported per kernel, the run goes on)
                 return {"config": cfg, "error": f"{type(ex).__name__}: {str(ex).strip()[-300:]}"}
 
@@ -206,15 +208,15 @@ def summary_line(r) -> str:
             return f"{name} -"
         if "error" in p:
             return f"{name} ERR {p['error'][:80]}"
-        return f"{name} {p['check'][:4]} {p['time_us']:.1f} us f/t {p['floor_over_time']:.3f}"
+        return f"{name} {p['check'][:4]} {p['time_us']:.1f} us f/t {p['floor_over_time']:.3f} {p['tflops']:.0f} TFLOP/s"
     s = (f"{r['case']:<16} rows {r['rows']:>4} active {r['active']:>3} N {r['N']} K {r['K']} floor "
          f"{r['floor_us']:.1f} us | {part('triton', r['triton'])} | {part('tilelang', r['tilelang'])}")
     for p in r.get("mma", ()):
         s += " | " + part("mma " + json.dumps(p["config"], separators=(",", ":")), p)
     if "sweep_best" in r:
         b = r["sweep_best"]
-        s += " | best " + ("-" if b is None else "%s %.1f us f/t %.3f" % (
-            {k: b["config"][k] for k in SWEEP}, b["time_us"], b["floor_over_time"]))
+        s += " | best " + ("-" if b is None else "%s %.1f us f/t %.3f %.0f TFLOP/s" % (
+            {k: b["config"][k] for k in SWEEP}, b["time_us"], b["floor_over_time"], b["tflops"]))
     return s
 
 

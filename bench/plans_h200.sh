@@ -7,8 +7,9 @@
 #   bench/plans_h200.sh [--check TEMPLATES|all] NAME=PLAN.tar.xz[:VAR=VALUE] [...]
 #
 # VAR=VALUE is set for that plan's runs (DEEPINFER_PDL=0: the same plan with plain launches).
-# PLANS_PROFILE=last profiles only the last plan, none none (default: all). CHECK_LENS: the checked
-# prompts' lengths, comma-separated (more than 8 prompts: the 64-row decode bucket).
+# PLANS_PROFILE=last profiles only the last plan, none none, NAME,NAME those (default: all). CHECK_LENS: the checked
+# prompts' lengths, comma-separated (more than 8 prompts: the 64-row decode bucket). CHECK_PREFILL=1:
+# the check covers the prefill step too (decode only by default).
 #
 # Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
 # plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.
@@ -35,7 +36,8 @@ for name in "${names[@]}"; do
         2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
 done
 profiled=("${names[@]}")
-case "${PLANS_PROFILE:-all}" in none) profiled=() ;; last) profiled=("${names[-1]}") ;; esac
+case "${PLANS_PROFILE:-all}" in none) profiled=() ;; last) profiled=("${names[-1]}") ;; all) ;;
+    *) IFS=, read -r -a profiled <<< "$PLANS_PROFILE" ;; esac
 for name in "${profiled[@]}"; do
     env ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --profile --out "$out/profile_$name.json" 2>&1 \
         | tail -n 40 | tee -a "$log" || echo "plans_h200: $name's profile failed" | tee -a "$log"
@@ -44,7 +46,9 @@ if [ -n "$check" ]; then
     last=${names[-1]}
     only=(--only-templates "$check")
     [ "$check" = all ] && only=()
-    env ${envs[$last]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium --decode-only \
+    decode_only=--decode-only
+    [ -n "${CHECK_PREFILL:-}" ] && decode_only=""
+    env ${envs[$last]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$last]}" --divergence-medium $decode_only \
         "${only[@]}" ${CHECK_LENS:+--check-lens "$CHECK_LENS"} --out "$out/divergence.json" 2>&1 | tail -n 30 | tee -a "$log" \
         || echo "plans_h200: the per-call check failed" | tee -a "$log"
 fi

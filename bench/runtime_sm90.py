@@ -114,6 +114,7 @@ def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_
     to_ref = _cpu if ref_device == "cpu" else _clone_dev
     per_template: dict = {}
     failures = []
+    t0 = time.perf_counter()
     for step in range(2):
         graph, bucket = choose_bucket(gpu.plan, chunks)
         inputs, _ = bucket_inputs(chunks, gpu.plan["buckets"][graph][bucket], gpu.num_slots, gpu.num_pages,
@@ -139,10 +140,14 @@ def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_
             op = get_op(call["op"])
             with torch.device(ref_device):
                 ref = op.ref(*xs_ref, **op.check_attrs(call["attrs"]))
-            ref = tuple(_cpu(r) for r in ref) if isinstance(ref, tuple) and not isinstance(ref, QTensor) else _cpu(ref)
+            if ref_device == "cpu":
+                ref = tuple(_cpu(r) for r in ref) if isinstance(ref, tuple) and not isinstance(ref, QTensor) else _cpu(ref)
             ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, [_cpu(x) for x in xs_ref[:2]])
             row = per_template.setdefault(tmpl, {"calls": 0, "pass": 0, "worst": ""})
             row["calls"] += 1
+            done = sum(r["calls"] for r in per_template.values())
+            if done % 20 == 0:  # a medium prefill's checks take minutes: show they progress
+                print(f"  {done} calls checked, {len(failures)} failed, {time.perf_counter() - t0:.0f} s", flush=True)
             row["pass"] += ok
             if not ok:
                 failures.append({"step": bucket, "node": call["outputs"][0], "template": tmpl, "why": what})
@@ -249,6 +254,25 @@ class _PageableLogits:
         return self.logits.cpu()
 
 
+def prefill_tflop(cfg, tokens: int) -> float:
+    """Activated TFLOP of a `tokens`-token prefill (modelled, per token and layer): the attention
+    projections, the routed and shared experts and the router, attention over index_topk +
+    window keys (QK and PV), the mHC mixes, and the index layers' query projection and scores over
+    the step's mean causal length at ratio 4; the LM head of the last row. Against the fp8 peak it
+    gives the prefill's model-FLOP utilisation (issue #19's prefill aim)."""
+    h, heads, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    f, k = cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    proj = (h * cfg.q_lora_rank + cfg.q_lora_rank * heads * d + h * d
+            + heads * d * cfg.o_lora_rank + cfg.o_groups * cfg.o_lora_rank * h)
+    experts = (k + cfg.n_shared_experts) * 3 * h * f + h * cfg.n_routed_experts
+    attn = heads * d * (cfg.index_topk + cfg.sliding_window) * 2
+    mix = cfg.hc_mult * h * (2 * cfg.hc_mult + cfg.hc_mult ** 2)
+    index = (cfg.q_lora_rank + tokens // 8) * cfg.index_n_heads * cfg.index_head_dim
+    macs = (proj + experts + attn + mix) * cfg.num_hidden_layers * tokens
+    macs += index * len(cfg.index_source_layer_ids) * tokens + h * cfg.vocab_size
+    return 2 * macs / 1e12
+
+
 def medium(plan: str, seed: int = 0) -> dict:
     cfg = load_config("v4.1-flash-medium")
     out = {}
@@ -269,8 +293,11 @@ def medium(plan: str, seed: int = 0) -> dict:
     ex.step(pre)
     w, d = _timed(ex, pre, 1)
     out["prefill_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-    out["prefill_4096"] = {"wall_s": w, "device_s": d, "tok_per_s": 4096 / w}
-    print(f"prefill 4096: {w * 1e3:.1f} ms wall, {4096 / w:.0f} tok/s", flush=True)
+    tf = prefill_tflop(cfg, 4096)
+    out["prefill_4096"] = {"wall_s": w, "device_s": d, "tok_per_s": 4096 / w, "activated_tflop": tf,
+                           "tflop_per_s": tf / w}
+    print(f"prefill 4096: {w * 1e3:.1f} ms wall, {4096 / w:.0f} tok/s, {tf / w:.0f} TFLOP/s on {tf:.1f} "
+          "activated TFLOP (modelled)", flush=True)
     for b in (1, 8, 64):
         chunks = [SeqChunk(i, 1024, [int(torch.randint(3, cfg.vocab_size, (1,), generator=g))],
                            list(range(9 * i, 9 * i + 9))) for i in range(b)]  # 1025 tokens: 9 pages
@@ -295,27 +322,31 @@ def medium(plan: str, seed: int = 0) -> dict:
 
 
 def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
-    """Where a medium decode step's GPU time goes: the kernels (and torch-reference ops) with the
-    most GPU time at batch 1 and 64, from torch's profiler."""
+    """Where a medium step's GPU time goes: the kernels (and torch-reference ops) with the most GPU
+    time in a 4096-token prefill and at decode batch 1 and 64, from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     ex = gpu_executor(plan, seed, cuda_graphs=False)
     out = {}
+    prompt = torch.randint(3, load_config("v4.1-flash-medium").vocab_size, (4096,),
+                           generator=torch.Generator().manual_seed(seed)).tolist()
+    steps = {"prefill_4096": ([SeqChunk(0, 0, prompt, list(range(32)))], 1)}
     for b in (1, 64):
-        chunks = [SeqChunk(i, 1024, [5 + i], list(range(9 * i, 9 * i + 9))) for i in range(b)]
+        steps[f"decode_b{b}"] = ([SeqChunk(i, 1024, [5 + i], list(range(9 * i, 9 * i + 9))) for i in range(b)], 3)
+    for name, (chunks, n) in steps.items():
         ex.step(chunks)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
+            for _ in range(n):
                 ex.step(chunks)
             torch.cuda.synchronize()
         rows = sorted((e for e in prof.key_averages() if e.device_type.name == "CUDA"),
                       key=lambda e: -e.device_time_total)
-        total = sum(e.device_time_total for e in rows) / 3
-        out[f"decode_b{b}"] = {"gpu_ms": total / 1e3, "top": [
-            {"name": e.key[:90], "ms_per_step": e.device_time_total / 3e3, "calls_per_step": e.count / 3}
-            for e in rows[:top]], "by_launch": _by_launch(prof, 3, 3 * top)}
-        print(f"decode b{b}: GPU {total / 1e3:.1f} ms per step", flush=True)
-        for r in out[f"decode_b{b}"]["top"]:
+        total = sum(e.device_time_total for e in rows) / n
+        out[name] = {"gpu_ms": total / 1e3, "top": [
+            {"name": e.key[:90], "ms_per_step": e.device_time_total / n / 1e3, "calls_per_step": e.count / n}
+            for e in rows[:top]], "by_launch": _by_launch(prof, n, 3 * top)}
+        print(f"{name}: GPU {total / 1e3:.1f} ms per step", flush=True)
+        for r in out[name]["top"]:
             print(f"  {r['ms_per_step']:8.2f} ms  {r['calls_per_step']:6.0f}x  {r['name']}", flush=True)
     return out
 
@@ -369,7 +400,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny-plan")
     p.add_argument("--medium-plan")
-    p.add_argument("--profile", action="store_true", help="only: the medium plan's decode GPU time by kernel")
+    p.add_argument("--profile", action="store_true", help="only: the medium plan's prefill and decode GPU time by kernel")
     p.add_argument("--noise-floor", action="store_true", help="only: the CPU reference against itself nudged by 1 ulp")
     p.add_argument("--divergence", action="store_true", help="only: every call of the tiny plan against its reference on the GPU's own inputs")
     p.add_argument("--divergence-medium", action="store_true",
