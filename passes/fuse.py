@@ -356,6 +356,24 @@ def split_hc_pre(g: Graph) -> Graph:
     return apply_rules(g, [split_hc_pre_node])
 
 
+def fuse_collapse_norm_quant_node(ctx: Context, i: int):
+    """An mHC entry's normalised input and its fp8 quantisation as one call, both outputs kept
+    (the router and the compressor read the bf16 input): one launch less on the sub-layer's
+    critical path, and the row goes to memory once."""
+    qn = ctx.g.nodes[i]
+    if qn.op != "quant_fp8" or qn.attr.get("block", 32) != 32:
+        return None
+    j, norm = ctx.producer_op(qn.inputs[0], "hc_collapse_norm")
+    if norm is None:
+        return None
+    return Rewrite([j, i], [Node.make("hc_collapse_norm_quant_fp8", norm.inputs, [norm.outputs[0], *qn.outputs],
+                                      {"eps": norm.attr["eps"], "block": 32})])
+
+
+def fuse_collapse_norm_quant(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_collapse_norm_quant_node])
+
+
 # ---- decode steps only ----------------------------------------------------------------------------
 
 def fuse_decode_cache_write(ctx: Context, i: int):

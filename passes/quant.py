@@ -14,7 +14,8 @@ from ..ir.graph import Graph, Node
 from ..ir.verify import VerifyError
 
 ACT_QUANT_PRODUCERS = {"quant_fp8", "rms_norm_quant_fp8", "rope_quant_fp8", "swiglu_quant_fp8", "swiglu_gu_quant_fp8",
-                       "swiglu_weighted_quant_fp8", "moe_gather_rows", "engram_gather", "ep_dispatch"}
+                       "swiglu_weighted_quant_fp8", "moe_gather_rows", "engram_gather", "ep_dispatch",
+                       "hc_collapse_norm_quant_fp8"}
 
 
 def legalize_quant(g: Graph, formats: Mapping[str, str]) -> Graph:

@@ -210,7 +210,8 @@ def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted(mx):
 
 def test_grouped_gemm_fp4_selection_by_row_count():
     """Decode and verify calls (up to 32 rows per expert on average) take the Triton template,
-    each row count its own instance; prefill row counts stay on TileLang. (sm90 as a target
+    each row count its own instance; prefill row counts stay on TileLang on sm100 and take the
+    Triton template's prefill tiles on sm90, whose defaults say `prefill`. (sm90 as a target
     without the warp-MMA template's defaults, which take its decode calls first:
     tests/test_tilelang_moe_decode.py.)"""
     import dataclasses
@@ -243,7 +244,13 @@ def test_grouped_gemm_fp4_selection_by_row_count():
                 continue
             # tl.dot_scaled elsewhere; from 16 rows, 256-wide N tiles (the faster there on the H200)
             assert ce["GEMV"] == 0 and ce["MX"] == 1 and ce["BN"] == (256 if rows >= 16 else 128)
-        assert select(t, spec(513)).name == "tilelang_grouped_gemm_fp4"
+        chosen = select(t, spec(513))
+        if target == "sm100":
+            assert chosen.name == "tilelang_grouped_gemm_fp4"
+            continue
+        assert chosen.name == "triton_grouped_gemm_fp4"
+        ce = chosen.render(t, spec(513), chosen.default_config(t, spec(513))).meta["kernels"][0]["constexprs"]
+        assert {k: ce[k] for k in ("BM", "BN", "BK", "MX")} == {"BM": 128, "BN": 128, "BK": 64, "MX": 1}
 
 
 def test_moe_permute_launches_by_pair_count():

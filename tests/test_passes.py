@@ -116,6 +116,26 @@ def test_split_hc_pre_keeps_the_logits(tiny):
     assert order[1:3] == ["hc_collapse_norm", "hc_mix"]  # the input first: the main stream goes on with it
 
 
+def test_collapse_norm_quant_fuses_without_changing_the_logits(tiny):
+    """fuse_collapse_norm_quant (sm90 / sm100, after split_hc_pre): every entry whose normalised
+    input is quantised for its GEMMs becomes one hc_collapse_norm_quant_fp8 keeping both outputs
+    (the router and the compressor read the bf16 one); the interpreter's logits are unchanged bit
+    for bit, and a quant call per sub-layer goes."""
+    from deepinfer.passes.fuse import fuse_collapse_norm_quant, split_hc_pre
+
+    def both(g):
+        return fuse_collapse_norm_quant(split_hc_pre(g))
+
+    g, f = _cpu_graph_and_rewrite(tiny, both, seed=7)
+    split, fused = split_hc_pre(g).op_counts(), f.op_counts()
+    assert fused["hc_collapse_norm_quant_fp8"] == split["hc_collapse_norm"] and "hc_collapse_norm" not in fused
+    assert fused["quant_fp8"] == split["quant_fp8"] - split["hc_collapse_norm"]
+    # the FFN entries' bf16 input still feeds the router's linear
+    users = f.users()
+    assert any(f.nodes[u].op == "linear" for n in f.nodes if n.op == "hc_collapse_norm_quant_fp8"
+               for u in users.get(n.outputs[0], []))
+
+
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""
@@ -147,8 +167,9 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     ops = g.op_counts()
     n = cfg.num_hidden_layers
     # every sub-layer entry but layer 0's attention (its input is the embedding) as its normalised
-    # input and its mixes, apart (split_hc_pre: the mixes on the runtime's second stream)
-    assert ops["hc_collapse_norm"] == 2 * n - 1 and "hc_pre" not in ops
+    # input and its mixes, apart (split_hc_pre: the mixes on the runtime's second stream), the input
+    # quantised for the sub-layer's GEMMs in the same call (fuse_collapse_norm_quant)
+    assert ops["hc_collapse_norm_quant_fp8"] == 2 * n - 1 and "hc_pre" not in ops and "hc_collapse_norm" not in ops
     assert ops["hc_mix"] == 2 * n and "hc_mix_gemm" not in ops and "hc_sinkhorn" not in ops
     assert ops["moe_router"] == n and "topk_ids" not in ops and "softplus" not in ops
     # the shared expert's w1 and w3 in one GEMM (fuse_gate_up_gemms), its SwiGLU over the halves

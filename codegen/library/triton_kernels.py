@@ -232,7 +232,9 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
 def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.constexpr, BM: tl.constexpr,
             BK: tl.constexpr):
     """Mix GEMM over K columns [k_lo, k_hi) of BM rows: the pre|post and the C*C mix columns
-    (16 each) as two fp32 dots, and the rows' sum of squares."""
+    (16 each) as two fp32 dots, and the rows' sum of squares. The dots run on tf32 MMAs in three
+    passes (tf32x3: fn as a tf32 high part plus a tf32 low part; x, bf16, is exact in tf32): fp32
+    accuracy, where ieee fp32 dots on the CUDA cores made a prefill's mixes take 44x their bytes."""
     jj = tl.arange(0, 16)
     acc_pp = tl.zeros([BM, 16], tl.float32)
     acc_m = tl.zeros([BM, 16], tl.float32)
@@ -246,8 +248,8 @@ def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.con
         fpp = tl.load(fn_ptr + jj[None, :] * K + kk[:, None], mask=km[:, None] & (jj[None, :] < 2 * C),
                       other=0.0)
         fm = tl.load(fn_ptr + (2 * C + jj[None, :]) * K + kk[:, None], mask=km[:, None], other=0.0)
-        acc_pp += tl.dot(x, fpp, input_precision="ieee")
-        acc_m += tl.dot(x, fm, input_precision="ieee")
+        acc_pp += tl.dot(x, fpp, input_precision="tf32x3")
+        acc_m += tl.dot(x, fm, input_precision="tf32x3")
     return acc_pp, acc_m, ss
 
 
@@ -1364,11 +1366,12 @@ def hc_reduce_kernel(r_ptr, mix_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr, 
 
 
 @triton.jit
-def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, eps, C: tl.constexpr, H: tl.constexpr,
-                            BH: tl.constexpr):
+def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, q_ptr, s_ptr, eps, C: tl.constexpr, H: tl.constexpr,
+                            BH: tl.constexpr, QUANT: tl.constexpr = 0):
     """x = w * RMSNorm(sum_c pre_in[c] * R[c]), the collapse in fp32 in copy order rounded to the
     stream's dtype first (hc_pre's input, as its finishing kernel computes it); a program per
-    row, the whole row in one block (one trip to memory)."""
+    row, the whole row in one block (one trip to memory). QUANT: also x (as stored) quantised
+    per 32 to fp8 with ue8m0 scales into q / s."""
     row = tl.program_id(0).to(tl.int64)
     hh = tl.arange(0, BH)
     hm = hh < H
@@ -1380,6 +1383,13 @@ def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, eps, C: tl.constexp
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / H + eps)
     w = tl.load(nw_ptr + hh, mask=hm, other=0.0).to(tl.float32)
     _store_as(x_ptr + row * H + hh, w * (xc * rstd), hm)
+    if QUANT:
+        NB: tl.constexpr = BH // 32
+        y = tl.reshape(_round_like(w * (xc * rstd), x_ptr.dtype.element_ty), [NB, 32])
+        qb, sb = _fp8_block_quant(y)
+        cols = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        tl.store(q_ptr + row * H + cols, qb.to(tl.uint8), mask=cols < H)
+        tl.store(s_ptr + row * (H // 32) + tl.arange(0, NB), sb.to(tl.uint8), mask=tl.arange(0, NB) < H // 32)
 
 
 @triton.jit

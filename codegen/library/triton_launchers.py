@@ -516,9 +516,19 @@ def launch_hc_collapse(r, mix, *, cfg):
 def launch_hc_collapse_norm(r, pre_in, nw, *, eps, cfg):
     n, c, h = r.shape
     x = torch.empty(n, h, dtype=r.dtype, device=r.device)
-    _k(hc_collapse_norm_kernel)[(n,)](r, pre_in, nw, x, eps, C=c, H=h, BH=triton.next_power_of_2(h),
-                                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _k(hc_collapse_norm_kernel)[(n,)](r, pre_in, nw, x, x, x, eps, C=c, H=h, BH=triton.next_power_of_2(h),
+                                      QUANT=False, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return x
+
+
+def launch_hc_collapse_norm_quant_fp8(r, pre_in, nw, *, eps, block, cfg):
+    n, c, h = r.shape
+    x = torch.empty(n, h, dtype=r.dtype, device=r.device)
+    q = torch.empty(n, h, dtype=torch.float8_e4m3fn, device=r.device)
+    s = torch.empty(n, h // block, dtype=torch.uint8, device=r.device)
+    _k(hc_collapse_norm_kernel)[(n,)](r, pre_in, nw, x, _u8(q), s, eps, C=c, H=h, BH=triton.next_power_of_2(h),
+                                      QUANT=True, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return x, q, s
 
 
 def launch_hc_mean(r, *, cfg):

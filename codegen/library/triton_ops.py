@@ -502,7 +502,7 @@ def _grouped_gemm_fp4_supports(t, spec):
     """Decode- and verify-sized calls (at most 32 rows per expert on average: a decode batch of 64
     over the medium model's 96 experts is 4, a verify step of 64 sequences x 6 rows 24) of fp8
     rows with ue8m0 per 32 and fp4 e2m1 experts with ue8m0 per row and 32; prefill stays on
-    TileLang. (With the bound at 4, the H200's verify steps of 128 and 384 rows ran the TileLang
+    TileLang, unless the target's defaults say `prefill` (moe_prefill). (With the bound at 4, the H200's verify steps of 128 and 384 rows ran the TileLang
     program and took 6.8x and 8.1x a decode step of 64 rows: bench/results/
     speculative_sm90_medium-u_run_i.json.) A batch-invariant plan takes it at every row count:
     one call must run one template at every bucket, and the TileLang program at decode rows
@@ -515,7 +515,27 @@ def _grouped_gemm_fp4_supports(t, spec):
     mtot, k = x.shape
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
             and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)
-            and k % 32 == 0 and (mtot <= 32 * w.shape[0] or batch_invariant(t)))
+            and k % 32 == 0 and (mtot <= 32 * w.shape[0] or batch_invariant(t) or moe_prefill(t)))
+
+
+def moe_prefill(t) -> bool:
+    """Targets whose defaults say so run prefill-sized MoE calls on this template too, with the
+    MOE_PREFILL tiles (sm90: tl.dot_scaled there ran 3.8x the TileLang widening program's rate on
+    the H200, docs/performance.md, sixteenth session)."""
+    return bool(t is not None and t.defaults.get("triton_grouped_gemm_fp4", {}).get("prefill"))
+
+
+# Prefill-sized calls (over 32 rows per expert on average): 128 x 128 tiles, 64 deep, 4 warps, 3
+# stages; the fastest passing point of 80 (BM 64/128, BN 128/256, BK 64/128, 4/8 warps, 3/4
+# stages, tl.dot_scaled / fp8 MMAs / fp16 widening) at the medium model's 4096-token w13 call.
+# Built ahead of time by Triton 3.9 it spills (255 registers), and the medium plan still
+# prefilled 1.31x faster with it than with 8 warps, which do not spill (sixteenth session)
+MOE_PREFILL = dict(BM=128, BN=128, BK=64, num_warps=4, num_stages=3, SPLIT=1, WORDS=0, MX=1, F8=0, GEMV=0)
+
+
+def _grouped_gemm_fp4_by_spec(spec, rows: int) -> dict:
+    x, w = spec.in_types[:2]
+    return dict(MOE_PREFILL) if rows > 32 * w.shape[0] else {}
 
 
 def permute_blocks(pairs: int, experts: int, cfg) -> dict:
@@ -633,8 +653,11 @@ def _l_hc_reduce(spec, cfg):
 def _l_hc_collapse_norm(spec, cfg):
     r, pre_in, nw = spec.in_types
     n, c, h = _ints(r.shape)
-    args = {"r_ptr": _ptr(r), "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r), "eps": "fp32"}
-    return [_launch("hc_collapse_norm_kernel", args, {"C": c, "H": h, "BH": _p2(h)}, (n,), cfg)]
+    quant = spec.op == "hc_collapse_norm_quant_fp8"
+    out = spec.out_types[-1]
+    args = {"r_ptr": _ptr(r), "prein_ptr": _ptr(pre_in), "nw_ptr": _ptr(nw), "x_ptr": _ptr(r),
+            "q_ptr": _ptr(out) if quant else _ptr(r), "s_ptr": _ptr(out, "scale") if quant else _ptr(r), "eps": "fp32"}
+    return [_launch("hc_collapse_norm_kernel", args, {"C": c, "H": h, "BH": _p2(h), "QUANT": quant}, (n,), cfg)]
 
 
 def _l_hc_repeat(spec, cfg):
@@ -907,11 +930,11 @@ OPS = [
              SPLIT=(0, 1, 2, 4, 8, 16), MX=(1,)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4, SPLIT=0, MX=1, F8=0, WL=0),
         lambda a: {"out_dtype": a["out_dtype"]}, _gemm_fp8_supports, by_rows=lambda n: {"BM": _decode_row_tile(n)}),
-    # MoE experts at decode (grid: N tiles x the busy experts, found on the device; tl.dot_scaled
-    # on the MX operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go
-    # to TileLang
+    # MoE experts (grid: N tiles x the busy experts, found on the device; tl.dot_scaled on the MX
+    # operands, or fp4 and fp8 widened in registers to fp16 MMAs); prefill row counts go to
+    # TileLang unless the target's defaults name `prefill` (moe_prefill)
     _Op("grouped_gemm_fp4", "launch_grouped_gemm_fp4", _l_grouped_gemm_fp4,
-        dict(BM=(16, 32, 64), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
+        dict(BM=(16, 32, 64, 128), BN=(32, 64, 128, 256), BK=(64, 128, 256), num_warps=(2, 4, 8), num_stages=(1, 2, 3, 4),
              SPLIT=(1, 2, 4, 8), WORDS=(0, 1), MX=(0, 1)),
         # H200, medium widths, 32 points per case (bench/results/moe_decode_mx_h200.json): tl.dot_scaled
         # on the MX operands (MX) was the fastest at every case, 1.27-1.54x the fastest widening
@@ -921,7 +944,8 @@ OPS = [
         # MX: unsplit K was the fastest of 32 points in all six cases (moe_decode_h200_sweep.json).
         dict(BM=16, BN=128, BK=64, num_warps=4, num_stages=4, SPLIT=1, WORDS=0, MX=1, F8=0, GEMV=0), lambda a: {},
         _grouped_gemm_fp4_supports, by_rows=lambda n: {"BN": 256, "num_stages": 3} if n >= 16 else {},
-        by_target=lambda d, n: dict(MOE_GEMV) if n <= d.get("gemv_rows", 0) else {}),
+        by_target=lambda d, n: dict(MOE_GEMV) if n <= d.get("gemv_rows", 0) else {},
+        by_spec=_grouped_gemm_fp4_by_spec),
     # the draft block's tokens: the head GEMM once for all block rows, then per step the Markov
     # term and a two-level argmax over vocabulary tiles (BV wide, BR deep over the Markov rank)
     _Op("dspark_heads", "launch_dspark_heads", _l_dspark_heads,
@@ -949,6 +973,10 @@ OPS = [
     # a row per program, the whole row in registers: 16 warps hold 5120 columns in 10 a thread
     _Op("hc_collapse_norm", "launch_hc_collapse_norm", _l_hc_collapse_norm, ROW, dict(num_warps=16, num_stages=1),
         lambda a: {"eps": a["eps"]}, supports=lambda t, s: s.in_types[0].rank == 3),
+    # ... and its output quantised per 32 in the same program (the row's 32-column blocks)
+    _Op("hc_collapse_norm_quant_fp8", "launch_hc_collapse_norm_quant_fp8", _l_hc_collapse_norm, ROW,
+        dict(num_warps=16, num_stages=1), lambda a: {"eps": a["eps"], "block": a["block"]},
+        supports=lambda t, s: s.in_types[0].rank == 3 and s.attr["block"] == 32),
     _Op("hc_collapse", "launch_hc_collapse", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 3),
     _Op("hc_mean", "launch_hc_mean", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),

@@ -18,8 +18,9 @@ TARGET = Target(
         # (docs/performance.md, eighth session); decode_rows N > 0 hands rows <= N to it
         "triton_gemm_fp8": {"decode_rows": 0},
         # the MoE GEMM at up to this many rows (a decode step of one sequence: 6) on the CUDA
-        # cores (triton_ops.MOE_GEMV; docs/performance.md, ninth session)
-        "triton_grouped_gemm_fp4": {"gemv_rows": 8},
+        # cores (triton_ops.MOE_GEMV; docs/performance.md, ninth session); prefill-sized calls on
+        # tl.dot_scaled too (triton_ops.MOE_PREFILL; sixteenth session)
+        "triton_grouped_gemm_fp4": {"gemv_rows": 8, "prefill": 1},
         # decode MoE GEMM on warp MMAs (tilelang_moe_decode); 64-row CTAs, 4 warps over K, the
         # weight tile and x's rows (XS) three steps ahead in shared memory, CTAs over the experts
         # with rows where those are few (ACT) (docs/performance.md, tenth to twelfth sessions)
@@ -46,6 +47,7 @@ PASSES = (
     "fuse_moe_shared",  # after lower_moe_dispatch makes the combine it fuses the shared expert's add into
     "fuse_gate_up_gemms",  # the shared expert's w1 and w3 GEMMs as one; after fuse makes swiglu_quant_fp8
     "split_hc_pre",  # mHC mixes apart from the normalised input, for the runtime's second stream; after fuse
+    "fuse_collapse_norm_quant",  # that input and its fp8 quantisation in one call; after split_hc_pre makes it
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",
     "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats

@@ -75,6 +75,21 @@ def hc_collapse_norm(r, pre_in, norm_w, *, eps):
     return core.rms_norm(mhc.hc_collapse(r, pre_in), norm_w, eps=eps)
 
 
+def _hc_collapse_norm_quant_rule(ins, a):
+    (x,) = _hc_collapse_norm_rule(ins, a)
+    return [x, last_dim_block(x, "fp8e4m3", "e8m0", a["block"])]
+
+
+@op("hc_collapse_norm_quant_fp8", infer=_hc_collapse_norm_quant_rule,
+    flops=lambda i, o, a: 2 * i[0].numel + 7 * o[0].numel, attrs={"eps": REQUIRED, "block": 32}, n_inputs=3)
+def hc_collapse_norm_quant_fp8(r, pre_in, norm_w, *, eps, block):
+    """hc_collapse_norm and the per-32 fp8 quantisation of its output, both kept: the sub-layer's
+    first GEMMs read the quantised input, other readers (the router, the compressor) the bf16
+    one. One pass over the row instead of two calls on the sub-layer's critical path."""
+    x = hc_collapse_norm(r, pre_in, norm_w, eps=eps)
+    return x, q.quant_fp8_32(x, block)
+
+
 def _hc_mix_rule(ins, a):
     r, fn, scale, base = ins
     (raw,) = _infer("hc_mix_gemm", [r, fn], {"eps": a["eps"]})
