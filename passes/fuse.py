@@ -359,7 +359,7 @@ def split_hc_pre(g: Graph) -> Graph:
 def fuse_collapse_norm_quant_node(ctx: Context, i: int):
     """An mHC entry's normalised input and its fp8 quantisation as one call, both outputs kept
     (the router and the compressor read the bf16 input): one launch less on the sub-layer's
-    critical path, and the row goes to memory once."""
+    critical path, and no second read of the row."""
     qn = ctx.g.nodes[i]
     if qn.op != "quant_fp8" or qn.attr.get("block", 32) != 32:
         return None
