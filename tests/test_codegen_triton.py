@@ -135,6 +135,36 @@ def test_block_linear_rows_by_shape():
         assert launch(spec.op, spec)[0]["entry"] == "block_linear_mx_kernel"
 
 
+def test_bf16_linear_at_decode_rows_sums_its_split_in_order():
+    """The bf16-compute linears of a decode step (the indexer's wk and weights_proj) take the
+    Triton block linear, whose K split is added in split order by split_sum_kernel: TileLang's
+    split-K adds fp32 atomics, and the sums (and the top-k they feed) then depend on timing.
+    Prefill rows stay on TileLang's wgmma program; fp32-compute linears take Triton at any row
+    count, as before."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import KernelSpec, select
+    from deepinfer.ir import dtypes as dt
+    from deepinfer.ir.types import TensorType
+
+    def lin(rows, n, compute):
+        return KernelSpec("linear", (("compute", compute), ("out_dtype", "bf16")),
+                          (TensorType(dt.bf16, (rows, 5120)), TensorType(dt.bf16, (n, 5120))),
+                          (TensorType(dt.bf16, (rows, n)),))
+
+    for target in ("sm90", "sm100"):
+        t = get_target(target)
+        for rows in (1, 8, 64):
+            for n in (32, 128):
+                spec = lin(rows, n, "bf16")
+                tpl = select(t, spec)
+                assert tpl.name == "triton_linear", (target, rows, n, tpl.name)
+                kernels = tpl.render(t, spec, tpl.default_config(t, spec)).meta["kernels"]
+                assert kernels[-1]["entry"] == "split_sum_kernel" and kernels[0]["constexprs"]["SPLIT"] > 1
+        assert select(t, lin(65, 128, "bf16")).name == "tilelang_linear"
+        assert select(t, lin(4096, 128, "bf16")).name == "tilelang_linear"
+        assert select(t, lin(4096, 128, "f32")).name == "triton_linear"
+
+
 def test_gemm_fp8_selection_by_row_count():
     """Where a target names a row limit for it (sm90 names none: measured slower), decode rows of
     lin8 take the Triton template, its K split picked from the shape (the same at every row count)

@@ -310,7 +310,9 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
                         mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
             f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
                         mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
-            acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="ieee")
+            # tf32x3, as _hc_mix: x (bf16) is exact in tf32 and fn is a tf32 high plus low part,
+            # so fp32-accurate products on the tensor cores, not ieee dots on the CUDA cores
+            acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="tf32x3")
             ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
             if COLLAPSE:
                 p = tl.load(prein_ptr + rows64[:, None] * C + cc[None, :], mask=rmask[:, None], other=0.0)

@@ -574,14 +574,24 @@ def _moe_permute_supports(t, spec):
 
 
 def _linear_f32_supports(t, spec):
-    """fp32-compute linear on bf16 operands (router, LM head, DSpark's router, the compressor's
-    wkv / wgate once fold_cast_into_linear has them read their bf16 input); the bf16-compute GEMMs
-    go to TileLang. An fp32 input stays on the torch reference: with full fp32 products (tl.dot
-    ieee) the kernel took 361 us at decode and 13.4 ms at 4K rows on the H200
-    (bench/results/triton_h200_graphs_new_templates.json), against a 1.2 / 23 us byte floor."""
+    """Linear on bf16 operands: fp32 compute (router, LM head, DSpark's router, the compressor's
+    wkv / wgate once fold_cast_into_linear has them read their bf16 input), and bf16 compute at
+    decode rows (the indexer's wk and weights_proj, a compressor's wkv): with bf16 operands both
+    are exact products summed in fp32, and this kernel adds its K split in a fixed order where
+    TileLang's split-K adds fp32 atomics, whose sums (and the top-k they feed) depend on timing.
+    Prefill-sized bf16 GEMMs stay on TileLang's wgmma program. An fp32 input stays on the torch
+    reference: with full fp32 products (tl.dot ieee) the kernel took 361 us at decode and 13.4 ms
+    at 4K rows on the H200 (bench/results/triton_h200_graphs_new_templates.json), against a
+    1.2 / 23 us byte floor."""
     x, w = spec.in_types
-    return (spec.attr["compute"] == "f32" and not isinstance(w, QuantType) and w.dtype.name == "bf16"
-            and x.dtype.name == "bf16" and spec.out_types[0].dtype.name in ("bf16", "f32"))
+    if isinstance(w, QuantType) or w.dtype.name != "bf16" or x.dtype.name != "bf16":
+        return False
+    compute = spec.attr["compute"]
+    decode = all(isinstance(d, int) for d in x.shape) and _rows(x) <= DECODE_LINEAR_ROWS
+    return (compute == "f32" or (compute == "bf16" and decode)) and spec.out_types[0].dtype.name in ("bf16", "f32")
+
+
+DECODE_LINEAR_ROWS = 64  # the largest decode bucket's rows: one row tile, the K split in order
 
 
 def _decode_row_tile(n: int) -> int:
@@ -822,18 +832,18 @@ MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SP
 
 
 def _hc_pre_by_rows(n: int) -> dict:
-    """Rows of a decode step split H over 160 programs. Up to 64 rows, blocks of at most 8 on
-    the CUDA cores' FMAs (no 16-row dot of padding, no staged tiles: one trip to memory per
-    program; at 40 and 64 rows it beat the 16-row dots by 1.8x and 1.7x, docs/performance.md,
-    thirteenth session); more rows take 16-row dots, 32 columns of each copy a program."""
+    """Rows of a decode step split H over 160 programs. Up to 4 rows take one block on the CUDA
+    cores' FMAs (no 16-row dot of mostly padding); more take 16-row tf32x3 dots, 32 columns of
+    each copy a program, 4 warps, unstaged: at 8 to 64 rows 1.2-1.7x faster than the FMA rows,
+    at 128 2.3x faster than 8-warp staged dots (docs/performance.md, seventeenth session)."""
     if n <= HC_PRE_FMA_ROWS:
         return {"SPLIT": 160, "BK": 32, "BM": min(_p2(n), 8), "BH": 128, "num_warps": 4, "num_stages": 1}
-    return {"SPLIT": 160, "BK": 32, "BM": 16, "BH": 128, "num_warps": 8, "num_stages": 3} \
+    return {"SPLIT": 160, "BK": 32, "BM": 16, "BH": 128, "num_warps": 4, "num_stages": 1} \
         if n <= HC_PRE_SPLIT_ROWS else {}
 
 
 HC_PRE_SPLIT_ROWS = 256
-HC_PRE_FMA_ROWS = 64
+HC_PRE_FMA_ROWS = 4
 
 
 def _hc_split(cfg) -> int:
