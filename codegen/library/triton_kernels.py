@@ -1384,10 +1384,11 @@ def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, q_ptr, s_ptr, eps, 
     xc = _round_like(acc, r_ptr.dtype.element_ty)
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / H + eps)
     w = tl.load(nw_ptr + hh, mask=hm, other=0.0).to(tl.float32)
-    _store_as(x_ptr + row * H + hh, w * (xc * rstd), hm)
+    x = _round_like(w * (xc * rstd), x_ptr.dtype.element_ty)  # as stored: the quantisation reads it
+    tl.store(x_ptr + row * H + hh, x.to(x_ptr.dtype.element_ty), mask=hm)
     if QUANT:
         NB: tl.constexpr = BH // 32
-        y = tl.reshape(_round_like(w * (xc * rstd), x_ptr.dtype.element_ty), [NB, 32])
+        y = tl.reshape(x, [NB, 32])
         qb, sb = _fp8_block_quant(y)
         cols = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
         tl.store(q_ptr + row * H + cols, qb.to(tl.uint8), mask=cols < H)

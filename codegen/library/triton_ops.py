@@ -502,9 +502,10 @@ def _grouped_gemm_fp4_supports(t, spec):
     """Decode- and verify-sized calls (at most 32 rows per expert on average: a decode batch of 64
     over the medium model's 96 experts is 4, a verify step of 64 sequences x 6 rows 24) of fp8
     rows with ue8m0 per 32 and fp4 e2m1 experts with ue8m0 per row and 32; prefill stays on
-    TileLang, unless the target's defaults say `prefill` (moe_prefill). (With the bound at 4, the H200's verify steps of 128 and 384 rows ran the TileLang
-    program and took 6.8x and 8.1x a decode step of 64 rows: bench/results/
-    speculative_sm90_medium-u_run_i.json.) A batch-invariant plan takes it at every row count:
+    TileLang, unless the target's defaults say `prefill` (moe_prefill). (With the bound at 4, the
+    H200's verify steps of 128 and 384 rows ran the TileLang program and took 6.8x and 8.1x a
+    decode step of 64 rows: bench/results/speculative_sm90_medium-u_run_i.json.) A
+    batch-invariant plan takes it at every row count:
     one call must run one template at every bucket, and the TileLang program at decode rows
     launches every expert's tiles (7x the decode step on the H200)."""
     x, w = spec.in_types[:2]
@@ -515,7 +516,7 @@ def _grouped_gemm_fp4_supports(t, spec):
     mtot, k = x.shape
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
             and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)
-            and k % 32 == 0 and (mtot <= 32 * w.shape[0] or batch_invariant(t) or moe_prefill(t)))
+            and k % 32 == 0 and (not _moe_prefill_sized(mtot, w) or batch_invariant(t) or moe_prefill(t)))
 
 
 def moe_prefill(t) -> bool:
@@ -533,9 +534,13 @@ def moe_prefill(t) -> bool:
 MOE_PREFILL = dict(BM=128, BN=128, BK=64, num_warps=4, num_stages=3, SPLIT=1, WORDS=0, MX=1, F8=0, GEMV=0)
 
 
+def _moe_prefill_sized(rows: int, w) -> bool:
+    """Over 32 rows per expert on average: a prefill's MoE call, not a decode or verify step's."""
+    return rows > 32 * w.shape[0]
+
+
 def _grouped_gemm_fp4_by_spec(spec, rows: int) -> dict:
-    x, w = spec.in_types[:2]
-    return dict(MOE_PREFILL) if rows > 32 * w.shape[0] else {}
+    return dict(MOE_PREFILL) if _moe_prefill_sized(rows, spec.in_types[1]) else {}
 
 
 def permute_blocks(pairs: int, experts: int, cfg) -> dict:
