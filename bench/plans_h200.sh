@@ -7,6 +7,8 @@
 #   bench/plans_h200.sh [--check TEMPLATES|all] NAME=PLAN.tar.xz[:VAR=VALUE] [...]
 #
 # VAR=VALUE is set for that plan's runs (DEEPINFER_PDL=0: the same plan with plain launches).
+# PLANS_REPEATS=N times every plan in N processes, the plans alternated, and reports each step's
+# median (the same plan moves about 4% between processes on the H200: docs/performance.md).
 # PLANS_PROFILE=last profiles only the last plan, none none, NAME,NAME those (default: all). CHECK_LENS: the checked
 # prompts' lengths, comma-separated (more than 8 prompts: the 64-row decode bucket). CHECK_PREFILL=1:
 # the check covers the prefill step too (decode only by default).
@@ -31,10 +33,43 @@ for arg in "$@"; do
     names+=("$name")
 done
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log" || true
-for name in "${names[@]}"; do
-    env BENCH_GRAPH_ONLY=1 ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$out/runtime_$name.json" \
-        2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
+repeats=${PLANS_REPEATS:-1}
+for rep in $(seq 1 "$repeats"); do  # plans alternated, so drift over the call reaches each alike
+    for name in "${names[@]}"; do
+        dest="$out/runtime_$name.json"
+        [ "$repeats" -gt 1 ] && dest="$work/runtime_${name}_r$rep.json"
+        env BENCH_GRAPH_ONLY=1 ${envs[$name]} "$py" bench/runtime_sm90.py --medium-plan "${dirs[$name]}" --out "$dest" \
+            2>&1 | tee -a "$log" || echo "plans_h200: $name's step times failed" | tee -a "$log"
+    done
 done
+if [ "$repeats" -gt 1 ]; then  # one file a plan: each step's median over its processes, every run kept
+    "$py" - "$work" "$out" "$repeats" "${names[@]}" <<'MERGE' 2>&1 | tee -a "$log"
+import json, os, statistics, sys
+work, out, reps, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+for n in names:
+    paths = [f"{work}/runtime_{n}_r{r}.json" for r in range(1, reps + 1)]
+    runs = [json.load(open(p)) for p in paths if os.path.exists(p)]
+    if not runs:
+        continue
+    merged = runs[0]
+    for step, v in merged.get("medium", {}).items():
+        if not isinstance(v, dict):
+            continue
+        vals = [r["medium"].get(step, {}) for r in runs]
+        if "tok_per_s" in v:
+            v["runs_tok_per_s"] = [x.get("tok_per_s") for x in vals]
+            v["tok_per_s"] = statistics.median(x for x in v["runs_tok_per_s"] if x)
+        if "wall_ms" in v.get("graph", {}):
+            v["graph"]["runs_wall_ms"] = [x.get("graph", {}).get("wall_ms") for x in vals]
+            v["graph"]["wall_ms"] = statistics.median(x for x in v["graph"]["runs_wall_ms"] if x)
+            v["runs_logits_sha256"] = [x.get("logits_sha256") for x in vals]
+    merged["repeats"] = len(runs)
+    with open(f"{out}/runtime_{n}.json", "w") as f:
+        json.dump(merged, f, indent=1)
+    print(n, "runs:", {s: v.get("graph", {}).get("runs_wall_ms", v.get("runs_tok_per_s"))
+                       for s, v in merged["medium"].items() if isinstance(v, dict) and ("graph" in v or "tok_per_s" in v)})
+MERGE
+fi
 profiled=("${names[@]}")
 case "${PLANS_PROFILE:-all}" in none) profiled=() ;; last) profiled=("${names[-1]}") ;; all) ;;
     *) IFS=, read -r -a profiled <<< "$PLANS_PROFILE" ;; esac
