@@ -7,6 +7,10 @@ run on the H200 under ncu, filtering the kernels to look at, e.g.:
         --section LaunchStats --section WarpStateStats python bench/ncu_decode.py PLAN --batch 1
 
 The warm-up step comes first, so --launch-skip passes its launches of the filtered kernels.
+With the medium checkpoint resident (103 GB), ncu's kernel replay backs up device memory for
+every pass of every profiled launch: keep --launch-count and the sections few (eight launches
+with six sections ran past a 400 s limit on the H200), or profile the kernel in isolation
+(bench/ncu_kernels.sh).
 """
 import argparse
 import sys

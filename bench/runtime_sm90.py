@@ -323,7 +323,7 @@ def medium(plan: str, seed: int = 0) -> dict:
 
 def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
     """Where a medium step's GPU time goes: the kernels (and torch-reference ops) with the most GPU
-    time in a 4096-token prefill and at decode batch 1 and 64, from torch's profiler."""
+    time in a 4096-token prefill and at decode batch 1, 8 and 64, from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     ex = gpu_executor(plan, seed, cuda_graphs=False)
@@ -331,7 +331,7 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
     prompt = torch.randint(3, load_config("v4.1-flash-medium").vocab_size, (4096,),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     steps = {"prefill_4096": ([SeqChunk(0, 0, prompt, list(range(32)))], 1)}
-    for b in (1, 64):
+    for b in (1, 8, 64):
         steps[f"decode_b{b}"] = ([SeqChunk(i, 1024, [5 + i], list(range(9 * i, 9 * i + 9))) for i in range(b)], 3)
     for name, (chunks, n) in steps.items():
         ex.step(chunks)
