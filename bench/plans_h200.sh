@@ -43,12 +43,19 @@ for rep in $(seq 1 "$repeats"); do  # plans alternated, so drift over the call r
     done
 done
 if [ "$repeats" -gt 1 ]; then  # one file a plan: each step's median over its processes, every run kept
-    "$py" - "$work" "$out" "$repeats" "${names[@]}" <<'MERGE' 2>&1 | tee -a "$log"
+    "$py" - "$work" "$out" "$repeats" "${names[@]}" <<'MERGE' 2>&1 | tee -a "$log" || echo "plans_h200: the merge failed" | tee -a "$log"
 import json, os, statistics, sys
 work, out, reps, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 for n in names:
     paths = [f"{work}/runtime_{n}_r{r}.json" for r in range(1, reps + 1)]
-    runs = [json.load(open(p)) for p in paths if os.path.exists(p)]
+    runs = []
+    for p in paths:  # a run that failed or was cut off leaves no file, a partial one or an error
+        try:
+            r = json.load(open(p))
+        except (OSError, ValueError):
+            continue
+        if "decode_b1" in r.get("medium", {}):
+            runs.append(r)
     if not runs:
         continue
     merged = runs[0]
@@ -105,10 +112,12 @@ for k, unit in (("prefill_4096", "tok/s"), ("decode_b1", "ms"), ("decode_b8", "m
     if vals[0] and vals[-1]:
         ratio = f"   {(vals[-1] / vals[0] if unit == 'tok/s' else vals[0] / vals[-1]):.3f}x faster"
     print(f"{k:<14}{cells}{ratio}  ({unit})")
-for b in (1, 8, 64):  # bit-equal logits digests, and argmax agreement with the first plan
+for b in (1, 8, 64):  # bit-equal logits digests (every distinct one over repeats), argmax agreement with the first plan
     first = rows[names[0]].get(f"decode_b{b}", {})
+    def digests(r):
+        return "/".join(dict.fromkeys(r.get("runs_logits_sha256") or [r.get("logits_sha256", "-")]))
     print(f"decode_b{b} logits " + ", ".join(
-        f"{n} {rows[n].get(f'decode_b{b}', {}).get('logits_sha256', '-')} argmax="
+        f"{n} {digests(rows[n].get(f'decode_b{b}', {}))} argmax="
         f"{sum(x == y for x, y in zip(rows[n].get(f'decode_b{b}', {}).get('argmax', []), first.get('argmax', [])))}"
         f"/{len(first.get('argmax', []))}" for n in names))
 for n in names:

@@ -140,9 +140,12 @@ def test_bf16_linear_at_decode_rows_sums_its_split_in_order():
     Triton block linear, whose K split is added in split order by split_sum_kernel: TileLang's
     split-K adds fp32 atomics, and the sums (and the top-k they feed) then depend on timing.
     Prefill rows stay on TileLang's wgmma program; fp32-compute linears take Triton at any row
-    count, as before."""
+    count, as before. A batch-invariant plan keeps them on TileLang: its prefill graph runs decode
+    rows too, so one call must sum in one order at every row count."""
+    import dataclasses
+
     from deepinfer.codegen.targets import get_target
-    from deepinfer.codegen.template import KernelSpec, select
+    from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select
     from deepinfer.ir import dtypes as dt
     from deepinfer.ir.types import TensorType
 
@@ -163,6 +166,8 @@ def test_bf16_linear_at_decode_rows_sums_its_split_in_order():
         assert select(t, lin(65, 128, "bf16")).name == "tilelang_linear"
         assert select(t, lin(4096, 128, "bf16")).name == "tilelang_linear"
         assert select(t, lin(4096, 128, "f32")).name == "triton_linear"
+        invariant = dataclasses.replace(t, features=(*t.features, BATCH_INVARIANT))
+        assert select(invariant, lin(8, 128, "bf16")).name == "tilelang_linear"
 
 
 def test_gemm_fp8_selection_by_row_count():

@@ -307,6 +307,8 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
                 rn(1, H + R, scale=0.05)], {"block": S, "eps": 1e-20}
     if op == "linear":  # fp32 compute on a bf16 weight: the router's logits
         return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "f32", "compute": "f32"}
+    if op == "linear_bf16":  # bf16 compute, bf16 out: the indexer's projections at decode rows
+        return [rn(n, H), rn(dims["E"], H, scale=0.05)], {"out_dtype": "bf16", "compute": "bf16"}
     if op == "moe_router_row_bias":  # a bias per row (route_bias: the image tokens' own bias)
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(n, dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
@@ -709,7 +711,7 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
-    "grouped_linear": "rounded", "linear": "f32", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
+    "grouped_linear": "rounded", "linear": "rounded", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_collapse_norm": "rounded",
     "hc_collapse_norm_quant_fp8": "rounded_quant", "hc_mean": "rounded",
     "hc_repeat": "exact", "concat": "exact", "lookup": "exact", "engram_ngram_ids": "exact",
@@ -720,7 +722,7 @@ VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
             "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
-            "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk"}
+            "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "linear_bf16": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 
 

@@ -233,8 +233,8 @@ def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.con
             BK: tl.constexpr):
     """Mix GEMM over K columns [k_lo, k_hi) of BM rows: the pre|post and the C*C mix columns
     (16 each) as two fp32 dots, and the rows' sum of squares. The dots run on tf32 MMAs in three
-    passes (tf32x3: fn as a tf32 high part plus a tf32 low part; x, bf16, is exact in tf32): fp32
-    accuracy, where ieee fp32 dots on the CUDA cores made a prefill's mixes take 44x their bytes."""
+    passes (tf32x3: fn as a tf32 high part plus a tf32 low part; x, bf16, is exact in tf32): near
+    fp32 accuracy, where ieee fp32 dots on the CUDA cores made a prefill's mixes take 44x their bytes."""
     jj = tl.arange(0, 16)
     acc_pp = tl.zeros([BM, 16], tl.float32)
     acc_m = tl.zeros([BM, 16], tl.float32)
@@ -287,9 +287,8 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
         hm = hh < h_hi
         kk = cc[:, None] * H + hh[None, :]
         if BM < 16:
-            # few rows (decode): broadcast FMAs row by row; a dot's 16-row tile computes 15
-            # padded rows and stages whole tiles, which left the kernel at low occupancy,
-            # issue- and latency-bound with DRAM nearly idle (ncu, twelfth session)
+            # at most 4 rows (_hc_pre_by_rows): broadcast FMAs row by row, where a 16-row dot
+            # would compute mostly padding; from 8 rows up the tf32x3 dots below are faster
             f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
                         mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
             for r in tl.static_range(BM):
@@ -310,8 +309,8 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
                         mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
             f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
                         mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
-            # tf32x3, as _hc_mix: x (bf16) is exact in tf32 and fn is a tf32 high plus low part,
-            # so fp32-accurate products on the tensor cores, not ieee dots on the CUDA cores
+            # tf32x3, as _hc_mix: x (bf16) is exact in tf32 and fn a tf32 high plus low part, so
+            # near-fp32 products on the tensor cores, not ieee dots on the CUDA cores
             acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="tf32x3")
             ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
             if COLLAPSE:

@@ -411,7 +411,8 @@ def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
 
 
 def launch_linear(x, w, *, out_dtype, compute, cfg):
-    """fp32-compute linear (router, compressor, LM head): the one-group block linear."""
+    """Linear on bf16 operands (fp32 compute: router, compressor, LM head; bf16 compute at decode
+    rows: the indexer's projections): the one-group block linear, the same sums for both."""
     return _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg)
 
 

@@ -578,13 +578,14 @@ def _moe_permute_supports(t, spec):
     return sel.dtype.name in ("i32", "i64") and sel.rank == 2 and (spec.attr["n_experts"] + 1) * 2048 <= 2**31
 
 
-def _linear_f32_supports(t, spec):
+def _linear_supports(t, spec):
     """Linear on bf16 operands: fp32 compute (router, LM head, DSpark's router, the compressor's
     wkv / wgate once fold_cast_into_linear has them read their bf16 input), and bf16 compute at
     decode rows (the indexer's wk and weights_proj, a compressor's wkv): with bf16 operands both
     are exact products summed in fp32, and this kernel adds its K split in a fixed order where
     TileLang's split-K adds fp32 atomics, whose sums (and the top-k they feed) depend on timing.
-    Prefill-sized bf16 GEMMs stay on TileLang's wgmma program. An fp32 input stays on the torch
+    Prefill-sized bf16 GEMMs stay on TileLang's wgmma program, and so do a batch-invariant plan's
+    decode ones: its prefill graph runs decode rows too, and TileLang there splits no K. An fp32 input stays on the torch
     reference: with full fp32 products (tl.dot ieee) the kernel took 361 us at decode and 13.4 ms
     at 4K rows on the H200 (bench/results/triton_h200_graphs_new_templates.json), against a
     1.2 / 23 us byte floor."""
@@ -592,7 +593,8 @@ def _linear_f32_supports(t, spec):
     if isinstance(w, QuantType) or w.dtype.name != "bf16" or x.dtype.name != "bf16":
         return False
     compute = spec.attr["compute"]
-    decode = all(isinstance(d, int) for d in x.shape) and _rows(x) <= DECODE_LINEAR_ROWS
+    decode = (not batch_invariant(t) and all(isinstance(d, int) for d in x.shape)
+              and _rows(x) <= DECODE_LINEAR_ROWS)
     return (compute == "f32" or (compute == "bf16" and decode)) and spec.out_types[0].dtype.name in ("bf16", "f32")
 
 
@@ -839,10 +841,10 @@ MOE_GEMV = dict(GEMV=1, MX=0, BM=1, BN=256, BK=64, num_warps=4, num_stages=3, SP
 def _hc_pre_by_rows(n: int) -> dict:
     """Rows of a decode step split H over 160 programs. Up to 4 rows take one block on the CUDA
     cores' FMAs (no 16-row dot of mostly padding); more take 16-row tf32x3 dots, 32 columns of
-    each copy a program, 4 warps, unstaged: at 8 to 64 rows 1.2-1.7x faster than the FMA rows,
-    at 128 2.3x faster than 8-warp staged dots (docs/performance.md, seventeenth session)."""
+    each copy a program, 4 warps, unstaged, which beat the FMA rows from 8 rows up and 8-warp
+    staged dots at 64 and 128 on the H200 (docs/performance.md, seventeenth session)."""
     if n <= HC_PRE_FMA_ROWS:
-        return {"SPLIT": 160, "BK": 32, "BM": min(_p2(n), 8), "BH": 128, "num_warps": 4, "num_stages": 1}
+        return {"SPLIT": 160, "BK": 32, "BM": _p2(n), "BH": 128, "num_warps": 4, "num_stages": 1}
     return {"SPLIT": 160, "BK": 32, "BM": 16, "BH": 128, "num_warps": 4, "num_stages": 1} \
         if n <= HC_PRE_SPLIT_ROWS else {}
 
@@ -933,10 +935,12 @@ OPS = [
     # 32-wide for the fp32-compute linear)
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
-        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= 64 else _BLOCK_LINEAR_ROWS, by_spec=_block_linear_rows_by_spec),
+        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
+        by_spec=_block_linear_rows_by_spec),
     _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
-        supports=_linear_f32_supports, by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= 64 else _BLOCK_LINEAR_ROWS,
+        supports=_linear_supports,
+        by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
         by_spec=_block_linear_rows_by_spec),
     # lin8 at decode rows (block_linear_mx_kernel): N tiles x K splits spread the weight stream
     # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows
