@@ -147,10 +147,11 @@ def linear_case(label, M, N, K, config=None):
                 ref=ref, bytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K, peak="bf16", tol=1e-2)
 
 
-def grouped_case(label, counts, N, K, E, config=None, mma=False):
+def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0):
     """The widening program (tilelang_moe), or with `mma` the decode program on warp MMAs
-    (tilelang_moe_decode, its knobs from the sm90 defaults)."""
-    mtot = int(sum(counts))
+    (tilelang_moe_decode, its knobs from the sm90 defaults). `tail`: rows past the last expert's
+    (as expert parallelism leaves them), which the op leaves zero."""
+    mtot = int(sum(counts)) + tail
     base = TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlm.moe_default_config(TARGET, mtot, N, K, E)
     c = dict(base, **(config or {}))
     make = tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program
@@ -158,7 +159,7 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False):
 
     def inputs():
         offs = torch.zeros(E + 1, dtype=torch.int32)
-        offs[1:] = torch.tensor(counts).cumsum(0)
+        offs[1:] = torch.tensor(counts).cumsum(0)  # offsets[E] = mtot - tail
         return {"X": rand_fp8(mtot, K), "SX": rand_e8m0(mtot, K // 32), "W": rand_fp4(E, N, K // 2),
                 "SW": rand_e8m0(E, N, K // 32, lo=118, hi=124), "offs": offs.to(DEV)}
 
@@ -386,6 +387,10 @@ def tiny_cases():
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
         # 128 threads, the busy ones on both sides of the pass
         grouped_case("tiny over active experts", [0, 5, 0, 0], 64, 256, 4, {"ACT": 1}, mma=True),
+        # rows past offsets[E] written as zeros by the kernel (the host does not fill), with and
+        # without the expert search
+        grouped_case("tiny uncovered rows", [3, 0, 12, 1], 64, 256, 4, {"ACT": 0}, mma=True, tail=21),
+        grouped_case("tiny uncovered rows over active experts", [0, 5, 0, 0], 64, 256, 4, {"ACT": 1}, mma=True, tail=3),
         grouped_case("tiny over active experts of 200", [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)],
                      64, 256, 200, {"ACT": 1}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),

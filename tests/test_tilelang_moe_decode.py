@@ -123,7 +123,9 @@ def test_batch_invariant_plans_keep_one_template():
     assert select(bi, moe_spec(6)).name == "triton_grouped_gemm_fp4"
 
 
-def test_host_zeroes_the_output_and_launches_once():
+def test_host_launches_once_without_a_fill():
+    """The kernel writes rows past offsets[E] as zeros itself (bench/kernels_tilelang.py's
+    uncovered-rows cases check it on the GPU): the host allocates and launches, no fill."""
     from deepinfer.codegen.host_recipe import record_tilelang
     from deepinfer.ir.quant import QTensor
 
@@ -138,7 +140,7 @@ def test_host_zeroes_the_output_and_launches_once():
     assert tuple(out.shape) == (6, 4608) and out.dtype == torch.bfloat16
     launches = [s for s in rec["steps"] if "launch" in s]
     assert len(launches) == 1 and launches[0]["grid"] == [72, 96, 1]
-    assert any(s.get("op", "").startswith(("aten.zeros", "aten.zero_", "aten.fill_")) for s in rec["steps"])
+    assert not any(s.get("op", "").startswith(("aten.zeros", "aten.zero_", "aten.fill_")) for s in rec["steps"])
 
 
 @pytest.mark.parametrize("over", [{}, {"XS": 0}, {"ACT": 0}, {"ACT": 1}])
@@ -162,6 +164,7 @@ def test_renders_and_builds_without_spills(over):
         # x through the pipeline: its 16-byte pieces guarded at the rows' end (XS), or loaded per lane
         assert ("uint64_t*)Xs)" in src.text) == bool(cfg["XS"])
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+        assert "offsets[96]" in src.text  # the first slot's CTAs zero the rows past the last expert's
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 

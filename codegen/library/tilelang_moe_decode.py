@@ -107,7 +107,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     load per block and lane. ACT, where min(E, Mtot) is at most a quarter of the experts: the
     grid's second axis is the experts with rows, at most min(E, Mtot) of them (a CTA finds its
     expert: active_expert), not every expert; else CTAs of idle experts exit at once, which at one
-    sequence's six rows is 90 of every 96 CTAs."""
+    sequence's six rows is 90 of every 96 CTAs. Rows past offsets[E] (which only expert
+    parallelism leaves) are written as zeros by the first slot's CTAs, each for its columns."""
     from .tilelang_gemm import _tl, e8m0_f32
     from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
 
@@ -199,6 +200,13 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
                 e, start, end = ex[0], ex[1], ex[2]
             else:
                 e, start, end = slot, offsets[slot], offsets[slot + 1]
+            if slot == 0:
+                # rows no expert covers (past offsets[E]: only expert parallelism leaves them) stay
+                # zero, as the op leaves them; the first slot's CTAs write those of their columns
+                tail = offsets[E]
+                for j in T.serial(T.ceildiv((Mtot - tail) * br, 32 * WK)):
+                    if tail + (j * 32 * WK + tx) // br < Mtot:
+                        C[tail + (j * 32 * WK + tx) // br, bx * br + (j * 32 * WK + tx) % br] = T.bfloat16(0)
             for t0 in T.serial(T.ceildiv(end - start, tt)):
                 tb = start + t0 * tt
                 for i in T.unroll(nacc):
@@ -278,12 +286,12 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
 
 
 def host_grouped_gemm_fp4_mma(launch, inputs, attrs, config, meta):
-    """Rows no expert covers (past offsets[E]) stay zero, as the op leaves them. The kernel reads
-    x, W and their scales through wider words (its parameters' types): the launch passes
+    """The kernel writes every row of C, those no expert covers as zeros: no fill launch. It
+    reads x, W and their scales through wider words (its parameters' types): the launch passes
     pointers. Here rather than in tilelang_host: that module is in the older TileLang
     templates' code, and a host for this one would re-key their renders."""
     x, w, offsets = inputs
-    c = torch.zeros(x.data.shape[0], w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
+    c = torch.empty(x.data.shape[0], w.data.shape[1], dtype=torch.bfloat16, device=x.data.device)
     launch(0, X=x.data, SX=x.scale, W=w.data, SW=w.scale, offsets=offsets, C=c)
     return c
 
