@@ -9,7 +9,8 @@ bandwidth measured in the same run. Not a test; run on the H200:
     LIN8_MMA='[{}, {"NT": 8, "RT": 2}]' python bench/gemm_fp8_decode.py [--rows 1,8,64] [--out F]
 
 LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
-a split is cut to the largest that gives every split whole K tiles).
+a split is cut to the largest that gives every split whole K tiles). LIN8_WGMMA_OVER: knobs over
+the shipped lin8 config (gemm_fp8_default_config), e.g. '[{"overlap": 1}]'.
 LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
 split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of block_linear_rows_kernel (the
 weight as the MMA's left operand, both operands widened to bf16 in registers; bench/linear_rows_dq.py), e.g.
@@ -65,6 +66,10 @@ def variants(n, k):
     t = get_target("sm90")
     c = tlg.gemm_fp8_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    for knobs in json.loads(os.environ.get("LIN8_WGMMA_OVER", "[]")):
+        w = dict(c, **knobs)
+        out.append(("wgmma shipped " + "".join(f"{a}{b}" for a, b in sorted(knobs.items())), w,
+                    [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **w)]))
     c = tlg.gemm_default_config(t, ROWS, n, k)  # LIN8_WGMMA's knobs go over the general GEMM default
     for knobs in json.loads(os.environ.get("LIN8_WGMMA", "[]")):
         w = dict(c, **{a: b for a, b in knobs.items() if a != "split_x"})
