@@ -11,13 +11,15 @@ bandwidth measured in the same run. Not a test; run on the H200:
 LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
 a split is cut to the largest that gives every split whole K tiles). LIN8_WGMMA_OVER: knobs over
 the shipped lin8 config (gemm_fp8_default_config), e.g. '[{"overlap": 1}]'.
-LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
+LIN8_PERSISTENT: knobs of the persistent-grid 64-row program (tilelang_gemm_decode), each over its
+chosen config ('[{}]': the chosen one; default none). LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
 split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of block_linear_rows_kernel (the
 weight as the MMA's left operand, both operands widened to bf16 in registers; bench/linear_rows_dq.py), e.g.
 '[{"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3}]'; SPLIT 0 (the default) picks the split
 from the shape.
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import multiprocessing
@@ -79,6 +81,12 @@ def variants(n, k):
         short = {"block_N": "n", "block_K": "k", "stages": "s", "split_k": "p", "threads": "t", "split_x": "x"}
         out.append(("wgmma " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())), w,
                     [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **w)]))
+    on = dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_persistent={}))
+    for knobs in json.loads(os.environ.get("LIN8_PERSISTENT", "[]")):
+        p = tlgd.persistent_config(on, n, k, knobs)
+        if p is not None:
+            out.append(("wgmma persistent" + "".join(f" {a}{b}" for a, b in sorted(knobs.items())), p,
+                        [tlgd.gemm_fp8_rows_persistent_program(n, k, "bfloat16", **p)]))
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,

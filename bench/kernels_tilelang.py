@@ -74,10 +74,14 @@ def rel_err(out, ref):
 # TileLang program(s)), inputs (callable -> dict), run (kernels, inputs -> output), ref (inputs -> fp32
 # reference), bytes, flops, peak ("fp8" | "bf16"), tol (max-rel tolerance).
 
-def gemm_fp8_case(label, M, N, K, config=None, mma=False):
+def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
     """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
-    (tilelang_gemm_decode; the row count read off A, split partials added here in split order)."""
-    if mma:
+    (tilelang_gemm_decode; the row count read off A, split partials added here in split order),
+    or with `persistent` the 64-row program on a persistent grid (tilelang_gemm_decode; `config`
+    its whole config)."""
+    if persistent:
+        c = dict(config)
+    elif mma:
         c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
         c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
@@ -87,6 +91,14 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
                 "SB": rand_e8m0(-(-N // 32), K // 32)}
 
     def run(k, x):
+        if persistent:  # rows a kernel argument (read off A); partials [split, 64, N] summed in order
+            if c["split_k"] > 1:
+                p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
+                k[0](x["A"], x["SA"], x["B"], x["SB"], p)
+                return p[:, :M].sum(0).to(torch.bfloat16)
+            out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
+            k[0](x["A"], x["SA"], x["B"], x["SB"], out)
+            return out
         if mma:
             a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
             if tlgd.cluster_split(c):  # the cluster's first CTA adds the partials
@@ -113,12 +125,15 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False):
         return get_op("gemm_fp8").ref(QTensor(x["A"], x["SA"]), QTensor(x["B"], x["SB"]), out_dtype="f32")
 
     def program():
+        if persistent:
+            return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
         if mma:
             return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
 
-    return dict(name=f"gemm_fp8{' mma' if mma else ''} {label}",
-                template="tilelang_gemm_fp8" + ("_mma" if mma else ""), shape=f"{M}x{N}x{K}", config=c,
+    kind = " persistent" if persistent else " mma" if mma else ""
+    return dict(name=f"gemm_fp8{kind} {label}",
+                template="tilelang_gemm_fp8" + kind.replace(" ", "_"), shape=f"{M}x{N}x{K}", config=c,
                 program=program, inputs=inputs, run=run, ref=ref,
                 bytes=M * K * 33 / 32 + N * K * (1 + 1 / 1024) + M * N * 2, flops=2 * M * N * K, peak="fp8",
                 tol=1e-2)
@@ -379,6 +394,11 @@ def tiny_cases():
         gemm_fp8_case("tiny 4 tiles split-K", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2}, mma=True),
         # split-K in a cluster whose first CTA adds the partials; 11 rows: two passes
         gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
+        # the persistent grid: two tiles a CTA through one pipeline, with and without a K split
+        gemm_fp8_case("tiny persistent split-K", 11, 256, 1024,
+                      {"block_N": 64, "block_K": 128, "stages": 3, "split_k": 2, "group": 2}, persistent=True),
+        gemm_fp8_case("tiny persistent", 40, 512, 512,
+                      {"block_N": 128, "block_K": 128, "stages": 3, "split_k": 1, "group": 4}, persistent=True),
         linear_case("tiny", 7, 64, 96),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8

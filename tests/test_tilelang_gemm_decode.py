@@ -125,3 +125,85 @@ def test_cluster_split_is_one_kernel_that_adds_the_partials():
 def test_cluster_host_launches_once():
     launches = _recorded_launches(dict(KNOBS, split_k=8, CLUSTER=1), ("A", "B", "C", "P", "SA", "SB"), [40, 8, 1])
     assert [s["launch"] for s in launches] == [0] and launches[0]["args"][-1] == 3
+
+
+# ---- the persistent-grid program for 9 to 64 rows (off unless a target's defaults carry it) ----
+
+MEDIUM_LIN8 = ((1280, 5120), (32768, 1280), (512, 5120), (5120, 8192), (4608, 5120), (5120, 2304), (4096, 1280),
+               (25600, 6144), (5120, 15360))
+
+
+def persistent_on():
+    t = get_target("sm90")
+    return dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_persistent={}))
+
+
+def test_persistent_is_off_by_default_and_takes_what_warp_mmas_leave_when_on():
+    t, on = get_target("sm90"), persistent_on()
+    assert "tilelang_gemm_fp8_persistent" not in t.defaults
+    for m, off_name, on_name in ((1, "tilelang_gemm_fp8_mma", "tilelang_gemm_fp8_mma"),
+                                 (9, "tilelang_gemm_fp8", "tilelang_gemm_fp8_persistent"),
+                                 (64, "tilelang_gemm_fp8", "tilelang_gemm_fp8_persistent"),
+                                 (65, "tilelang_gemm_fp8", "tilelang_gemm_fp8")):
+        assert select(t, gemm_spec(m, 5120, 8192)).name == off_name, m
+        assert select(on, gemm_spec(m, 5120, 8192)).name == on_name, m
+    tpl = templates()["tilelang_gemm_fp8_persistent"]
+    assert tpl.canonical(on, gemm_spec(9, 5120, 8192)) == gemm_spec(64, 5120, 8192)
+
+
+def test_persistent_config_is_one_wave_within_shared_memory():
+    """Every medium lin8 shape gets a config: its CTAs fit the SMs at most two an SM in one
+    wave, its shared memory fits, its x range is at most 96 KB, and knobs given are kept."""
+    from deepinfer.codegen.library.tilelang_gemm_decode import persistent_config, persistent_smem
+
+    on = persistent_on()
+    for n, k in MEDIUM_LIN8:
+        c = persistent_config(on, n, k)
+        assert c is not None, (n, k)
+        tiles, steps = n // c["block_N"], k // c["block_K"]
+        assert tiles % c["group"] == 0 and steps % c["split_k"] == 0
+        per_sm = min(on.smem_bytes // persistent_smem(k, c), 2)
+        assert per_sm >= 1 and tiles // c["group"] * c["split_k"] <= per_sm * on.cores, (n, k, c)
+        assert 64 * (k // c["split_k"]) <= 96 << 10
+    c = persistent_config(on, 32768, 1280, {"stages": 3, "block_N": 128})
+    assert c["stages"] == 3 and c["block_N"] == 128
+    assert persistent_config(on, 32768, 1280, {"split_k": 3}) is None  # 10 K steps: no whole split
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_persistent_renders_and_builds_without_spills():
+    pytest.importorskip("tilelang")
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+    on, tpl = persistent_on(), templates()["tilelang_gemm_fp8_persistent"]
+    for n, k in ((32768, 1280), (5120, 8192)):
+        spec = tpl.canonical(on, gemm_spec(16, n, k))
+        cfg = tpl.default_config(on, spec)
+        src = tpl.render(on, spec, cfg)
+        assert src.grid == (n // cfg["block_N"] // cfg["group"], cfg["split_k"], 1) and src.block == (128, 1, 1)
+        assert src.meta["rows_argument"] and ("combine" in src.meta) == (cfg["split_k"] > 1)
+        assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB", "m"]
+        assert "wgmma_ss" in src.text and "cp_async" in src.text
+        for text in [src.text] + ([src.meta["combine"]["text"]] if "combine" in src.meta else []):
+            rep = nvcc_report(text, on.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_persistent_host_passes_the_rows_and_sums_the_splits():
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    meta = {"params": [[n, "void*"] for n in ("A", "B", "C", "SA", "SB")] + [["m", "int32_t"]], "rows_argument": True,
+            "mnk": (64, 1280, 5120), "combine": {"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]],
+                                                 "grid": [5, 8, 1]}}
+    kernel = {"template": "tilelang_gemm_fp8_persistent", "config": {"split_k": 8}, "meta": meta, "grid": [20, 8, 1],
+              "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(13, 5120, dtype=torch.float8_e4m3fn), torch.empty(13, 160, dtype=torch.uint8))
+        w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
+        rec, (out,) = record_tilelang(templates()["tilelang_gemm_fp8_persistent"].host, kernel, [x, w],
+                                      {"out_dtype": "bf16"}, [False])
+    assert tuple(out.shape) == (13, 1280)
+    launches = [s for s in rec["steps"] if "launch" in s]
+    assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [13, 13]

@@ -14,6 +14,10 @@ weight scale (the 16 rows lie in one 32-row block) and the row's scale.
 On the H200 it runs the medium plan's lin8 calls of 1 and 8 rows 1.3 to 2.4 times faster than the
 wgmma program (the four shapes timed), and loses at 64 rows (bench/gemm_fp8_decode.py;
 docs/performance.md, eleventh session).
+
+The module also holds a program for the 9 to 64 rows it leaves, on a persistent grid
+(`gemm_fp8_rows_persistent_program`, template tilelang_gemm_fp8_persistent), which a target
+turns on with `tilelang_gemm_fp8_persistent` in its defaults; none does until it is timed.
 """
 import dataclasses
 import re
@@ -287,4 +291,176 @@ register(Template(
     supports=_supports,
     host=_host,
     canonical=_canonical,
+))
+
+
+# ---- 64 decode rows on a persistent grid (a target enables it: tilelang_gemm_fp8_persistent) ----
+
+def gemm_fp8_rows_persistent_program(N: int, K: int, out_dtype: str = "bfloat16", *, block_N=128, block_K=128,
+                                     stages=4, split_k=1, group=1, rows=64, threads=128):
+    """gemm_fp8_rows_program's product (up to `rows` live rows, m a kernel argument, split
+    partials P [split_k, rows, N] for gemm_split_sum_program) on a persistent grid: CTA (lane,
+    split) loads its split's K range of x (all rows, with their scales) into shared memory once,
+    then streams the weight tiles of `group` N tiles (lane, lane + lanes, ...) through one
+    pipeline of `stages` steps that does not drain between tiles. The 64-row wgmma program
+    (tilelang_gemm) reloads x's tile at every step of every CTA and its grid is under one wave of
+    a few CTAs an SM, which leaves it latency-bound at 64 rows (ncu: docs/performance.md,
+    eighteenth session). The same products and sums as that program, in the same order."""
+    from .tilelang_gemm import _tl, ceil_div, e8m0_f32
+
+    _, T = _tl()
+    kb = block_K // 32
+    xk = K // split_k  # the K range of a split
+    steps = xk // block_K  # a tile's steps
+    n_tiles = N // block_N
+    assert N % block_N == 0 and K % split_k == 0 and xk % block_K == 0 and n_tiles % group == 0
+    lanes = n_tiles // group
+    m = T.dynamic("m")
+    out_shape, c_dtype = ((split_k, rows, N), "float32") if split_k > 1 else ((m, N), out_dtype)
+
+    @T.prim_func
+    def gemm_fp8(A: T.Tensor((m, K), "float8_e4m3"), SA: T.Tensor((m, K // 32), "uint8"),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+                 C: T.Tensor(out_shape, c_dtype)):
+        with T.Kernel(lanes, split_k, threads=threads) as (bx, bz):
+            X_s = T.alloc_shared((rows, xk), "float8_e4m3")
+            SX_s = T.alloc_shared((rows, xk // 32), "uint8")
+            B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            tmp = T.alloc_fragment((rows, block_N), "float32")
+            acc = T.alloc_fragment((rows, block_N), "float32")
+            # rows past m read as zeros (the copies are predicated); their outputs are not stored
+            T.copy(A[0, bz * xk], X_s)
+            T.copy(SA[0, bz * (xk // 32)], SX_s)
+            for it in T.Pipelined(group * steps, num_stages=stages):
+                tile = bx + (it // steps) * lanes
+                ks = it % steps
+                T.copy(B[tile * block_N, bz * xk + ks * block_K], B_s)
+                T.copy(SB[tile * (block_N // 32), bz * (xk // 32) + ks * kb], SB_s)
+                if ks == 0:
+                    T.clear(acc)
+                for kk in T.unroll(kb):
+                    T.gemm(X_s[:, ks * block_K + kk * 32:ks * block_K + kk * 32 + 32], B_s[:, kk * 32:(kk + 1) * 32],
+                           tmp, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                    for i, j in T.Parallel(rows, block_N):
+                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SX_s[i, ks * kb + kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+                if ks == steps - 1:
+                    if split_k > 1:
+                        T.copy(acc, C[bz, 0, tile * block_N])
+                    else:
+                        T.copy(acc, C[0, tile * block_N])
+
+    return gemm_fp8
+
+
+PERSISTENT_KNOBS = {"block_N": (64, 128), "stages": (3, 4, 6, 8), "split_k": (1, 2, 4, 8, 16), "group": (1, 2, 4, 5, 8)}
+_PERSISTENT_CTAS_PER_SM = 2  # ~240 registers a thread at 128-wide tiles: two CTAs of 128 threads
+
+
+def persistent_smem(k: int, c: Mapping[str, Any], rows: int = 64) -> int:
+    xk = k // c["split_k"]
+    return rows * xk * 33 // 32 + c["stages"] * (c["block_N"] + c["block_N"] // 32) * 128
+
+
+_INFLIGHT_PER_SM = 48 << 10  # weight bytes an SM keeps in flight to stream at its share of HBM
+_X_BYTES = 96 << 10  # a split's x rows in shared memory: wider ranges spill (the copy's registers)
+
+
+def persistent_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None = None) -> dict | None:
+    """`knobs` over the target's, the rest chosen: of the (block_N, stages, split_k, group) whose
+    CTAs fit the SMs in one wave, the least modelled cost: weight bytes plus the split partials'
+    write and read, over the share of SMs with work, the share of _INFLIGHT_PER_SM their
+    pipelines keep in flight, and the share of each CTA's steps outside its pipeline's fill. None
+    where nothing fits."""
+    base = dict({"block_K": 128}, **target.defaults.get("tilelang_gemm_fp8_persistent", {}), **(knobs or {}))
+    base = {a: v for a, v in base.items() if a in ("block_K", *PERSISTENT_KNOBS)}  # the program's knobs
+    steps = k // 128
+
+    def choices(name, default):
+        return [base[name]] if name in base else default
+
+    best, key = None, None
+    for bn in choices("block_N", PERSISTENT_KNOBS["block_N"]):
+        if n % bn or k % 128:
+            continue
+        tiles = n // bn
+        for st in choices("stages", PERSISTENT_KNOBS["stages"]):
+            for s in choices("split_k", [d for d in range(1, steps + 1) if steps % d == 0]):
+                for g in choices("group", [d for d in range(1, tiles + 1) if tiles % d == 0]):
+                    c = dict(base, block_N=bn, stages=st, split_k=s, group=g)
+                    if steps % s or tiles % g or 64 * (k // s) > _X_BYTES:
+                        continue
+                    per_sm = min(target.smem_bytes // persistent_smem(k, c), _PERSISTENT_CTAS_PER_SM)
+                    ctas = tiles // g * s
+                    if per_sm < 1 or ctas > per_sm * target.cores:
+                        continue
+                    run = g * steps // s  # a CTA's steps through its one pipeline
+                    traffic = 1 + (2 * s * 64 * 4 / k if s > 1 else 0)  # partial bytes per weight byte
+                    inflight = min(ctas / target.cores, per_sm) * (st - 1) * bn * 128
+                    eff = min(1.0, ctas / target.cores) * min(1.0, inflight / _INFLIGHT_PER_SM) * run / (run + st)
+                    if key is None or (traffic / eff, s, g, st) < key:
+                        best, key = c, (traffic / eff, s, g, st)
+    return best
+
+
+def _persistent_supports(target: Target, spec: KernelSpec) -> bool:
+    """What tilelang_gemm_fp8_mma takes (its formats, not a batch-invariant plan), for the rows it
+    leaves (up to 64), where the target's defaults carry `tilelang_gemm_fp8_persistent` (its
+    knobs; none is on by default: not yet timed on the H200) and a config fits."""
+    from ...ir.types import QuantType
+    from .tilelang_gemm import DECODE_ROWS, SPLIT_SUM_COLS
+
+    if "tilelang_gemm_fp8_persistent" not in target.defaults or batch_invariant(target):
+        return False
+    x, w = spec.in_types[:2]
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    m, n, k = _mnk(spec)
+    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
+            and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
+            and m <= DECODE_ROWS and n % SPLIT_SUM_COLS == 0 and spec.out_types[0].dtype.name in ("bf16", "f32")
+            and persistent_config(target, n, k) is not None)
+
+
+def _persistent_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name, source
+
+    m, n, k = _mnk(spec)
+    c = persistent_config(target, n, k, config)
+    if c is None:
+        raise ValueError(f"tilelang_gemm_fp8_persistent: no config of {dict(config)} fits {n} x {k}")
+    func = gemm_fp8_rows_persistent_program(n, k, out_dtype_name(spec), rows=m, **c)
+    src = source(func, target.arch, {"template": "tilelang_gemm_fp8_persistent", "config": c, "mnk": (m, n, k),
+                                     "rows_argument": True})
+    if c["split_k"] > 1:
+        comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
+        src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
+                               "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+    return src
+
+
+def _persistent_host(launch, inputs, attrs, config, meta):
+    from .tilelang_host import host_gemm_fp8
+
+    return host_gemm_fp8(launch, inputs, attrs, config, meta)
+
+
+def _persistent_canonical(target: Target, spec: KernelSpec) -> KernelSpec:
+    from .tilelang_gemm import canonical_rows
+
+    return canonical_rows(target, spec)
+
+
+register(Template(
+    name="tilelang_gemm_fp8_persistent",
+    ops=("gemm_fp8",),
+    targets=building("cuda", defaults="tilelang_gemm_fp8_mma"),
+    knobs=PERSISTENT_KNOBS,
+    render=_persistent_render,
+    default_config=lambda target, spec: persistent_config(target, *_mnk(spec)[1:]),
+    supports=_persistent_supports,
+    host=_persistent_host,
+    canonical=_persistent_canonical,
 ))
