@@ -394,6 +394,8 @@ def tiny_cases():
         gemm_fp8_case("tiny 4 tiles split-K", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2}, mma=True),
         # split-K in a cluster whose first CTA adds the partials; 11 rows: two passes
         gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
+        # prefill tiles with each block's scaling overlapped with the next block's wgmma
+        gemm_fp8_case("tiny overlapped scaling", 200, 256, 512, {"overlap": 1}),
         # the persistent grid: two tiles a CTA through one pipeline, with and without a K split
         gemm_fp8_case("tiny persistent split-K", 11, 256, 1024,
                       {"block_N": 64, "block_K": 128, "stages": 3, "split_k": 2, "group": 2}, persistent=True),

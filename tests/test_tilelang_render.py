@@ -202,3 +202,28 @@ def test_lin8_decode_default_on_the_wgmma_program():
     for t, m in ((sm90, 4096), (get_target("sm100"), 64),
                  (dataclasses.replace(sm90, features=sm90.features + (BATCH_INVARIANT,)), 64)):
         assert tlg.gemm_fp8_default_config(t, m, 5120, 8192) == tlg.gemm_default_config(t, m, 5120, 8192)
+
+
+def test_prefill_overlap_is_a_target_default_and_builds_without_spills():
+    """`prefill_overlap` in a target's tilelang_gemm defaults (none sets it yet: not timed) gives
+    prefill tiles the overlapped scaling: each 32-deep block's wgmma issued before the one before
+    it is scaled, waiting for all but the newest. Off, the source is the plain program's."""
+    import dataclasses
+
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+
+    sm90 = get_target("sm90")
+    on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_gemm=dict(sm90.defaults["tilelang_gemm"],
+                                                                                   prefill_overlap=1)))
+    assert "overlap" not in tlg.gemm_fp8_default_config(sm90, 4096, 1280, 5120)
+    assert tlg.gemm_fp8_default_config(on, 4096, 1280, 5120)["overlap"] == 1
+    assert "overlap" not in tlg.gemm_fp8_default_config(on, 64, 1280, 5120)  # decode rows: the rows program
+    spec = gemm_spec(4096, 1280, 5120)
+    tpl = select(on, spec)
+    src = tpl.render(on, spec, tpl.default_config(on, spec))
+    assert "tl::wait_wgmma<1>()" in src.text and "tl::wait_wgmma<0>()" in src.text
+    assert "tl::wait_wgmma" not in tpl.render(sm90, spec, tpl.default_config(sm90, spec)).text
+    if shutil.which("nvcc"):
+        rep = tlg.nvcc_report(src.text, on.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]

@@ -143,19 +143,29 @@ def out_dtype_name(spec: KernelSpec) -> str:
 # ---- gemm_fp8 ---------------------------------------------------------------------------------
 
 def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
-                     block_K=128, stages=3, threads=256, split_k=1):
+                     block_K=128, stages=3, threads=256, split_k=1, overlap=0):
     """C[M, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32], fp32 accumulation.
 
     split_k > 1 gives each CTA a contiguous range of K and makes C an fp32 buffer that the CTAs
     add into atomically (the caller zeroes it); decode shapes have too few output tiles to fill
-    the GPU otherwise."""
+    the GPU otherwise. overlap: each 32-deep block's wgmma is issued before the block before it
+    is scaled into the accumulator (two product tiles; wait for all but the newest), so at
+    prefill sizes the tensor cores work while the scaling runs, not after it; the same products
+    and sums in the same order."""
     tilelang, T = _tl()
     assert K % 32 == 0 and block_K % 32 == 0 and block_N % 32 == 0
     kb = block_K // 32
+    assert not overlap or kb % 2 == 0, "overlap takes the scale blocks in pairs"
     k_iters = ceil_div(K, block_K)
     assert k_iters % split_k == 0, "split_k must divide the number of K tiles"
     per_split = k_iters // split_k
     c_dtype = "float32" if split_k > 1 else out_dtype
+
+    @T.macro
+    def scale_into(acc, prod, SA_s, SB_s, kk):
+        """acc += block kk's product times its row and weight scales."""
+        for i, j in T.Parallel(block_M, block_N):
+            acc[i, j] += prod[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
 
     @T.prim_func
     def gemm_fp8(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
@@ -167,6 +177,8 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
             SA_s = T.alloc_shared((block_M, kb), "uint8")
             SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
             tmp = T.alloc_fragment((block_M, block_N), "float32")
+            if overlap:
+                tmp2 = T.alloc_fragment((block_M, block_N), "float32")
             acc = T.alloc_fragment((block_M, block_N), "float32")
             T.use_swizzle(panel_size=8)
             T.clear(acc)
@@ -176,12 +188,26 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
                 T.copy(B[bx * block_N, k * block_K], B_s)
                 T.copy(SA[by * block_M, k * kb], SA_s)
                 T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
-                for kk in T.unroll(kb):
-                    # one 32-deep slice per scale block: wgmma k32 on sm90
-                    T.gemm(A_s[:, kk * 32:(kk + 1) * 32], B_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
-                           clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    for i, j in T.Parallel(block_M, block_N):
-                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+                if overlap:  # blocks in pairs, tmp / tmp2 alternating: each scaled after the next is issued
+                    for kp in T.unroll(kb // 2):
+                        T.wgmma_gemm(A_s[:, 64 * kp:64 * kp + 32], B_s[:, 64 * kp:64 * kp + 32], tmp, transpose_B=True,
+                                     clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                        if kp > 0:
+                            T.wait_wgmma(1)
+                            scale_into(acc, tmp2, SA_s, SB_s, 2 * kp - 1)
+                        T.wgmma_gemm(A_s[:, 64 * kp + 32:64 * kp + 64], B_s[:, 64 * kp + 32:64 * kp + 64], tmp2,
+                                     transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                        T.wait_wgmma(1)
+                        scale_into(acc, tmp, SA_s, SB_s, 2 * kp)
+                        if kp == kb // 2 - 1:  # the step's last block, before its stage is refilled
+                            T.wait_wgmma(0)
+                            scale_into(acc, tmp2, SA_s, SB_s, kb - 1)
+                else:
+                    for kk in T.unroll(kb):
+                        # one 32-deep slice per scale block: wgmma k32 on sm90
+                        T.gemm(A_s[:, kk * 32:(kk + 1) * 32], B_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
+                               clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                        scale_into(acc, tmp, SA_s, SB_s, kk)
             if split_k > 1:
                 T.atomic_add(C[by * block_M, bx * block_N], acc)
             else:
@@ -399,8 +425,12 @@ def gemm_fp8_default_config(target: Target, m: int, n: int, k: int) -> dict:
     stages (32768 x 1280 39.8 -> 26.8 us). Prefill rows, block-scaled targets and batch-invariant
     plans keep gemm_default_config's."""
     c = gemm_default_config(target, m, n, k)
-    if m > DECODE_ROWS or batch_invariant(target) or block_scaled_gemm(target, n, k):
+    if batch_invariant(target) or block_scaled_gemm(target, n, k):
         return c
+    if m > DECODE_ROWS:
+        # prefill tiles with the scaling overlapped where the target turns it on (gemm_fp8_program)
+        on = target.defaults.get("tilelang_gemm", {}).get("prefill_overlap", 0)
+        return dict(c, overlap=1) if on and (c["block_K"] // 32) % 2 == 0 else c
     if c["split_k"] > 1:
         steps = ceil_div(k, c["block_K"])
         return dict(c, stages=2, split_k=max(d for d in range(1, 2 * c["split_k"] + 1) if steps % d == 0))
