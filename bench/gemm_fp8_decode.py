@@ -10,7 +10,7 @@ bandwidth measured in the same run. Not a test; run on the H200:
 
 LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
 a split is cut to the largest that gives every split whole K tiles). LIN8_WGMMA_OVER: knobs over
-the shipped lin8 config (gemm_fp8_default_config), e.g. '[{"overlap": 1}]'.
+the shipped lin8 config (gemm_fp8_default_config), e.g. '[{"stages": 3}]'.
 LIN8_PERSISTENT: knobs of the persistent-grid 64-row program (tilelang_gemm_decode), each over its
 chosen config ('[{}]': the chosen one; default none). LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
 split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of block_linear_rows_kernel (the
@@ -83,10 +83,9 @@ def variants(n, k):
                     [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **w)]))
     on = dataclasses.replace(t, defaults=dict(t.defaults, tilelang_gemm_fp8_persistent={}))
     for knobs in json.loads(os.environ.get("LIN8_PERSISTENT", "[]")):
-        p = tlgd.persistent_config(on, n, k, knobs)
-        if p is not None:
-            out.append(("wgmma persistent" + "".join(f" {a}{b}" for a, b in sorted(knobs.items())), p,
-                        [tlgd.gemm_fp8_rows_persistent_program(n, k, "bfloat16", **p)]))
+        p = tlgd.persistent_config(on, n, k, knobs)  # None: no config fits this shape (reported so)
+        out.append(("wgmma persistent" + "".join(f" {a}{b}" for a, b in sorted(knobs.items())), p,
+                    [tlgd.gemm_fp8_rows_persistent_program(n, k, "bfloat16", **p)] if p else []))
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
@@ -96,7 +95,7 @@ def variants(n, k):
         out.append(("dq " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())),
                     dq_config(n, k, knobs), []))
     for label, c, progs in out:
-        if label.startswith("dq"):
+        if label.startswith("dq") or c is None:
             continue
         if c["split_k"] > 1 and not tlgd.cluster_split(c):  # a cluster's first CTA adds the partials
             progs.append(tlg.gemm_split_sum_program(n, c["split_k"], ROWS, "bfloat16"))
@@ -110,6 +109,8 @@ def _warm(args):
         label, c, progs = variants(n, k)[vi]
         for p in progs:
             tlg.compile_kernel(p)
+        if c is None:
+            return None
         for m in rows_list if label.startswith("dq") else ():  # Triton specialises the row count
             x = {"A": rand_fp8(m, k), "SA": rand_e8m0(m, k // 32), "B": rand_fp8(n, k),
                  "SB": rand_e8m0(-(-n // 32), k // 32)}
@@ -169,6 +170,11 @@ def main() -> int:
     torch.manual_seed(1234)
     for n, k, calls in SHAPES:
         for label, c, progs in variants(n, k):
+            if c is None:
+                print(f"{n}x{k} {label}: no config fits", flush=True)
+                res["rows"].append({"shape": [n, k], "variant": label, "status": "no-config"})
+                step.setdefault((label, 64), [0.0, 0.0, True])[2] = False
+                continue
             try:
                 kernels = [tlg.compile_kernel(p) for p in progs]
                 kind = "dq" if label.startswith("dq") else not label.startswith("wgmma")

@@ -412,7 +412,11 @@ def tiny_cases():
         # rows past offsets[E] written as zeros by the kernel (the host does not fill), with and
         # without the expert search
         grouped_case("tiny uncovered rows", [3, 0, 12, 1], 64, 256, 4, {"ACT": 0}, mma=True, tail=21),
-        grouped_case("tiny uncovered rows over active experts", [0, 5, 0, 0], 64, 256, 4, {"ACT": 1}, mma=True, tail=3),
+        # (ACT needs min(experts, rows) at most a quarter of the experts: 200 experts)
+        grouped_case("tiny uncovered rows over active experts",
+                     [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)], 64, 256, 200, {"ACT": 1},
+                     mma=True, tail=5),
+        grouped_case("tiny every row uncovered", [0] * 200, 64, 256, 200, {"ACT": 1}, mma=True, tail=9),
         grouped_case("tiny over active experts of 200", [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)],
                      64, 256, 200, {"ACT": 1}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),

@@ -162,11 +162,12 @@ def test_persistent_config_is_one_wave_within_shared_memory():
         assert c is not None, (n, k)
         tiles, steps = n // c["block_N"], k // c["block_K"]
         assert tiles % c["group"] == 0 and steps % c["split_k"] == 0
-        per_sm = min(on.smem_bytes // persistent_smem(k, c), 2)
+        per_sm = min((228 << 10) // (persistent_smem(k, c) + 1024), 2)
         assert per_sm >= 1 and tiles // c["group"] * c["split_k"] <= per_sm * on.cores, (n, k, c)
+        assert persistent_smem(k, c) <= on.smem_bytes
         assert 64 * (k // c["split_k"]) <= 96 << 10
-    c = persistent_config(on, 32768, 1280, {"stages": 3, "block_N": 128})
-    assert c["stages"] == 3 and c["block_N"] == 128
+    c = persistent_config(on, 32768, 1280, {"stages": 3, "block_N": 128, "unknown": 1})
+    assert c["stages"] == 3 and c["block_N"] == 128 and "unknown" not in c
     assert persistent_config(on, 32768, 1280, {"split_k": 3}) is None  # 10 K steps: no whole split
 
 
@@ -184,6 +185,9 @@ def test_persistent_renders_and_builds_without_spills():
         assert src.meta["rows_argument"] and ("combine" in src.meta) == (cfg["split_k"] > 1)
         assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB", "m"]
         assert "wgmma_ss" in src.text and "cp_async" in src.text
+        from deepinfer.codegen.library.tilelang_gemm_decode import persistent_smem
+
+        assert src.smem_bytes <= persistent_smem(k, cfg) <= on.smem_bytes  # the config search's model bounds it
         for text in [src.text] + ([src.meta["combine"]["text"]] if "combine" in src.meta else []):
             rep = nvcc_report(text, on.arch)
             assert rep["ok"], rep["log"]

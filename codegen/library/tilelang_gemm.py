@@ -422,8 +422,9 @@ def gemm_fp8_default_config(target: Target, m: int, n: int, k: int) -> dict:
     session; the step's lin8 6.23 -> 4.88 ms taking each shape's best): a split shape takes twice
     the split (cut to whole K tiles) on 2 stages, more CTAs in flight and a shorter wave tail
     (5120 x 8192 42.1 -> 33.1 us); an unsplit one (many N tiles already) 128-wide N tiles on 3
-    stages (32768 x 1280 39.8 -> 26.8 us). Prefill rows, block-scaled targets and batch-invariant
-    plans keep gemm_default_config's."""
+    stages (32768 x 1280 39.8 -> 26.8 us). Prefill rows keep gemm_default_config's, with the
+    overlapped scaling where the target's tilelang_gemm defaults set `prefill_overlap`;
+    block-scaled targets and batch-invariant plans keep it as it is."""
     c = gemm_default_config(target, m, n, k)
     if batch_invariant(target) or block_scaled_gemm(target, n, k):
         return c

@@ -305,7 +305,9 @@ def gemm_fp8_rows_persistent_program(N: int, K: int, out_dtype: str = "bfloat16"
     pipeline of `stages` steps that does not drain between tiles. The 64-row wgmma program
     (tilelang_gemm) reloads x's tile at every step of every CTA and its grid is under one wave of
     a few CTAs an SM, which leaves it latency-bound at 64 rows (ncu: docs/performance.md,
-    eighteenth session). The same products and sums as that program, in the same order."""
+    eighteenth session). At the same K split, the same products and sums as that program in the
+    same order; the split it takes is chosen for this grid (persistent_config), so the sums of
+    a split shape may differ from that program's by rounding."""
     from .tilelang_gemm import _tl, ceil_div, e8m0_f32
 
     _, T = _tl()
@@ -353,13 +355,19 @@ def gemm_fp8_rows_persistent_program(N: int, K: int, out_dtype: str = "bfloat16"
     return gemm_fp8
 
 
-PERSISTENT_KNOBS = {"block_N": (64, 128), "stages": (3, 4, 6, 8), "split_k": (1, 2, 4, 8, 16), "group": (1, 2, 4, 5, 8)}
-_PERSISTENT_CTAS_PER_SM = 2  # ~240 registers a thread at 128-wide tiles: two CTAs of 128 threads
+# the tuner's space; the K split and the tiles a CTA takes are chosen per shape (persistent_config)
+# from the shape's divisors, or taken as given
+PERSISTENT_KNOBS = {"block_N": (64, 128), "stages": (3, 4, 6, 8)}
+_PERSISTENT_GIVEN = ("block_N", "stages", "split_k", "group")
+_PERSISTENT_CTAS_PER_SM = 2  # ~150-240 registers a thread: two CTAs of 128 threads
+_SMEM_PER_SM, _SMEM_RESERVED = 228 << 10, 1 << 10  # an SM's shared memory; what each CTA's launch holds back
 
 
 def persistent_smem(k: int, c: Mapping[str, Any], rows: int = 64) -> int:
+    """Shared memory of a CTA, at least what TileLang lays out (x's split range and its scales,
+    `stages` weight tiles and their scales; 1 KB for alignment)."""
     xk = k // c["split_k"]
-    return rows * xk * 33 // 32 + c["stages"] * (c["block_N"] + c["block_N"] // 32) * 128
+    return rows * xk * 33 // 32 + c["stages"] * (c["block_N"] * 128 + c["block_N"] // 32 * 4) + 1024
 
 
 _INFLIGHT_PER_SM = 48 << 10  # weight bytes an SM keeps in flight to stream at its share of HBM
@@ -372,8 +380,9 @@ def persistent_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] |
     write and read, over the share of SMs with work, the share of _INFLIGHT_PER_SM their
     pipelines keep in flight, and the share of each CTA's steps outside its pipeline's fill. None
     where nothing fits."""
-    base = dict({"block_K": 128}, **target.defaults.get("tilelang_gemm_fp8_persistent", {}), **(knobs or {}))
-    base = {a: v for a, v in base.items() if a in ("block_K", *PERSISTENT_KNOBS)}  # the program's knobs
+    base = dict(target.defaults.get("tilelang_gemm_fp8_persistent", {}), **(knobs or {}))
+    base = {a: v for a, v in base.items() if a in _PERSISTENT_GIVEN}  # the program's knobs
+    base["block_K"] = 128  # the model's steps; the program takes one scale-block pair per wgmma pair
     steps = k // 128
 
     def choices(name, default):
@@ -390,8 +399,11 @@ def persistent_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] |
                     c = dict(base, block_N=bn, stages=st, split_k=s, group=g)
                     if steps % s or tiles % g or 64 * (k // s) > _X_BYTES:
                         continue
-                    per_sm = min(target.smem_bytes // persistent_smem(k, c), _PERSISTENT_CTAS_PER_SM)
+                    smem = persistent_smem(k, c)
+                    per_sm = min(_SMEM_PER_SM // (smem + _SMEM_RESERVED), _PERSISTENT_CTAS_PER_SM)
                     ctas = tiles // g * s
+                    if smem > target.smem_bytes:
+                        continue
                     if per_sm < 1 or ctas > per_sm * target.cores:
                         continue
                     run = g * steps // s  # a CTA's steps through its one pipeline
@@ -427,7 +439,10 @@ def _persistent_supports(target: Target, spec: KernelSpec) -> bool:
 def _persistent_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name, source
 
+    from .tilelang_gemm import DECODE_ROWS
+
     m, n, k = _mnk(spec)
+    assert m == DECODE_ROWS, "the persistent program renders the canonical 64-row instance"
     c = persistent_config(target, n, k, config)
     if c is None:
         raise ValueError(f"tilelang_gemm_fp8_persistent: no config of {dict(config)} fits {n} x {k}")
