@@ -79,18 +79,20 @@ def test_renders_and_builds_without_spills():
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
-def _recorded_launches(config: dict, params: tuple, grid: list, **meta) -> list[dict]:
-    """The launches the template's host records for a 3-row call of the 1280 x 5120 lin8."""
+def _recorded_launches(config: dict, params: tuple, grid: list, template: str = "tilelang_gemm_fp8_mma",
+                       rows: int = 8, **meta) -> list[dict]:
+    """The launches `template`'s host records for a 3-row call of the 1280 x 5120 lin8 (an
+    instance of `rows` rows)."""
     from deepinfer.codegen.host_recipe import record_tilelang
     from deepinfer.ir.quant import QTensor
 
     meta = {"params": [[n, "void*"] for n in params] + [["m", "int32_t"]], "rows_argument": True,
-            "mnk": (8, 1280, 5120), **meta}
-    kernel = {"template": "tilelang_gemm_fp8_mma", "config": config, "meta": meta, "grid": grid, "language": "cuda"}
+            "mnk": (rows, 1280, 5120), **meta}
+    kernel = {"template": template, "config": config, "meta": meta, "grid": grid, "language": "cuda"}
     with torch.device("meta"):
         x = QTensor(torch.empty(3, 5120, dtype=torch.float8_e4m3fn), torch.empty(3, 160, dtype=torch.uint8))
         w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
-        rec, (out,) = record_tilelang(templates()["tilelang_gemm_fp8_mma"].host, kernel, [x, w],
+        rec, (out,) = record_tilelang(templates()[template].host, kernel, [x, w],
                                       {"out_dtype": "bf16"}, [False])
     assert tuple(out.shape) == (3, 1280)
     return [s for s in rec["steps"] if "launch" in s]
@@ -195,19 +197,7 @@ def test_persistent_renders_and_builds_without_spills():
 
 
 def test_persistent_host_passes_the_rows_and_sums_the_splits():
-    from deepinfer.codegen.host_recipe import record_tilelang
-    from deepinfer.ir.quant import QTensor
-
-    meta = {"params": [[n, "void*"] for n in ("A", "B", "C", "SA", "SB")] + [["m", "int32_t"]], "rows_argument": True,
-            "mnk": (64, 1280, 5120), "combine": {"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]],
-                                                 "grid": [5, 8, 1]}}
-    kernel = {"template": "tilelang_gemm_fp8_persistent", "config": {"split_k": 8}, "meta": meta, "grid": [20, 8, 1],
-              "language": "cuda"}
-    with torch.device("meta"):
-        x = QTensor(torch.empty(13, 5120, dtype=torch.float8_e4m3fn), torch.empty(13, 160, dtype=torch.uint8))
-        w = QTensor(torch.empty(1280, 5120, dtype=torch.float8_e4m3fn), torch.empty(40, 160, dtype=torch.uint8))
-        rec, (out,) = record_tilelang(templates()["tilelang_gemm_fp8_persistent"].host, kernel, [x, w],
-                                      {"out_dtype": "bf16"}, [False])
-    assert tuple(out.shape) == (13, 1280)
-    launches = [s for s in rec["steps"] if "launch" in s]
-    assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [13, 13]
+    launches = _recorded_launches(
+        {"split_k": 8}, ("A", "B", "C", "SA", "SB"), [20, 8, 1], template="tilelang_gemm_fp8_persistent", rows=64,
+        combine={"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 8, 1]})
+    assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [3, 3]

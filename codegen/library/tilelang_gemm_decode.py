@@ -216,7 +216,7 @@ def mma_rows(target: Target) -> int:
 
 
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name, source
+    from .tilelang_gemm import out_dtype_name, source
 
     m, n, k = _mnk(spec)
     c = mma_config(target, n, k, config)
@@ -226,31 +226,49 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
     if cluster_split(c):
         src = dataclasses.replace(src, text=cluster_dims_source(src.text, src.entry, (1, c["split_k"], 1)))
     elif c["split_k"] > 1:
-        comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
-        src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
-                               "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+        _with_split_sum(src, target, spec, c["split_k"])
     return src
 
 
-def _supports(target: Target, spec: KernelSpec) -> bool:
-    """Calls of at most mma_rows rows in the e4m3 / ue8m0 formats the kernel reads, K a multiple
-    of the warps' blocks and N of the CTA's rows and the combine's columns; not in a
-    batch-invariant plan."""
+def _with_split_sum(src: KernelSource, target: Target, spec: KernelSpec, split_k: int) -> None:
+    """The split partials' combine (gemm_split_sum_program over the instance's rows) as the
+    source's second kernel, which the host launches after the first."""
+    from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name
+
+    m, n, _ = _mnk(spec)
+    comb = lower(gemm_split_sum_program(n, split_k, m, out_dtype_name(spec)), target.arch)
+    src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
+                           "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+
+
+def fp8_operands(target: Target, spec: KernelSpec, key: str) -> bool:
+    """The warp-MMA and persistent lin8 programs' operands: e4m3 rows with ue8m0 per 32, an e4m3
+    weight with ue8m0 per 32 x 32 block, static shapes, a bf16 or f32 output; a target whose
+    defaults carry `key`, not a batch-invariant plan."""
     from ...ir.types import QuantType
 
-    if "tilelang_gemm_fp8_mma" not in target.defaults or batch_invariant(target):
+    if key not in target.defaults or batch_invariant(target):
         return False
     x, w = spec.in_types[:2]
     if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
         return False
     if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
         return False
-    m, n, k = _mnk(spec)
-    c = default_config(target, spec)
     return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
             and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
-            and m <= mma_rows(target) and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0 and n % (16 * c["RT"]) == 0
             and spec.out_types[0].dtype.name in ("bf16", "f32"))
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Calls of at most mma_rows rows in the e4m3 / ue8m0 formats the kernel reads, K a multiple
+    of the warps' blocks and N of the CTA's rows and the combine's columns; not in a
+    batch-invariant plan."""
+    if not fp8_operands(target, spec, "tilelang_gemm_fp8_mma"):
+        return False
+    m, n, k = _mnk(spec)
+    c = default_config(target, spec)
+    return (m <= mma_rows(target) and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0
+            and n % (16 * c["RT"]) == 0)
 
 
 def _host(launch, inputs, attrs, config, meta):
@@ -419,27 +437,16 @@ def _persistent_supports(target: Target, spec: KernelSpec) -> bool:
     """What tilelang_gemm_fp8_mma takes (its formats, not a batch-invariant plan), for the rows it
     leaves (up to 64), where the target's defaults carry `tilelang_gemm_fp8_persistent` (its
     knobs; none is on by default: not yet timed on the H200) and a config fits."""
-    from ...ir.types import QuantType
     from .tilelang_gemm import DECODE_ROWS, SPLIT_SUM_COLS
 
-    if "tilelang_gemm_fp8_persistent" not in target.defaults or batch_invariant(target):
-        return False
-    x, w = spec.in_types[:2]
-    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 2:
-        return False
-    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+    if not fp8_operands(target, spec, "tilelang_gemm_fp8_persistent"):
         return False
     m, n, k = _mnk(spec)
-    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block)[-1] == 32
-            and w.data.dtype.name == "fp8e4m3" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32)
-            and m <= DECODE_ROWS and n % SPLIT_SUM_COLS == 0 and spec.out_types[0].dtype.name in ("bf16", "f32")
-            and persistent_config(target, n, k) is not None)
+    return m <= DECODE_ROWS and n % SPLIT_SUM_COLS == 0 and persistent_config(target, n, k) is not None
 
 
 def _persistent_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import gemm_split_sum_program, lower, out_dtype_name, source
-
-    from .tilelang_gemm import DECODE_ROWS
+    from .tilelang_gemm import DECODE_ROWS, out_dtype_name, source
 
     m, n, k = _mnk(spec)
     assert m == DECODE_ROWS, "the persistent program renders the canonical 64-row instance"
@@ -450,9 +457,7 @@ def _persistent_render(target: Target, spec: KernelSpec, config: Mapping[str, An
     src = source(func, target.arch, {"template": "tilelang_gemm_fp8_persistent", "config": c, "mnk": (m, n, k),
                                      "rows_argument": True})
     if c["split_k"] > 1:
-        comb = lower(gemm_split_sum_program(n, c["split_k"], m, out_dtype_name(spec)), target.arch)
-        src.meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"],
-                               "block": comb["block"], "smem_bytes": comb["smem"], "params": comb["params"]}
+        _with_split_sum(src, target, spec, c["split_k"])
     return src
 
 
