@@ -394,6 +394,10 @@ def tiny_cases():
         gemm_fp8_case("tiny 4 tiles split-K", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2}, mma=True),
         # split-K in a cluster whose first CTA adds the partials; 11 rows: two passes
         gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
+        # the MMAs as f16 pairs (tilelang_warp_mma's f16): two passes, and four tiles split
+        gemm_fp8_case("tiny f16 MMAs", 11, 256, 512, {"F16": 1}, mma=True),
+        gemm_fp8_case("tiny 4 tiles split-K f16 MMAs", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2, "F16": 1},
+                      mma=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
         gemm_fp8_case("tiny overlapped scaling", 200, 256, 512, {"overlap": 1}),
         # the persistent grid: two tiles a CTA through one pipeline, with and without a K split
@@ -406,6 +410,9 @@ def tiny_cases():
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
+        grouped_case("tiny f16 MMAs", [3, 0, 12, 1], 64, 256, 4, {"F16": 1}, mma=True),
+        grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
+                     mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
         # 128 threads, the busy ones on both sides of the pass
         grouped_case("tiny over active experts", [0, 5, 0, 0], 64, 256, 4, {"ACT": 1}, mma=True),
@@ -437,6 +444,7 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wo_b", m, 5120, 8192, {"split_k": 2}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120, {"split_k": 8}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wq_a cluster", m, 1280, 5120, {"split_k": 8, "CLUSTER": 1}, mma=True))
+        out.append(gemm_fp8_case(f"decode b{m} wo_b f16 MMAs", m, 5120, 8192, {"split_k": 2, "F16": 1}, mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
@@ -448,6 +456,8 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w13", counts, 4608, 5120, 384, mma=True))
         out.append(grouped_case(f"decode b{b} w2", counts, 5120, 2304, 384, mma=True))
         out.append(grouped_case(f"decode b{b} w13 x per lane", counts, 4608, 5120, 384, {"XS": 0}, mma=True))
+        out.append(grouped_case(f"decode b{b} w13 f16 MMAs", counts, 4608, 5120, 384, {"F16": 1}, mma=True))
+        out.append(grouped_case(f"decode b{b} w2 f16 MMAs", counts, 5120, 2304, 384, {"F16": 1}, mma=True))
         out.append(grouped_case(f"decode b{b} w13 over active experts", counts, 4608, 5120, 384, {"ACT": 1},
                                 mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])

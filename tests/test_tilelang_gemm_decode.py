@@ -57,17 +57,22 @@ def test_split_is_the_largest_within_the_ctas_per_sm():
     assert mma_config(t, 512, 5120, {"split_k": 4})["split_k"] == 4
 
 
-def test_renders_and_builds_without_spills():
+@pytest.mark.parametrize("over", [{}, {"F16": 1}])
+def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
     t, tpl = enabled(), templates()["tilelang_gemm_fp8_mma"]
     for n, k in ((5120, 8192), (1280, 5120), (32768, 1280)):
         spec = tpl.canonical(t, gemm_spec(1, n, k))
-        cfg = tpl.default_config(t, spec)
+        cfg = dict(tpl.default_config(t, spec), **over)
         src = tpl.render(t, spec, cfg)
         assert src.grid == (n // 32, cfg["split_k"], 1) and src.block == (128, 1, 1)
-        assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
+        if over:  # f16 MMAs on pairs converted by the prelude's functions (tilelang_warp_mma)
+            assert "kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 16, 8, 16" in src.text
+            assert "cvt.rn.f16x2.e4m3x2" in src.text
+        else:
+            assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
         assert "cp_async" in src.text and src.meta["rows_argument"]
         assert ("combine" in src.meta) == (cfg["split_k"] > 1)
         if cfg["split_k"] > 1:  # the combine adds the instance's 8 rows of partials, not 64

@@ -95,6 +95,34 @@ def test_fragments_hold_the_scale_block_dot_product():
     torch.testing.assert_close((A @ B) * 64, wv @ xv.T, rtol=0, atol=0)
 
 
+def test_f16_pairs_hold_the_k32_product():
+    """The f16 path of the warp-MMA programs (tilelang_warp_mma.A_PAIRS / X_PAIRS, scaled_mma's two
+    m16n8k16 MMAs): lane by lane, the f16 pairs of the k32 e4m3 fragments, placed as PTX lays out
+    m16n8k16's fragments, give the k32 MMA's product exactly."""
+    from deepinfer.codegen.library import tilelang_warp_mma as wm
+
+    g = torch.Generator().manual_seed(1)
+    ab = torch.randint(0, 0x7F, (16, 32), generator=g) | (torch.randint(0, 2, (16, 32), generator=g) << 7)
+    bb = torch.randint(0, 0x7F, (32, 8), generator=g) | (torch.randint(0, 2, (32, 8), generator=g) << 7)
+    av = torch.tensor(e4m3(ab.flatten().tolist()), dtype=torch.float64).view(16, 32)
+    bv = torch.tensor(e4m3(bb.flatten().tolist()), dtype=torch.float64).view(32, 8)
+    a16 = torch.zeros(2, 16, 16, dtype=torch.float64)
+    b16 = torch.zeros(2, 16, 8, dtype=torch.float64)
+    for lane in range(32):
+        gg, q = lane // 4, lane % 4
+        # m16n8k32's fragments as values: A words (row, first K slot), B words (first K slot)
+        aw = [av[r, k0:k0 + 4] for r, k0 in ((gg, 4 * q), (gg + 8, 4 * q), (gg, 16 + 4 * q), (gg + 8, 16 + 4 * q))]
+        bw = [bv[k0:k0 + 4, gg] for k0 in (4 * q, 16 + 4 * q)]
+        ah = [aw[w][2 * h:2 * h + 2] for w, h in wm.A_PAIRS]
+        bh = [bw[j][2 * h:2 * h + 2] for j, h in wm.X_PAIRS]
+        for m in range(2):  # the k16 MMA m reads a[4 + 4m ..] and x's pairs 2m, 2m + 1
+            for r, (row, col) in enumerate(((gg, 2 * q), (gg + 8, 2 * q), (gg, 8 + 2 * q), (gg + 8, 8 + 2 * q))):
+                a16[m, row, col:col + 2] = ah[4 * m + r]
+            b16[m, 2 * q:2 * q + 2, gg] = bh[2 * m]
+            b16[m, 8 + 2 * q:8 + 2 * q + 2, gg] = bh[2 * m + 1]
+    torch.testing.assert_close(a16[0] @ b16[0] + a16[1] @ b16[1], av @ bv, rtol=0, atol=0)
+
+
 def moe_spec(rows, n=4608, k=5120, experts=96):
     return KernelSpec("grouped_gemm_fp4", (), (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
                                                quantized("fp4e2m1", (experts, n, k), "e8m0", (1, 1, 32)),
@@ -143,7 +171,7 @@ def test_host_launches_once_without_a_fill():
     assert not any(s.get("op", "").startswith(("aten.zeros", "aten.zero_", "aten.fill_")) for s in rec["steps"])
 
 
-@pytest.mark.parametrize("over", [{}, {"XS": 0}, {"ACT": 0}, {"ACT": 1}])
+@pytest.mark.parametrize("over", [{}, {"XS": 0}, {"ACT": 0}, {"ACT": 1}, {"F16": 1}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = get_target("sm90")
@@ -159,7 +187,11 @@ def test_renders_and_builds_without_spills(over):
         assert src.grid == (n // (16 * cfg["RT"]), min(96, rows) if act else 96, 1)
         assert src.block == (32 * cfg["WK"], 1, 1)
         assert ("__ballot_sync" in src.text) == act
-        assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
+        if cfg.get("F16"):  # f16 MMAs on pairs converted by the prelude's functions
+            assert "kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 16, 8, 16" in src.text
+            assert "cvt.rn.f16x2.e4m3x2" in src.text and "16, 8, 32" not in src.text
+        else:
+            assert "kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 16, 8, 32" in src.text
         assert "__byte_perm" in src.text and "cp_async" in src.text
         # x through the pipeline: its 16-byte pieces guarded at the rows' end (XS), or loaded per lane
         assert ("uint64_t*)Xs)" in src.text) == bool(cfg["XS"])

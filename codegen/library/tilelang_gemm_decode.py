@@ -33,7 +33,7 @@ from ..template import KernelSource, KernelSpec, Template, batch_invariant, regi
 
 
 def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT=4, WK=4, KU=2, STAGES=3, NT=1,
-                              split_k=1, rows=64, CLUSTER=0):
+                              split_k=1, rows=64, CLUSTER=0, F16=0):
     """C[m, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] for m <= `rows` live rows
     (a kernel argument). CTA (16*RT weight rows, split): WK warps take turns over the split's
     scale blocks, KU each per step, and add their sums through shared memory in warp order; the
@@ -46,12 +46,14 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     P[split, rows, N] for the combine; with CLUSTER the split's CTAs are one thread-block cluster
     (the source needs `cluster_dims_source`), and after a cluster barrier (release / acquire at
     cluster scope, so the partials in global memory are visible) its first CTA adds them in split
-    order, as the combine would, and writes C: no second kernel."""
+    order, as the combine would, and writes C: no second kernel. F16: the MMAs as f16 pairs
+    (tilelang_warp_mma.scaled_mma), the rows' pairs converted once per block."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
+    from .tilelang_warp_mma import F16_PRELUDE, f16_x, out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
-    mma, total = scaled_mma(T, NT, guarded=True), warp_order_sum(T, WK, RT * NT * 4)
+    mma, total = scaled_mma(T, NT, guarded=True, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
+    widen_x = f16_x(T, NT)
     kbs = K // 32
     assert K % 32 == 0 and (kbs // split_k) % WK == 0 and kbs % split_k == 0 and N % (16 * RT) == 0
     assert (16 * RT) % 32 == 0 or 32 % (16 * RT) == 0
@@ -68,6 +70,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     # TileLang's own launcher (the benches) passes the cluster shape at launch; a plan's source
     # carries it (cluster_dims_source)
     launch, launch_kw = (T.ClusterKernel, {"cluster_dims": (1, split_k, 1)}) if cluster else (T.Kernel, {})
+    if F16:
+        launch_kw["prelude"] = F16_PRELUDE
 
     @T.macro
     def block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q, kb, kw):
@@ -80,6 +84,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             for j in T.unroll(2):
                 tj = nt * 8 + 2 * q + j
                 sx[2 * nt + j] = T.if_then_else(tb + tj < m, e8m0_f32(T, SA_s[tj, kb % per]), T.float32(0))
+        if F16:
+            widen_x(b)
         for rt in T.unroll(RT):
             a[0] = B_s[rt * 16 + g, kw + q]
             a[1] = B_s[rt * 16 + g + 8, kw + q]
@@ -114,8 +120,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             B_s = T.alloc_shared((br, cw + 4), "uint32")
             SB_s = T.alloc_shared((sbr, per), "uint8")
             SA_s = T.alloc_shared((tt, per), "uint8")
-            a = T.alloc_local((4,), "uint32")
-            b = T.alloc_local((2 * NT,), "uint32")
+            a = T.alloc_local((12 if F16 else 4,), "uint32")
+            b = T.alloc_local((6 * NT if F16 else 2 * NT,), "uint32")
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
@@ -164,7 +170,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
 
 
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1)}
 
 
 def _mnk(spec: KernelSpec):

@@ -85,7 +85,7 @@ def active_expert(T, E: int, threads: int):
 
 
 def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0,
-                                 ACT=0):
+                                 ACT=0, F16=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
     few rows of x are the 8-wide B operand), each fragment widened in the registers it was loaded
     into. A lane (group g, q) of a warp takes the 32-bit word at byte 4q of output rows g and
@@ -108,12 +108,14 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     grid's second axis is the experts with rows, at most min(E, Mtot) of them (a CTA finds its
     expert: active_expert), not every expert; else CTAs of idle experts exit at once, which at one
     sequence's six rows is 90 of every 96 CTAs. Rows past offsets[E] (which only expert
-    parallelism leaves) are written as zeros by the first slot's CTAs, each for its columns."""
+    parallelism leaves) are written as zeros by the first slot's CTAs, each for its columns. F16:
+    the MMAs as f16 pairs (tilelang_warp_mma.scaled_mma), x's pairs converted once per block."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import out_position, scaled_mma, warp_order_sum
+    from .tilelang_warp_mma import F16_PRELUDE, f16_x, out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
-    mma, total = scaled_mma(T, NT), warp_order_sum(T, WK, RT * NT * 4)
+    mma, total = scaled_mma(T, NT, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
+    widen_x = f16_x(T, NT)
     kbs = K // 32
     assert K % 32 == 0 and kbs % WK == 0 and N % (16 * RT) == 0
     XS = XS if STAGES else 0  # x rides the weight tile's pipeline: none without stages
@@ -150,6 +152,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
                                                     T.float32(0))
                 else:
                     sx[2 * nt + j] = T.if_then_else(tj < end, e8m0_f32(T, SX[tj, kb]), T.float32(0))
+        if F16:
+            widen_x(b)
         for rt in T.unroll(RT):
             r0 = bx * br + rt * 16 + g
             if STAGES:
@@ -174,7 +178,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     def grouped_gemm_fp4_mma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
                              W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // br, slots, threads=32 * WK) as (bx, slot):
+        with T.Kernel(N // br, slots, threads=32 * WK, prelude=F16_PRELUDE if F16 else None) as (bx, slot):
             tx = T.get_thread_binding()
             wp = tx // 32
             g = (tx % 32) // 4
@@ -184,8 +188,8 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             SWs = T.alloc_shared((br, kbs), "uint8")
             SXs = T.alloc_shared((tt, kbs), "uint8")
             Xs = T.alloc_shared((tt, cw + 4), "uint64") if XS else None
-            a = T.alloc_local((4,), "uint32")
-            b = T.alloc_local((2 * NT,), "uint32")
+            a = T.alloc_local((12 if F16 else 4,), "uint32")
+            b = T.alloc_local((6 * NT if F16 else 2 * NT,), "uint32")
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
@@ -247,7 +251,8 @@ def _dims(spec: KernelSpec):
     return dims(spec)
 
 
-MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1)}
+MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
+             "F16": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
