@@ -169,7 +169,7 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0):
     mtot = int(sum(counts)) + tail
     base = TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlm.moe_default_config(TARGET, mtot, N, K, E)
     c = dict(base, **(config or {}))
-    make = tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program
+    make = (lambda *dims, **cfg: tlmd.decode_program(*dims, cfg)) if mma else tlm.grouped_gemm_fp4_program
     active = sum(1 for v in counts if v)
 
     def inputs():
@@ -411,6 +411,13 @@ def tiny_cases():
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
         grouped_case("tiny f16 MMAs", [3, 0, 12, 1], 64, 256, 4, {"F16": 1}, mma=True),
+        # warpgroup MMAs (the WG program): 12 rows in two passes of 8, a step of 4 and of 2 blocks
+        grouped_case("tiny wgmma", [3, 0, 12, 1], 128, 256, 4, {"WG": 1, "KU": 4}, mma=True),
+        grouped_case("tiny wgmma 2 blocks a step", [3, 0, 12, 1], 128, 512, 4, {"WG": 1, "KU": 2, "ACT": 0},
+                     mma=True, tail=5),
+        grouped_case("tiny wgmma over active experts of 200",
+                     [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)], 64, 256, 200,
+                     {"WG": 1, "KU": 4, "ACT": 1}, mma=True, tail=3),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
@@ -458,6 +465,8 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w13 x per lane", counts, 4608, 5120, 384, {"XS": 0}, mma=True))
         out.append(grouped_case(f"decode b{b} w13 f16 MMAs", counts, 4608, 5120, 384, {"F16": 1}, mma=True))
         out.append(grouped_case(f"decode b{b} w2 f16 MMAs", counts, 5120, 2304, 384, {"F16": 1}, mma=True))
+        out.append(grouped_case(f"decode b{b} w13 wgmma", counts, 4608, 5120, 384, {"WG": 1, "KU": 4}, mma=True))
+        out.append(grouped_case(f"decode b{b} w2 wgmma", counts, 5120, 2304, 384, {"WG": 1, "KU": 4}, mma=True))
         out.append(grouped_case(f"decode b{b} w13 over active experts", counts, 4608, 5120, 384, {"ACT": 1},
                                 mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])

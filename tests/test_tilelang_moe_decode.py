@@ -203,3 +203,56 @@ def test_renders_and_builds_without_spills(over):
             rep = nvcc_report(src.text, t.arch)
             assert rep["ok"], rep["log"]
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_wgmma_operands_hold_the_scale_block_dot_product():
+    """The WG program's operands, emulated: warp w's lanes widen their words into m64nNk32's A
+    fragment (mma.m16n8k32's, per warp), and x's 32-byte block is staged even bytes then odd bytes
+    (two 8-row x 16-byte core matrices, byte_perm with X_EVEN / X_ODD as the kernel does): A's K
+    slots and B's then hold the same codes, and A @ B * 64 is the block's dot product."""
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 16, (16, 32), generator=g)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).tolist()
+    xb = torch.randint(0, 0x7F, (8, 32), generator=g) | (torch.randint(0, 2, (8, 32), generator=g) << 7)
+    xv = torch.tensor(e4m3(xb.flatten().tolist()), dtype=torch.float64).view(8, 32)
+    xb = xb.tolist()
+    A = torch.zeros(16, 32, dtype=torch.float64)
+    for lane in range(32):
+        gg, q = lane // 4, lane % 4
+        w0 = sum(packed[gg][4 * q + i] << (8 * i) for i in range(4))
+        w1 = sum(packed[gg + 8][4 * q + i] << (8 * i) for i in range(4))
+        regs = [md.fp4_lo_e4m3(IntT, w0), md.fp4_lo_e4m3(IntT, w1), md.fp4_hi_e4m3(IntT, w0), md.fp4_hi_e4m3(IntT, w1)]
+        for r, (row, col) in enumerate([(gg, 4 * q), (gg + 8, 4 * q), (gg, 16 + 4 * q), (gg + 8, 16 + 4 * q)]):
+            A[row, col:col + 4] = torch.tensor(e4m3(word_bytes(regs[r])), dtype=torch.float64)
+    # Xc for one block: [half][row][4 words], half 0 from X_EVEN, 1 from X_ODD over word pairs
+    B = torch.zeros(32, 8, dtype=torch.float64)
+    for r in range(8):
+        xw = [sum(xb[r][4 * j + i] << (8 * i) for i in range(4)) for j in range(8)]
+        for h, sel in enumerate((md.X_EVEN, md.X_ODD)):
+            core = [b for i in range(4) for b in word_bytes(byte_perm(xw[2 * i], xw[2 * i + 1], sel))]
+            B[16 * h:16 * h + 16, r] = torch.tensor(e4m3(core), dtype=torch.float64)  # K slots 16h..16h+15
+    wv = torch.tensor([[e2m1(c) for c in row] for row in codes.tolist()], dtype=torch.float64)
+    torch.testing.assert_close((A @ B) * 64, wv @ xv.T, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows,n,k", [(6, 4608, 5120), (384, 4608, 5120), (384, 5120, 2304)])
+def test_wgmma_program_renders_and_builds_without_spills(rows, n, k):
+    pytest.importorskip("tilelang")
+    t = get_target("sm90")
+    spec = moe_spec(rows, n=n, k=k)
+    tpl = select(t, spec)
+    cfg = dict(tpl.default_config(t, spec), WG=1, KU=4)
+    assert tpl.supports(t, spec)
+    src = tpl.render(t, spec, cfg)
+    act = bool(cfg["ACT"]) and 4 * min(96, rows) <= 96
+    assert src.grid == (n // 64, min(96, rows) if act else 96, 1) and src.block == (128, 1, 1)
+    # m64n8k32 e4m3 from registers, B through a no-swizzle descriptor (both offsets 128 B)
+    assert "wgmma_rs<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 8, 32" in src.text
+    assert "initialize_wgmma_descriptor<0, 8, 8>" in src.text and "fence_proxy_async" in src.text
+    assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(src.text, t.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
