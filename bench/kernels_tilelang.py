@@ -99,8 +99,9 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[0](x["A"], x["SA"], x["B"], x["SB"], out)
             return out
-        if mma:
-            a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
+        if mma:  # the warp-MMA program reads both operands as 32-bit words, the WG one as they are
+            a, b = ((x["A"], x["B"]) if c.get("WG") else
+                    (x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)))
             if tlgd.cluster_split(c):  # the cluster's first CTA adds the partials
                 p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
                 out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
@@ -128,7 +129,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
         if persistent:
             return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
         if mma:
-            return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
+            return [tlgd.decode_rows_program(N, K, "bfloat16", 64, c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
 
     kind = " persistent" if persistent else " mma" if mma else ""
@@ -396,6 +397,9 @@ def tiny_cases():
         gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
         # the MMAs as f16 pairs (tilelang_warp_mma's f16): two passes, and four tiles split
         gemm_fp8_case("tiny f16 MMAs", 11, 256, 512, {"F16": 1}, mma=True),
+        # warpgroup MMAs with the operands swapped (the WG program; at most 8 rows), with a split
+        gemm_fp8_case("tiny wgmma", 5, 256, 512, {"WG": 1, "KU": 2}, mma=True),
+        gemm_fp8_case("tiny wgmma split-K", 8, 256, 1024, {"WG": 1, "KU": 4, "split_k": 2}, mma=True),
         gemm_fp8_case("tiny 4 tiles split-K f16 MMAs", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2, "F16": 1},
                       mma=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
@@ -452,6 +456,11 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120, {"split_k": 8}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wq_a cluster", m, 1280, 5120, {"split_k": 8, "CLUSTER": 1}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wo_b f16 MMAs", m, 5120, 8192, {"split_k": 2, "F16": 1}, mma=True))
+        if m <= 8:
+            out.append(gemm_fp8_case(f"decode b{m} wo_b wgmma", m, 5120, 8192, {"split_k": 2, "WG": 1, "KU": 4},
+                                     mma=True))
+            out.append(gemm_fp8_case(f"decode b{m} wq_a wgmma", m, 1280, 5120, {"split_k": 8, "WG": 1, "KU": 4},
+                                     mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
