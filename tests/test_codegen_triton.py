@@ -446,3 +446,35 @@ def test_every_indexer_call_of_the_tiny_graph_takes_the_triton_template():
         assert score["constexprs"]["SCALE"] and score["constexprs"]["EMIT"] == bool(n.attr.get("emit_candidates"))
         assert score["grid"][0] == sel["grid"][0] == 8 and sel["grid"][1] == 1 + score["constexprs"]["EMIT"]
         assert src.meta["launch_attrs"]["w_scale"] == 0.0625
+
+
+_EXPAND_COLLAPSE_PAIR = """
+import torch
+from deepinfer.codegen.library import triton_launchers as L
+g = torch.Generator().manual_seed(3)
+n, C, H = 3, 4, 160
+y = (torch.randn(n, H, generator=g)).to(torch.bfloat16)
+r = (torch.randn(n, C, H, generator=g)).to(torch.bfloat16)
+post, m, pre = torch.rand(n, C, generator=g) * 2, torch.rand(n, C, C, generator=g), torch.rand(n, C, generator=g)
+nw = torch.randn(H, generator=g).to(torch.bfloat16)
+cfg = {"num_warps": 4, "num_stages": 1, "BH": 64}
+rn = L.launch_hc_expand(y, r, post, m, cfg=cfg)
+x, q, s = L.launch_hc_collapse_norm_quant_fp8(rn, pre, nw, eps=1e-20, block=32, cfg=cfg)
+frn, fx, fq, fs = L.launch_hc_expand_collapse_norm_quant_fp8(y, r, post, m, pre, nw, eps=1e-20, block=32, cfg=cfg)
+ok = (torch.equal(rn, frn) and torch.equal(x, fx) and torch.equal(q.view(torch.uint8), fq.view(torch.uint8))
+      and torch.equal(s, fs))
+print("EQUAL" if ok else "DIFFER")
+"""
+
+
+def test_expand_collapse_kernel_is_bit_equal_to_the_two_it_replaces_interpreted():
+    """fuse_expand_collapse's kernel (hc_expand_collapse_norm_kernel) against hc_expand_kernel then
+    hc_collapse_norm_kernel under the interpreter: the stream, x and its quantisation bit for bit
+    (the same sums in the same order; the collapse reads the stream as stored)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _EXPAND_COLLAPSE_PAIR], capture_output=True, text=True,
+                       env=dict(os.environ, TRITON_INTERPRET="1"), timeout=600)
+    assert r.stdout.strip().endswith("EQUAL"), (r.stdout[-500:], r.stderr[-2000:])

@@ -1380,7 +1380,15 @@ def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, q_ptr, s_ptr, eps, 
     for c in tl.static_range(C):
         rc = tl.load(r_ptr + row * C * H + c * H + hh, mask=hm, other=0.0).to(tl.float32)
         acc += tl.load(prein_ptr + row * C + c) * rc
-    xc = _round_like(acc, r_ptr.dtype.element_ty)
+    _norm_row_out(acc, r_ptr.dtype.element_ty, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H, BH, QUANT)
+
+
+@triton.jit
+def _norm_row_out(acc, stream_dtype: tl.constexpr, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H: tl.constexpr,
+                  BH: tl.constexpr, QUANT: tl.constexpr):
+    """The collapsed row `acc` (fp32 sums) rounded to the stream's dtype, RMS-normalised, scaled by
+    the norm weight and stored as x; QUANT: x as stored quantised per 32 into q / s."""
+    xc = _round_like(acc, stream_dtype)
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / H + eps)
     w = tl.load(nw_ptr + hh, mask=hm, other=0.0).to(tl.float32)
     x = _round_like(w * (xc * rstd), x_ptr.dtype.element_ty)  # as stored: the quantisation reads it
@@ -1392,6 +1400,31 @@ def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, q_ptr, s_ptr, eps, 
         cols = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
         tl.store(q_ptr + row * H + cols, qb.to(tl.uint8), mask=cols < H)
         tl.store(s_ptr + row * (H // 32) + tl.arange(0, NB), sb.to(tl.uint8), mask=tl.arange(0, NB) < H // 32)
+
+
+@triton.jit
+def hc_expand_collapse_norm_kernel(y_ptr, r_ptr, post_ptr, m_ptr, prein_ptr, nw_ptr, rn_ptr, x_ptr, q_ptr, s_ptr, eps,
+                                   C: tl.constexpr, H: tl.constexpr, BH: tl.constexpr):
+    """hc_expand_kernel's new stream R'[j] = post[j] * y + sum_i M[i, j] * R[i] (the same sums in
+    the same order), stored, and hc_collapse_norm_kernel's quantised input of it: the collapse
+    reads each R'[j] as stored from registers, not from memory. A program per row, the whole row
+    in one block."""
+    row = tl.program_id(0).to(tl.int64)
+    hh = tl.arange(0, BH)
+    hm = hh < H
+    y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
+    acc = tl.zeros([BH], tl.float32)
+    for j in tl.static_range(C):
+        mixed = tl.zeros([BH], tl.float32)
+        for i in tl.static_range(C):
+            mij = tl.load(m_ptr + row * C * C + i * C + j)
+            ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
+            mixed += mij * ri
+        pj = tl.load(post_ptr + row * C + j)
+        v = _round_like(pj * y + mixed, rn_ptr.dtype.element_ty)
+        tl.store(rn_ptr + row * C * H + j * H + hh, v.to(rn_ptr.dtype.element_ty), mask=hm)
+        acc += tl.load(prein_ptr + row * C + j) * v
+    _norm_row_out(acc, rn_ptr.dtype.element_ty, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H, BH, 1)
 
 
 @triton.jit
