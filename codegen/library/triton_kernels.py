@@ -582,6 +582,23 @@ def gather_rows_kernel(src_ptr, idx_ptr, dst_ptr, W: tl.constexpr, DIV: tl.const
 
 
 @triton.jit
+def gather_row_pairs_kernel(a_ptr, b_ptr, idx_ptr, da_ptr, db_ptr, WA: tl.constexpr, WB: tl.constexpr,
+                            DIV: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """gather_rows_kernel over two tables of the same rows (a quantised tensor's data and scales):
+    da[t] = a[idx[t] // DIV] by chunks, and the chunk-0 program also db[t] = b[idx[t] // DIV]
+    (WB <= BLOCK_B); program (t, chunk of a's row). One launch where two would be."""
+    t = tl.program_id(0).to(tl.int64)
+    src = tl.load(idx_ptr + t).to(tl.int64) // DIV
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < WA
+    tl.store(da_ptr + t * WA + cols, tl.load(a_ptr + src * WA + cols, mask=m), mask=m)
+    if tl.program_id(1) == 0:
+        cb = tl.arange(0, BLOCK_B)
+        mb = cb < WB
+        tl.store(db_ptr + t * WB + cb, tl.load(b_ptr + src * WB + cb, mask=mb), mask=mb)
+
+
+@triton.jit
 def seq_newest_kernel(pos_ptr, seq_ptr, newest_ptr, n, BLOCK: tl.constexpr):
     """newest[s] = the largest position of sequence s in the step (scratch starts at -1)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

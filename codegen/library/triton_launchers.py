@@ -20,7 +20,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
                              seq_first_kernel)
-from .triton_kernels import hc_expand_collapse_norm_kernel
+from .triton_kernels import gather_row_pairs_kernel, hc_expand_collapse_norm_kernel
 from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
@@ -285,17 +285,27 @@ def launch_gather_rows(x, rows, *, cfg):
     return _gather(_rows2d(x), rows, 1, cfg).view(rows.shape[0], *x.shape[1:])
 
 
+def _gather_pair(q, idx, div, cfg):
+    """Rows idx // div of a quantised tensor's data and scales, both in one launch."""
+    data, scale = _u8(q[0]), _u8(q[1])
+    wa, wb = data.shape[1], scale.shape[1]
+    d = torch.empty((idx.numel(), wa), dtype=data.dtype, device=data.device)
+    s = torch.empty((idx.numel(), wb), dtype=scale.dtype, device=scale.device)
+    if idx.numel():
+        _k(gather_row_pairs_kernel)[(idx.numel(), triton.cdiv(wa, cfg["BLOCK"]))](
+            data, scale, idx.reshape(-1), d, s, WA=wa, WB=wb, DIV=div, BLOCK=cfg["BLOCK"],
+            BLOCK_B=triton.next_power_of_2(wb), num_warps=cfg["num_warps"])
+    return d.view(q[0].dtype), s.view(q[1].dtype)
+
+
 def launch_moe_gather_rows(x, pairs, *, k, cfg):
-    data, scale = x
-    d = _gather(_u8(data), pairs, k, cfg).view(data.dtype)
-    return d, _gather(_u8(scale), pairs, k, cfg).view(scale.dtype)
+    return _gather_pair(x, pairs, k, cfg)
 
 
 def launch_engram_gather(cols, table, *, cfg):
-    data, scale = table
     n = cols.shape[0]
-    d = _gather(_u8(data), cols, 1, cfg).view(data.dtype).reshape(n, -1)
-    return d, _gather(_u8(scale), cols, 1, cfg).view(scale.dtype).reshape(n, -1)
+    d, s = _gather_pair(table, cols, 1, cfg)
+    return d.reshape(n, -1), s.reshape(n, -1)
 
 
 def _newest(positions, token_seq):

@@ -247,18 +247,24 @@ def _l_gather_rows(spec, cfg):
     return [_gather_launch(_ptr(x), _ptr(rows), _ints(rows.shape)[0], w, 1, cfg)]
 
 
+def _gather_pair_launch(q, idx_ptr, count, div, cfg):
+    """A quantised tensor's data rows and their scales in one launch (gather_row_pairs_kernel)."""
+    wa, wb = _ints(q.data.shape)[-1], _ints(q.scale.shape)[-1]
+    args = {"a_ptr": "*u8", "b_ptr": "*u8", "idx_ptr": idx_ptr, "da_ptr": "*u8", "db_ptr": "*u8"}
+    return _launch("gather_row_pairs_kernel", args,
+                   {"WA": wa, "WB": wb, "DIV": div, "BLOCK": cfg["BLOCK"], "BLOCK_B": _p2(wb)},
+                   (count, _cdiv(wa, cfg["BLOCK"])), cfg)
+
+
 def _l_moe_gather(spec, cfg):
     x, pairs = spec.in_types
-    m = _ints(pairs.shape)[0]
-    return [_gather_launch("*u8", _ptr(pairs), m, _ints(x.data.shape)[1], spec.attr["k"], cfg),
-            _gather_launch("*u8", _ptr(pairs), m, _ints(x.scale.shape)[1], spec.attr["k"], cfg)]
+    return [_gather_pair_launch(x, _ptr(pairs), _ints(pairs.shape)[0], spec.attr["k"], cfg)]
 
 
 def _l_engram_gather(spec, cfg):
     cols, table = spec.in_types
     count = _ints(cols.shape)[0] * _ints(cols.shape)[1]
-    return [_gather_launch("*u8", _ptr(cols), count, _ints(table.data.shape)[1], 1, cfg),
-            _gather_launch("*u8", _ptr(cols), count, _ints(table.scale.shape)[1], 1, cfg)]
+    return [_gather_pair_launch(table, _ptr(cols), count, 1, cfg)]
 
 
 def _newest_launch(pos, seq, n):
