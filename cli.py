@@ -22,6 +22,7 @@ _USER_ERRORS = {
     "ir": ("ParseError", "VerifyError"),
     "models.checkpoint": ("CheckpointError",),
     "models.config": ("ConfigError",),
+    "models.tokenizer": ("TokenizerError",),
     "models.deepseek_v41": ("BuildError",),
     "runtime.plan_file": ("PlanError",),
     "runtime.distributed": ("DistributedError",),
@@ -261,6 +262,8 @@ def _read_prompts(args) -> list:
                 item = json.loads(line)
             except json.JSONDecodeError as e:
                 raise RequestError(f"{where}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise RequestError(f"{where}: not JSON (nested too deeply)") from None
             if isinstance(item, dict) and "messages" in item and args.chat:
                 try:
                     check_messages(item["messages"])
@@ -319,13 +322,20 @@ def _constraint(args) -> dict:
         path = getattr(args, name)
         if path is None:
             continue
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise param_error(SamplingParamsError, name, f"{path}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset "
+                                                         f"{e.start})") from None
         if name == "json_schema":
             try:
                 json.loads(text)
             except json.JSONDecodeError as e:
                 raise param_error(SamplingParamsError, name, f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+            except RecursionError:
+                raise param_error(SamplingParamsError, name, f"{path}: not JSON (nested too deeply)") from None
         out[name] = text
     return out
 

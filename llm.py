@@ -21,6 +21,7 @@ prefill tokens saved.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -46,6 +47,20 @@ PROMPT_KEYS = ("prompt", "prompt_token_ids")  # of vLLM's prompt dicts, those a 
 DEFAULT_MAX_NUM_SEQS = 16
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+
+
+@contextlib.contextmanager
+def _cache_allocation(max_num_seqs, num_pages):
+    """The executor's state and page pool, allocated for the limits asked: a request for more
+    memory than the machine has is the caller's limits, said in one line (torch's allocator
+    raises a RuntimeError, or MemoryError)."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "allocate" not in str(e):
+            raise
+        raise EngineConfigError(f"cannot allocate the state and cache pool for max_num_seqs={max_num_seqs}, "
+                                f"num_pages={num_pages}: lower max_num_seqs, max_model_len or num_pages") from None
 
 
 class LLM:
@@ -98,6 +113,12 @@ class LLM:
             raise EngineConfigError("give model= or plan=, not both")
         if not isinstance(batch_invariant, bool):
             raise param_error(EngineConfigError, "batch_invariant", f"must be True or False, got {batch_invariant!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64):
+            # the range SamplingParams takes for a request's seed
+            raise param_error(EngineConfigError, "seed", f"must be a non-negative integer below 2**64, got {seed!r}")
+        for name, value in (("model", model), ("weights", weights), ("plan", plan), ("tokenizer", tokenizer)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise param_error(EngineConfigError, name, f"must be a path, got {type(value).__name__}")
         self.batch_invariant = batch_invariant
         if plan is not None:
             self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
@@ -118,12 +139,16 @@ class LLM:
             num_pages = max_num_seqs * -(-max_model_len // PAGE_TOKENS)
         check_limits(num_pages=num_pages)
         cfg = load_config(model)
+        if max_model_len > cfg.max_position_embeddings:  # as compile refuses it for a plan
+            raise param_error(EngineConfigError, "max_model_len", f"{max_model_len} exceeds the model's "
+                              f"max_position_embeddings {cfg.max_position_embeddings}")
         prefix_policy(cfg, PAGE_TOKENS, enable_prefix_caching, swa_replay, swa_replay_keep)  # (before the weights load)
+        self.tokenizer = Tokenizer(tokenizer)  # a bad tokenizer file is said before the weights load
         program = build_model(cfg)
         params = load_params(program, load_checkpoint(weights, cfg))
-        executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)
+        with _cache_allocation(max_num_seqs, num_pages):
+            executor = InterpreterExecutor(program, params, num_slots=max_num_seqs, num_pages=num_pages)
         self.config = cfg
-        self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                 seed=seed, **self._engine_options)
@@ -172,19 +197,21 @@ class LLM:
                 pages = -(-max_model_len // PAGE_TOKENS)
                 num_pages = min(max_num_seqs * pages, max(opts.get("num_pages", 0), pages))
             check_limits(num_pages=num_pages)
+            self.tokenizer = Tokenizer(tokenizer)  # a bad tokenizer file is said before the weights load
             if launched_world() > 1:
                 # one rank of a multi-rank plan (under torchrun): rank 0 runs the engine, the others
                 # follow it inside this call and exit when it stops (runtime/distributed.py)
                 executor = launch_executor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
             else:
-                executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
+                with _cache_allocation(max_num_seqs, num_pages):
+                    executor = PlanExecutor(plan, weights, num_slots=max_num_seqs, num_pages=num_pages)
         elif launched_world() > 1:
             raise EngineConfigError(f"plan {plan}: multi-rank runs of {target} plans are not wired yet (the CUDA "
                                     "executor takes no expert shard); cpu plans run under torchrun")
         else:
+            self.tokenizer = Tokenizer(tokenizer)
             executor = self._device_executor(plan, weights, loaded, max_num_batched_tokens, num_pages)
         self.config = executor.cfg
-        self.tokenizer = Tokenizer(tokenizer)
         self.engine = LLMEngine(executor, self.tokenizer, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                                 seed=seed, **self._engine_options)
@@ -309,6 +336,9 @@ class LLM:
              stream: bool = False, chat: dict | None = None):
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(ids)
+        elif not isinstance(sampling_params, (list, tuple)):
+            raise RequestError("sampling_params must be a SamplingParams or a list of them (one per prompt), got "
+                               f"{type(sampling_params).__name__}")
         else:
             params = list(sampling_params)
             if len(params) != len(ids):

@@ -54,6 +54,8 @@ def load_manifest(cand_dir) -> dict:
         raise TuneError(f"{path}: missing (build candidates with --build-candidates)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise TuneError(f"{path}: not JSON ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise TuneError(f"{path}: not JSON (nested too deeply)") from None
     why = _check_manifest(man)
     if why:
         raise TuneError(f"{path}: {why}")
@@ -68,6 +70,9 @@ def _check_manifest(man) -> str | None:
     target = man.get("target")
     if not isinstance(target, dict) or not all(isinstance(target.get(k), str) for k in ("name", "arch")):
         return "target must name its name and arch"
+    plan = man.get("plan")  # what a rerun and --apply match the plan against
+    if not isinstance(plan, dict) or not all(isinstance(plan.get(k), str) for k in ("model", "config_hash")):
+        return "plan must name its model and config_hash"
     if not isinstance(man.get("instances"), dict) or not isinstance(man.get("build"), dict):
         return "instances and build must be objects"
     for inst, e in man["instances"].items():
@@ -266,7 +271,7 @@ def _open_for(out: Path, plan: dict, target, plan_dir) -> dict:
         raise TuneError(f"{out}: exists and is not a directory")
     if (out / MANIFEST).exists():
         man = load_manifest(out)
-        mine = {k: man.get("plan", {}).get(k) for k in ident}
+        mine = {k: man["plan"][k] for k in ident}
         if mine != ident or man["target"]["name"] != target.name:
             raise TuneError(f"{out}: holds candidates of {mine['model']} for {man['target']['name']}, not "
                             f"{ident['model']} for {target.name}; give another directory")

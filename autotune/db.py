@@ -21,7 +21,8 @@ template and structure:
     nearest   the nearest shape bucket of the structure: measured first, this device's first
 The caller falls back to the template default. A row whose toolchain differs from the asking
 target's is never used (it is counted as stale, so a user can see why nothing matched). No
-pickle: rows are plain JSON, and a malformed line is skipped with a one-line warning.
+pickle: rows are plain JSON, and a malformed line is skipped with a one-line warning and kept as
+it is when the file is rewritten (it is the user's, to fix or delete).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import write_new_file
+from ..atomic import replace_file
 
 
 def shipped_db(target: str) -> Path:
@@ -78,32 +79,43 @@ class Match:
 
 
 class TuningDB:
-    def __init__(self, rows: list[dict] | None = None, path: Path | None = None):
+    def __init__(self, rows: list[dict] | None = None, path: Path | None = None, unread: list[bytes] | None = None):
         self.rows: list[dict] = list(rows or [])
         self.path = path
+        # the file's lines that are not rows, byte for byte: a save writes them back, since a
+        # tuning run rewriting the file must not delete what the user wrote there
+        self.unread: list[bytes] = list(unread or [])
 
     @classmethod
     def load(cls, path) -> "TuningDB":
         """Rows of a JSON-lines file; a missing file is an empty database, a malformed line is
-        skipped with one warning line naming the file, the line and the problem."""
+        skipped with one warning line naming the file, the line and the problem, and kept for
+        `save`."""
         path = Path(path)
-        rows = []
+        rows, unread = [], []
         if not path.exists():
             return cls([], path)
-        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        # bytes, not text: a line that is not UTF-8 goes back into the file as it was
+        for i, line in enumerate(path.read_bytes().split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.decode())
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})"
             except ValueError as e:
-                warnings.warn(f"{path}:{i}: skipped, not JSON ({str(e).splitlines()[0]})", TuningDBWarning, 2)
-                continue
-            why = check_row(row)
+                why = f"not JSON ({str(e).splitlines()[0]})"
+            except RecursionError:
+                why = "not JSON (nested too deeply)"
+            else:
+                why = check_row(row)
             if why:
-                warnings.warn(f"{path}:{i}: skipped, {why}", TuningDBWarning, 2)
+                warnings.warn(f"{path}:{i}: skipped, {why}; a rewrite of the file keeps the line as it is",
+                              TuningDBWarning, 2)
+                unread.append(line)
                 continue
             rows.append(row)
-        return cls(rows, path)
+        return cls(rows, path, unread)
 
     def merged(self, other: "TuningDB") -> "TuningDB":
         """Both databases' rows; where both hold the same key, the measured row with the lower p50
@@ -113,7 +125,7 @@ class TuningDB:
             k = row_key(row)
             if k not in best or _better(row, best[k]):
                 best[k] = row
-        return TuningDB(list(best.values()), self.path)
+        return TuningDB(list(best.values()), self.path, self.unread)  # self's file, self's unread lines
 
     def add(self, row: dict) -> None:
         why = check_row(row)
@@ -125,14 +137,11 @@ class TuningDB:
             self.rows.append(row)
 
     def save(self, path=None) -> Path:
-        """Written whole and atomically: a reader sees the old file or the new one."""
+        """Written whole and atomically: a reader sees the old file or the new one. The lines
+        `load` could not read follow the rows, as they were."""
         path = Path(path or self.path)
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.unlink(missing_ok=True)
-        write_new_file(tmp, text.encode())
-        tmp.replace(path)
+        data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows).encode()
+        replace_file(path, data + b"".join(line + b"\n" for line in self.unread))
         return path
 
     def lookup(self, fp: dict, template: str, spec) -> tuple[Match | None, int]:
@@ -179,24 +188,62 @@ def provenance(match: Match, db: "TuningDB") -> dict:
             "source": row["provenance"].get("source"), "db": db.path.name if db.path else None}
 
 
+# What a measured row's tried candidates hold that the tables and --apply read.
+_TRIED = {"id": str, "default": bool, "status": str}
+
+
 def check_row(row) -> str | None:
+    """Why `row` is not a row (None where it is). Every field a lookup, a table, --apply or a
+    plan's provenance reads later is checked here, so a damaged row is skipped at load like any
+    malformed line rather than failing a compile or a tuning run midway."""
     if not isinstance(row, dict):
         return "not a JSON object"
     missing = ROW_KEYS - set(row)
     if missing:
         return f"missing {', '.join(sorted(missing))}"
-    if not isinstance(row["config"], dict) or not isinstance(row["fingerprint"], dict):
-        return "config and fingerprint must be objects"
+    for k in ("template", "structure", "spec"):
+        if not isinstance(row[k], str):
+            return f"{k} must be a string"
+    if not all(isinstance(row[k], dict) for k in ("config", "fingerprint", "provenance")):
+        return "config, fingerprint and provenance must be objects"
+    fp = row["fingerprint"]
+    if not isinstance(fp.get("toolchain"), dict):
+        return "fingerprint toolchain must be an object"
+    for k in ("target", "arch", "device", "driver", "runtime"):  # null: none (a compiling host has no device)
+        if fp.get(k) is not None and not isinstance(fp[k], str):
+            return f"fingerprint {k} must be a string or null"
+    if fp.get("cores") is not None and not _is(fp["cores"], int):
+        return "fingerprint cores must be an integer or null"
+    knob = next((k for k, v in row["config"].items() if not _is(v, (int, float, str, bool))), None)
+    if knob is not None:
+        return f"config {knob} must be a number, string or boolean"
+    for k in ("date", "source"):
+        if row["provenance"].get(k) is not None and not isinstance(row["provenance"][k], str):
+            return f"provenance {k} must be a string or null"
     if row["status"] not in ("ok", "failed"):
         return f"status {row['status']!r} is not ok or failed"
-    if not isinstance(row["bucket"], int) or isinstance(row["bucket"], bool) or row["bucket"] < 0:
+    if not _is(row["bucket"], int) or row["bucket"] < 0:
         return f"bucket {row['bucket']!r} is not a row count"
     if row["timings"] is not None and not (isinstance(row["timings"], dict) and
-                                           isinstance(row["timings"].get("p50"), (int, float))):
+                                           _is(row["timings"].get("p50"), (int, float))):
         return "timings must be null or hold a p50"
     if not isinstance(row["measured"], bool):
         return "measured must be true or false"
+    if row.get("instance") is not None and not isinstance(row["instance"], str):
+        return "instance must be a string or null"
+    tried = row.get("candidates")
+    if tried is not None and not (isinstance(tried, list) and all(
+            isinstance(t, dict) and all(isinstance(t.get(k), kind) for k, kind in _TRIED.items())
+            and "p50" in t and (t["p50"] is None or _is(t["p50"], (int, float))) for t in tried)):
+        return "candidates must be a list of objects with an id, default, status and p50"
     return None
+
+
+def _is(value, kind) -> bool:
+    """isinstance, except that a JSON true or false is a number only where a boolean is allowed
+    (Python's bool is an int)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and (not isinstance(value, bool) or bool in kinds)
 
 
 def row_key(row: dict) -> str:

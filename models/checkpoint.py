@@ -191,8 +191,8 @@ def _read_header(path: Path) -> dict[str, _HeaderEntry]:
         raw = f.read(n)
     try:
         header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"malformed header JSON: {e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"malformed header JSON: {e.__class__.__name__}") from None
     if not isinstance(header, dict):
         raise ValueError("malformed header: not a JSON object")
     out: dict[str, _HeaderEntry] = {}
@@ -209,6 +209,15 @@ def _read_header(path: Path) -> dict[str, _HeaderEntry]:
             raise ValueError(f"truncated: tensor {name} ends at byte {entry.end} of the data, "
                              f"the file holds {data_len}")
         out[name] = entry
+    # safetensors reads a shard only if its tensors tile the data section exactly, in some order
+    at = 0
+    for name, entry in sorted(out.items(), key=lambda kv: (kv[1].begin, kv[1].end)):
+        if entry.begin != at or entry.end < entry.begin:
+            what = "overlaps the tensor before it" if entry.begin < at else "leaves a gap before it"
+            raise ValueError(f"malformed header: tensor {name} at bytes {entry.begin}..{entry.end} {what}")
+        at = entry.end
+    if at != data_len:
+        raise ValueError(f"{data_len - at} bytes after the last tensor's data (the file was appended to or damaged)")
     return out
 
 
@@ -240,7 +249,12 @@ class Checkpoint(Mapping):
         shard = self._weight_map[name]
         if shard not in self._handles:
             from safetensors import safe_open
-            self._handles[shard] = safe_open(str(self.path / shard), framework="pt", device=str(self._device))
+            try:
+                self._handles[shard] = safe_open(str(self.path / shard), framework="pt", device=str(self._device))
+            except OSError:
+                raise
+            except Exception as e:  # noqa: BLE001 - safetensors' own error type: the shard changed since the check
+                raise CheckpointError(f"checkpoint {self.path}: {shard}: {str(e).splitlines()[0]}") from None
         return self._handles[shard]
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
@@ -311,8 +325,8 @@ def load_checkpoint(path: str | os.PathLike, cfg: ModelConfig, device: str = "cp
         raise CheckpointError(f"checkpoint {root}: {INDEX_NAME} is missing")
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {root}: {INDEX_NAME} is malformed JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint {root}: {INDEX_NAME} is malformed JSON ({e.__class__.__name__})") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                    for k, v in weight_map.items()):
@@ -533,8 +547,16 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"{out}: directory exists and is not empty (overwrite it with --overwrite)")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise CheckpointError(f"{out}: directory exists and is not empty (overwrite it with --overwrite)")
+        # --overwrite replaces a checkpoint, not whatever else a directory holds
+        own = {INDEX_NAME, "config.json"}
+        foreign = sorted(e.name for e in out.iterdir() if e.name not in own and not e.name.endswith(".safetensors"))
+        if not (out / INDEX_NAME).is_file() or foreign:
+            shown = ", ".join(foreign[:3]) or "no checkpoint index"
+            raise CheckpointError(f"{out}: holds {shown}, not only a checkpoint; --overwrite replaces a checkpoint "
+                                  "directory whole, so give a new or empty directory")
     if max_shard_bytes <= 0:
         raise CheckpointError(f"max_shard_bytes: must be > 0, got {max_shard_bytes}")
     specs = checkpoint_schema(cfg)

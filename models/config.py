@@ -286,6 +286,8 @@ def load_config(model: str | os.PathLike) -> ModelConfig:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a JSON object, got {type(data).__name__}")
     try:

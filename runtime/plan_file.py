@@ -61,7 +61,7 @@ def load_plan(plan_dir: str | os.PathLike, target: str | None = None) -> dict:
         body = json.loads((root / "plan.json").read_text())
     except FileNotFoundError:
         raise PlanError(f"plan {root}: plan.json is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise PlanError(f"plan {root}: plan.json is damaged ({e.__class__.__name__})") from None
     if not isinstance(body, dict) or body.get("format") != PLAN_FORMAT:
         raise PlanError(f"plan {root}: not a DeepInfer plan")
@@ -91,7 +91,46 @@ def load_plan(plan_dir: str | os.PathLike, target: str | None = None) -> dict:
         raise PlanError(f"plan {root}: plan.json names no target")
     if target is not None and name != target:
         raise PlanError(f"plan {root}: compiled for {name}, not {target}")
+    _check_contract(root, body)
     return body
+
+
+# the options the runtime reads as numbers (limits, layout) and as flags
+_INT_OPTIONS = ("max_model_len", "max_num_seqs", "page_tokens", "max_pages", "num_pages", "num_slots", "ep", "dp",
+                "decode_rows_max", "verify_drafts")
+
+
+def _check_contract(root: Path, body: dict) -> None:
+    """The fields the runtime reads before it runs anything, of the kinds it reads them as: a plan
+    whose hash was recomputed after an edit is still refused here in one line, not by a TypeError or
+    KeyError from deep inside the runtime."""
+    from ..ir.registry import get_op
+
+    opts = _field(root, body, "options", dict)
+    for key in _INT_OPTIONS:
+        if key in opts and (not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 0):
+            raise PlanError(f"plan {root}: option {key} must be a whole number >= 0, got {opts[key]!r}")
+    for key in ("max_model_len", "max_num_seqs", "page_tokens"):
+        if not opts.get(key):
+            raise PlanError(f"plan {root}: option {key} is missing or zero")
+    if "batch_invariant" in opts and not isinstance(opts["batch_invariant"], bool):
+        raise PlanError(f"plan {root}: option batch_invariant must be true or false")
+    graphs = _field(root, body, "graphs", dict)
+    if not isinstance(graphs.get("step"), dict) or not isinstance(graphs["step"].get("calls"), list):
+        raise PlanError(f"plan {root}: plan.json has no step graph")
+    buckets = _field(root, body, "buckets", dict)
+    for gname, g in graphs.items():
+        if not isinstance(g, dict) or not isinstance(g.get("calls"), list) or not isinstance(buckets.get(gname), dict):
+            raise PlanError(f"plan {root}: graph {gname!r} is malformed or has no buckets")
+    model = _field(root, body, "model", dict)
+    if not isinstance(model.get("config"), dict) or not isinstance(model.get("id"), str):
+        raise PlanError(f"plan {root}: plan.json's model record is malformed")
+    for i, node in enumerate(_field(root, body, "load_program", list)):
+        op = node.get("op") if isinstance(node, dict) else None
+        try:
+            get_op(op)
+        except (KeyError, TypeError):
+            raise PlanError(f"plan {root}: load step {i} names no known op ({op!r})") from None
 
 
 def _field(root: Path, body: dict, key: str, kind: type):

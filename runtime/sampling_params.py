@@ -67,11 +67,12 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", [self.stop])  # vLLM accepts one string as a list of one
         if self.stop is not None:
-            if not all(isinstance(s, str) and s for s in self.stop):
+            if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
                 bad("stop", f"must be a list of non-empty strings, got {self.stop!r}")
             object.__setattr__(self, "stop", list(self.stop))
         if self.stop_token_ids is not None:
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
                 bad("stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}")
             object.__setattr__(self, "stop_token_ids", list(self.stop_token_ids))
         if not _is_int(self.n) or self.n < 1:
@@ -92,7 +93,8 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             bad("min_tokens", f"must be an integer in [0, max_tokens {self.max_tokens}], got {self.min_tokens!r}")
         if self.bad_words is not None:
-            if isinstance(self.bad_words, str) or not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            if not isinstance(self.bad_words, (list, tuple)) or not all(
+                    isinstance(w, str) and w.strip() for w in self.bad_words):
                 bad("bad_words", f"must be a list of non-blank strings, got {self.bad_words!r}")
             object.__setattr__(self, "bad_words", list(self.bad_words))
         self._check_constraint(bad)
@@ -113,6 +115,13 @@ class SamplingParams:
             bad(name, f"must be {'a dict or ' if name == 'json_schema' else ''}a string, got {type(value).__name__}")
         if isinstance(value, str) and not value.strip():
             bad(name, "is empty")
+        if isinstance(value, dict):
+            import json
+
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError, RecursionError) as e:
+                bad(name, f"is not a JSON value: {str(e).splitlines()[0]}")
         if self.min_tokens:
             # before min_tokens EOS is masked, and where the grammar has ended EOS is all it allows
             bad("min_tokens", f"cannot be combined with {name} (EOS may be the only token the grammar allows)")

@@ -71,11 +71,77 @@ def test_merge_save_and_malformed_lines(tmp_path):
     msgs = [str(x.message) for x in w if issubclass(x.category, TuningDBWarning)]
     assert len(back.rows) == 2 and len(msgs) == 3
     assert msgs[0].startswith(f"{path}:2: skipped, not JSON") and msgs[1].startswith(f"{path}:3: skipped, missing")
-    assert msgs[2] == f"{path}:5: skipped, status 'maybe' is not ok or failed"
+    assert msgs[2] == f"{path}:5: skipped, status 'maybe' is not ok or failed; a rewrite of the file keeps the line as it is"
     assert all("\n" not in m for m in msgs)
     assert TuningDB.load(tmp_path / "absent.jsonl").rows == []
     with pytest.raises(ValueError, match="^tuning row: missing"):
         back.add({"template": "x"})
+
+
+def test_a_rewrite_keeps_the_lines_it_could_not_read(tmp_path):
+    """A tuning run rewrites its database after each instance: the lines it skipped (the user's,
+    maybe a row to fix) go back into the file byte for byte, after the rows."""
+    path = tmp_path / "db.jsonl"
+    unread = [b"my notes", json.dumps({"template": "x"}).encode(), b"\xff\xfe not UTF-8", b'{"cut": ',
+              b"windows line\r", b"[" * 100_000]
+    path.write_bytes(b"\n".join([json.dumps(_row(_fp(), 8, 5.0, {"BLOCK_H": 256})).encode(), *unread, b""]))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        db = TuningDB.load(path)
+    msgs = [str(x.message) for x in w if issubclass(x.category, TuningDBWarning)]
+    assert len(db.rows) == 1 and len(msgs) == len(unread)
+    assert all(m.endswith("; a rewrite of the file keeps the line as it is") for m in msgs)
+    assert msgs[2].startswith(f"{path}:4: skipped, not UTF-8 (byte 0xff at column 1)")
+    assert msgs[5].startswith(f"{path}:7: skipped, not JSON (nested too deeply)")
+    db.add(_row(_fp(), 16, 2.0, {"BLOCK_H": 512}))
+    db.save()
+    assert path.read_bytes().split(b"\n")[2:] == [*unread, b""]  # the rows first, then the rest
+    with pytest.warns(TuningDBWarning):
+        assert len(TuningDB.load(path).rows) == 2
+    db.merged(TuningDB([_row(_fp(), 32, 1.0, {"BLOCK_H": 1024})])).save()
+    assert path.read_bytes().split(b"\n")[3:] == [*unread, b""]
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "db.jsonl"]  # no temporary left
+
+
+def _damaged(**fields):
+    row = _row(_fp(), 8, 5.0, {"BLOCK_H": 256})
+    for k, v in fields.items():  # "fingerprint.toolchain": a field of a field
+        *outer, last = k.split(".")
+        (row[outer[0]] if outer else row)[last] = v
+    return row
+
+
+@pytest.mark.parametrize("row, why", [
+    (_damaged(**{"fingerprint.toolchain": "cuda13"}), "fingerprint toolchain must be an object"),
+    (_damaged(**{"fingerprint.cores": "132"}), "fingerprint cores must be an integer or null"),
+    (_damaged(**{"fingerprint.device": ["H200"]}), "fingerprint device must be a string or null"),
+    (_damaged(provenance="today"), "config, fingerprint and provenance must be objects"),
+    (_damaged(**{"provenance.date": 20261201}), "provenance date must be a string or null"),
+    (_damaged(template=["triton_rms_norm"]), "template must be a string"),
+    (_damaged(structure=None), "structure must be a string"),
+    (_damaged(config={"BLOCK_H": [256]}), "config BLOCK_H must be a number, string or boolean"),
+    (_damaged(bucket=True), "bucket True is not a row count"),
+    (_damaged(timings={"p50": "fast"}), "timings must be null or hold a p50"),
+    (_damaged(instance=["k1"]), "instance must be a string or null"),
+    (_damaged(candidates="all"), "candidates must be a list"),
+    (_damaged(candidates=[{"id": "c00", "default": True, "status": "ok"}]), "candidates must be a list"),
+])
+def test_a_row_of_the_wrong_types_is_skipped_like_any_malformed_line(tmp_path, row, why):
+    """Whatever a lookup, a table or a plan's provenance reads later is checked at load: such a
+    row is reported and skipped, never a crash in the middle of a compile."""
+    from deepinfer.autotune.db import check_row, provenance
+
+    assert check_row(row).startswith(why)
+    path = tmp_path / "db.jsonl"
+    good = _row(_fp(), 8, 5.0, {"BLOCK_H": 512})
+    path.write_text(json.dumps(row) + "\n" + json.dumps(good) + "\n")
+    with pytest.warns(TuningDBWarning, match=f"^{path}:1: skipped, {why}"):
+        db = TuningDB.load(path)
+    match, stale = db.lookup(_fp(), "triton_rms_norm", NORM)
+    assert db.rows == [good] and match.row == good and stale == 0
+    assert provenance(match, db)["date"] == "2026-12-01"
+    with pytest.raises(ValueError, match=f"^tuning row: {why}"):
+        db.add(row)
 
 
 def test_legality_pruning_drops_unrenderable_and_oversized_configs():
@@ -163,10 +229,13 @@ def test_tune_with_a_fake_timer_then_compile_takes_the_rows(plan, tmp_path, caps
     assert others and not any("tuning" in k for k in others)
     # the CLI: the cost model ranks where no hardware is; measured tuning says what it lacks
     out_db = tmp_path / "cost.jsonl"
+    out_db.write_text("my notes\n")  # not a row: warned about, and kept through the rewrite
     assert main(["autotune", str(plan), "--db", str(out_db), "--cost-model-only", "--only", "triton_rope"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "modelled (cost model, no hardware)" in out and f"wrote {out_db}" in out
-    assert all(not r["measured"] for r in TuningDB.load(out_db).rows)
+    assert f"{out_db}:1: skipped, not JSON" in err and out_db.read_text().endswith("\nmy notes\n")
+    with pytest.warns(TuningDBWarning, match="not JSON"):
+        assert all(not r["measured"] for r in TuningDB.load(out_db).rows)
     assert main(["autotune", str(plan), "--db", str(out_db)]) == 2
     assert "--cost-model-only" in capsys.readouterr().err
     assert main(["autotune", str(plan), "--cost-model-only", "--only", "nope"]) == 2
@@ -257,12 +326,24 @@ def test_build_candidates_writes_a_resumable_manifest(plan, candidates_dir, tmp_
     assert capsys.readouterr().err == f"deepinfer: error: {other}: holds files and no {MANIFEST}; give an empty or new directory\n"
     bad = tmp_path / "bad"
     shutil.copytree(candidates_dir, bad)
-    for text, why in (("{not json", "not JSON"), (json.dumps({"format": "x"}), "not a DeepInfer tuning-candidates"),
-                      (json.dumps(dict(man, instances={"k1": {"template": "t"}})), "instance k1: spec is missing")):
+    no_plan = {k: v for k, v in man.items() if k != "plan"}
+    for text, why in (("{not json", "not JSON"), ("[" * 100_000, "not JSON (nested too deeply)"),
+                      (json.dumps({"format": "x"}), "not a DeepInfer tuning-candidates"),
+                      (json.dumps(dict(man, instances={"k1": {"template": "t"}})), "instance k1: spec is missing"),
+                      (json.dumps(dict(man, plan="x")), "plan must name its model and config_hash"),
+                      (json.dumps(no_plan), "plan must name its model and config_hash")):
         (bad / MANIFEST).write_text(text)
         assert main(["autotune", "--measure", str(bad), "--db", str(tmp_path / "db.jsonl")]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"deepinfer: error: {bad / MANIFEST}: {why}") and err.count("\n") == 1, err
+    # the modes that match the manifest's plan against PLAN_DIR say so too
+    (tmp_path / "rows.jsonl").write_text("")
+    for text, mode in ((json.dumps(dict(man, plan="x")), ["--build-candidates", str(bad)]),
+                       (json.dumps(no_plan), ["--apply", str(bad), "--db", str(tmp_path / "rows.jsonl"), "-o",
+                                              str(tmp_path / "tuned")])):
+        (bad / MANIFEST).write_text(text)
+        assert main(["autotune", str(plan), *mode]) == 2
+        assert capsys.readouterr().err == f"deepinfer: error: {bad / MANIFEST}: plan must name its model and config_hash\n"
     assert main(["autotune", "--measure", str(tmp_path / "absent"), "--db", str(tmp_path / "db.jsonl")]) == 2
     assert "no such directory" in capsys.readouterr().err
     assert main(["autotune", str(plan), "--measure", str(candidates_dir), "--db", "x"]) == 2

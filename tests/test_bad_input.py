@@ -512,3 +512,181 @@ def test_prefix_cache_arguments_on_a_plan(tiny_plan_and_weights, tmp_path):
     plan, _ = tiny_plan_and_weights
     with pytest.raises(EngineConfigError, match=r"^swa_replay_keep 10 is below the window \(16\)"):
         LLM(plan=plan, weights=tmp_path, enable_prefix_caching=True, swa_replay="bounded", swa_replay_keep=10)
+
+
+# ---- deeply nested JSON, non-UTF-8 constraint files, damaged shards and tokenizers (2026-12-04 audit) ----
+
+DEEP = "[" * 100000 + "]" * 100000
+
+
+def test_deeply_nested_json_is_one_line(tmp_path, capsys, tiny_plan_and_weights):
+    """A JSON file nested deeper than Python's recursion limit: plan.json, config.json, a prompt
+    line and a --json-schema file each end in one line naming the file, not a RecursionError."""
+    import shutil
+
+    plan, ckpt = tiny_plan_and_weights
+    bad_plan = tmp_path / "plan"
+    shutil.copytree(plan, bad_plan)
+    (bad_plan / "plan.json").write_text(DEEP)
+    assert main(["generate", str(bad_plan), "--weights", str(ckpt), "--prompt", "x"]) == 2
+    assert "plan.json is damaged (RecursionError)" in one_error_line(capsys)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(DEEP)
+    assert main(["compile", "--model", str(model), "--target", "cpu", "-o", str(tmp_path / "p")]) == 2
+    assert "nested too deeply" in one_error_line(capsys)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(DEEP + "\n")
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompts", str(prompts)]) == 2
+    assert one_error_line(capsys).endswith("line 1: not JSON (nested too deeply)")
+    schema = tmp_path / "schema.json"
+    schema.write_text(DEEP)
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x",
+                 "--json-schema", str(schema)]) == 2
+    assert one_error_line(capsys).endswith("not JSON (nested too deeply)")
+
+
+@pytest.mark.parametrize("flag", ["--json-schema", "--grammar"])
+def test_constraint_files_that_are_not_utf8(tmp_path, capsys, flag):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"\xff{}")
+    assert main(["generate", "--model", TINY, "--weights", str(tmp_path), "--prompt", "x", flag, str(path)]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: {flag} {path}: not UTF-8 (byte 0xff at offset 0)"
+
+
+def test_a_shard_with_bytes_past_its_tensors_is_refused(tmp_path):
+    """A shard appended to (or whose tensors overlap) passed the header check and then failed in
+    safetensors with its own error; the check now reads the data offsets as safetensors does."""
+    import json
+    import shutil
+    import struct
+
+    from deepinfer.models.checkpoint import CheckpointError, load_checkpoint, make_checkpoint
+    from deepinfer.models.config import load_config
+
+    cfg = load_config(TINY)
+    ckpt = make_checkpoint(TINY, tmp_path / "ckpt", seed=1)
+    shard = sorted(p for p in Path(ckpt).iterdir() if p.suffix == ".safetensors")[0]
+    appended = tmp_path / "appended"
+    shutil.copytree(ckpt, appended)
+    with open(appended / shard.name, "ab") as f:
+        f.write(b"GARBAGE")
+    with pytest.raises(CheckpointError, match="bytes after the last tensor's data"):
+        load_checkpoint(appended, cfg)
+    overlap = tmp_path / "overlap"
+    shutil.copytree(ckpt, overlap)
+    raw = (overlap / shard.name).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    names = [k for k in header if k != "__metadata__"]
+    header[names[1]]["data_offsets"] = header[names[0]]["data_offsets"]
+    body = json.dumps(header).encode()
+    (overlap / shard.name).write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n:])
+    with pytest.raises(CheckpointError, match="overlaps the tensor before it|leaves a gap"):
+        load_checkpoint(overlap, cfg)
+
+
+def test_a_file_that_is_no_tokenizer(tmp_path, capsys):
+    from deepinfer.models.tokenizer import Tokenizer, TokenizerError
+
+    for content in ("{not json", '{"model": {"type": "WordPiece"}}', DEEP):
+        path = tmp_path / "tokenizer.json"
+        path.write_text(content)
+        with pytest.raises(TokenizerError, match=f"tokenizer file {path}: not a tokenizer.json") as e:
+            Tokenizer(path)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("change,error", [  # each was a TypeError or KeyError from inside the runtime
+    (lambda b: b["options"].update(max_model_len="big"), "option max_model_len must be a whole number >= 0, got 'big'"),
+    (lambda b: b.update(graphs={}), "plan.json has no step graph"),
+    (lambda b: b["load_program"][0].update(op="nosuch_op"), "load step 0 names no known op ('nosuch_op')"),
+    (lambda b: b["options"].pop("page_tokens"), "option page_tokens is missing or zero"),
+])
+def test_a_plan_edited_behind_its_hash(tiny_plan_and_weights, tmp_path, capsys, change, error):
+    """plan.json changed and its own hash recomputed (by hand or a broken writer): the fields the
+    runtime reads first are checked by kind in load_plan, one line through the CLI."""
+    import json
+    import shutil
+
+    from deepinfer.runtime.plan_file import canonical, sha256
+
+    plan, ckpt = tiny_plan_and_weights
+    bad = tmp_path / "plan"
+    shutil.copytree(plan, bad)
+    body = json.loads((bad / "plan.json").read_text())
+    body.pop("self_sha256")
+    change(body)
+    body["self_sha256"] = sha256(canonical(body))
+    (bad / "plan.json").write_text(json.dumps(body))
+    assert main(["generate", str(bad), "--weights", str(ckpt), "--prompt", "x"]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: plan {bad}: {error}"
+
+
+@pytest.mark.parametrize("kwargs,error", [  # each was a TypeError
+    ({"stop": 123}, "stop must be a list of non-empty strings, got 123"),
+    ({"stop_token_ids": 5}, "stop_token_ids must be a list of token ids >= 0, got 5"),
+    ({"bad_words": 5}, "bad_words must be a list of non-blank strings, got 5"),
+    ({"json_schema": {"a": {1, 2}}}, "json_schema is not a JSON value: Object of type set is not JSON serializable"),
+])
+def test_sampling_params_of_the_wrong_kind(kwargs, error):
+    from deepinfer.runtime.sampling_params import SamplingParams, SamplingParamsError
+
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**kwargs)
+    assert str(e.value) == error
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"seed": "abc"}, "seed must be a non-negative integer below 2**64, got 'abc'"),  # was a TypeError
+    ({"seed": -1}, "seed must be a non-negative integer below 2**64, got -1"),  # was accepted
+    ({"weights": 5}, "weights must be a path, got int"),  # was a TypeError from pathlib
+    ({"max_model_len": 10**11}, "max_model_len 100000000000 exceeds the model's max_position_embeddings"),
+    ({"max_num_seqs": 10**9}, "cannot allocate the state and cache pool for max_num_seqs=1000000000"),  # was the
+    # allocator's RuntimeError
+])
+def test_llm_arguments_of_the_wrong_kind(tiny_plan_and_weights, kwargs, error):
+    from deepinfer import LLM
+    from deepinfer.runtime.engine import EngineConfigError
+
+    _, ckpt = tiny_plan_and_weights
+    with pytest.raises(EngineConfigError) as e:
+        LLM(TINY, **({"weights": ckpt} | kwargs))
+    assert str(e.value).startswith(error) and "\n" not in str(e.value)
+
+
+def test_llm_refuses_a_bad_tokenizer_before_loading_weights(tiny_plan_and_weights, tmp_path, monkeypatch):
+    from deepinfer import LLM, llm
+    from deepinfer.models.tokenizer import TokenizerError
+
+    _, ckpt = tiny_plan_and_weights
+    (tmp_path / "tok.json").write_text("{not json")
+    monkeypatch.setattr(llm, "load_checkpoint", lambda *a, **k: pytest.fail("weights loaded first"))
+    with pytest.raises(TokenizerError, match="not a tokenizer.json"):
+        LLM(TINY, ckpt, tokenizer=tmp_path / "tok.json")
+
+
+def test_make_checkpoint_overwrites_a_checkpoint_only(tmp_path, capsys):
+    """--overwrite replaces a checkpoint directory; a directory of other files is refused in one
+    line and kept (it used to be deleted whole)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("keep me")
+    assert main(["make-checkpoint", "--model", TINY, "-o", str(mine), "--overwrite"]) == 2
+    assert "not only a checkpoint" in one_error_line(capsys) and (mine / "thesis.tex").read_text() == "keep me"
+
+
+def test_compile_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "file" / "sub")]) == 2
+    assert one_error_line(capsys).endswith(f"{tmp_path / 'file'} is a file, not a directory")
+
+
+def test_generate_with_a_string_for_sampling_params(tiny_plan_and_weights):
+    from deepinfer import LLM
+    from deepinfer.runtime.engine import RequestError
+
+    plan, ckpt = tiny_plan_and_weights
+    llm = LLM(plan=plan, weights=ckpt)
+    with pytest.raises(RequestError, match="sampling_params must be a SamplingParams or a list of them"):
+        llm.generate("Hi", "temp")  # was "4 sampling params for 1 prompts"

@@ -193,8 +193,14 @@ def test_refuses_non_empty_dir_and_overwrites_atomically(tmp_path):
     with pytest.raises(CheckpointError, match="directory exists and is not empty"):
         make_checkpoint(MINI, out)
     assert (out / "keep.txt").read_text() == "mine"
-    make_checkpoint(MINI, out, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / INDEX_NAME).is_file()
+    with pytest.raises(CheckpointError, match="not only a checkpoint"):  # overwrite replaces checkpoints only
+        make_checkpoint(MINI, out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    make_checkpoint(MINI, out)
+    first = (out / INDEX_NAME).read_bytes()
+    make_checkpoint(MINI, out, overwrite=True, seed=5)
+    assert (out / INDEX_NAME).is_file() and (out / INDEX_NAME).read_bytes() == first  # same layout, rewritten
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temp or old directories left
 
 

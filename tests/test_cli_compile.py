@@ -53,3 +53,34 @@ def test_compile_never_replaces_a_directory_of_user_files(tmp_path, capsys):
         assert main(["compile", "--model", "v4.1-flash-tiny", "--target", "cpu", "-o", str(plan),
                      "--max-model-len", "512"]) == 0
     assert load_plan(plan)["options"]["max_model_len"] == 512
+
+
+def test_compile_keeps_user_files_beside_or_posing_as_a_plan(tmp_path, capsys):
+    """A plan.json that is not a DeepInfer plan, or files beside a real plan's own, are the
+    user's: refused before compiling, one line, nothing deleted. --dump-ir inside the plan
+    directory (the replace would delete the dumps) is refused too; -o through a symbolic link
+    writes the plan where the link points and keeps the link."""
+    fake = tmp_path / "proj"
+    fake.mkdir()
+    (fake / "plan.json").write_text('{"name": "x"}')
+    (fake / "thesis.tex").write_text("keep me")
+    args = ["compile", "--model", "v4.1-flash-tiny", "--target", "cpu", "--max-model-len", "512", "-o"]
+    assert main(args + [str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a DeepInfer plan" in err
+    assert (fake / "thesis.tex").read_text() == "keep me"
+    plan = tmp_path / "plan"
+    assert main(args + [str(plan)]) == 0
+    capsys.readouterr()
+    (plan / "notes.txt").write_text("mine")
+    assert main(args + [str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notes.txt beside its plan" in err and (plan / "notes.txt").read_text() == "mine"
+    (plan / "notes.txt").unlink()
+    assert main(args + [str(plan), "--dump-ir", str(plan / "ir-dumps")]) == 2
+    assert "--dump-ir" in capsys.readouterr().err and not (plan / "ir-dumps").exists()
+    link = tmp_path / "link"
+    link.symlink_to(plan, target_is_directory=True)
+    assert main(args + [str(link)]) == 0
+    assert link.is_symlink() and load_plan(plan)["options"]["max_model_len"] == 512
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left

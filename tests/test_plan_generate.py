@@ -63,8 +63,9 @@ def test_a_gpu_plan_without_a_gpu_is_one_line(tmp_path, capsys):
     from deepinfer.codegen.plan import versions, write_plan
 
     plan = {"model": {"id": "x", "config_hash": "0", "config": {}}, "target": {"name": "sm90"}, "versions": versions(),
-            "options": {"max_model_len": 256, "max_num_seqs": 2, "num_pages": 9, "num_slots": 3},
-            "buckets": {"step": {"decode_b1": {"num_tokens": 1}}}, "graphs": {}, "kernels": {}, "params": {},
+            "options": {"max_model_len": 256, "max_num_seqs": 2, "num_pages": 9, "num_slots": 3, "page_tokens": 128},
+            "buckets": {"step": {"decode_b1": {"num_tokens": 1}}}, "graphs": {"step": {"calls": []}}, "kernels": {},
+            "params": {},
             "load_program": [], "state": {}, "memory": {}}
     out = write_plan(json.loads(json.dumps(plan)), {}, tmp_path / "plan")
     assert main(["generate", str(out), "--weights", str(tmp_path), "--prompt", "x", "--max-model-len", "128",
