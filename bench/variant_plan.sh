@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A medium sm90 plan of this checkout with sm90's defaults (or pass list) edited, for A/B runs on the
+# H200 (bench/plans_h200.sh): the knobs that stay off in main until timed are turned on here.
+#
+#   bench/variant_plan.sh NAME OUT_DIR [KEY=JSON ...] [+PASS ...]
+#
+# KEY=JSON updates sm90's defaults entry KEY with the JSON object (a new entry if absent);
+# +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
+# device call's out/). Examples (docs/performance.md, nineteenth session):
+#   bench/variant_plan.sh wgm out/p 'tilelang_grouped_gemm_fp4_mma={"WG": 1, "KU": 4}'
+#   bench/variant_plan.sh fec out/p +fuse_expand_collapse
+set -euo pipefail
+name=$1; out=$(realpath -m "$2"); shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/pkg/deepinfer" "$out"
+(cd "$root" && git ls-files -z | xargs -0 -I{} cp --parents {} "$work/pkg/deepinfer/")
+python3 - "$work/pkg/deepinfer/codegen/targets/sm90.py" "$@" <<'PY'
+import json, re, sys
+path, edits = sys.argv[1], sys.argv[2:]
+s = open(path).read()
+for e in edits:
+    if e.startswith("+"):
+        anchor = '    "fuse_collapse_norm_quant",'
+        line = next(ln for ln in s.splitlines() if ln.startswith(anchor))
+        s = s.replace(line, line + f'\n    "{e[1:]}",', 1)
+        continue
+    key, val = e.split("=", 1)
+    m = re.search(r'"%s": (\{[^\n]*\}),\n' % re.escape(key), s)
+    if m:
+        d = json.loads(m.group(1))
+        d.update(json.loads(val))
+        s = s[:m.start(1)] + json.dumps(d) + s[m.end(1):]
+    else:
+        s = s.replace("\n    },\n)", '\n        "%s": %s,\n    },\n)' % (key, json.dumps(json.loads(val))), 1)
+open(path, "w").write(s)
+PY
+py=${PYTHON:-$root/.venv/bin/python}
+(cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model v4.1-flash-medium --target sm90 \
+    --max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192 --tuning-db none \
+    -o "$work/plan_$name" | tail -4)
+tar -cJf "$out/$name.tar.xz" -C "$work" "plan_$name"
+echo "$out/$name.tar.xz"
