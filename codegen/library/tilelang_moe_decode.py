@@ -84,6 +84,37 @@ def active_expert(T, E: int, threads: int):
     return find
 
 
+def slot_rows(T, E: int, Mtot: int, threads: int, cols: int, ACT: int):
+    """The macro both decode programs open with: (expert, first row, end row) of the CTA's slot (with
+    ACT the slot-th expert with rows, found by active_expert; else expert `slot`), after the first
+    slot's CTAs wrote zeros into their `cols` columns of the rows past offsets[E], which only
+    expert parallelism leaves and the op leaves zero."""
+    find = active_expert(T, E, threads)
+    passes = -(-E // threads)
+
+    @T.macro
+    def rows(offsets, C, slot, bx, tx):
+        if ACT:
+            found = T.alloc_shared((3,), "int32")
+            masks = T.alloc_shared((passes * threads // 32,), "uint32")
+            flag = T.alloc_local((passes,), "int32")
+            ex = T.alloc_local((3,), "int32")
+            find(offsets, found, masks, flag, slot, tx)
+            for i in T.unroll(3):
+                ex[i] = found[i]
+            e, start, end = ex[0], ex[1], ex[2]
+        else:
+            e, start, end = slot, offsets[slot], offsets[slot + 1]
+        if slot == 0:
+            tail = offsets[E]
+            for j in T.serial(T.ceildiv((Mtot - tail) * cols, threads)):
+                if tail + (j * threads + tx) // cols < Mtot:
+                    C[tail + (j * threads + tx) // cols, bx * cols + (j * threads + tx) % cols] = T.bfloat16(0)
+        return e, start, end
+
+    return rows
+
+
 def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0,
                                  ACT=0, F16=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
@@ -128,7 +159,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     # of the 8-row step (48 CTAs); one sequence's 6 rows gained 1.2-1.4x
     ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
-    find = active_expert(T, E, 32 * WK)
+    expert_rows = slot_rows(T, E, Mtot, 32 * WK, br, ACT)
 
     @T.macro
     def block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
@@ -193,24 +224,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            if ACT:
-                found = T.alloc_shared((3,), "int32")
-                masks = T.alloc_shared((-(-E // (32 * WK)) * WK,), "uint32")
-                flag = T.alloc_local((-(-E // (32 * WK)),), "int32")
-                ex = T.alloc_local((3,), "int32")
-                find(offsets, found, masks, flag, slot, tx)
-                for i in T.unroll(3):
-                    ex[i] = found[i]
-                e, start, end = ex[0], ex[1], ex[2]
-            else:
-                e, start, end = slot, offsets[slot], offsets[slot + 1]
-            if slot == 0:
-                # rows no expert covers (past offsets[E]: only expert parallelism leaves them) stay
-                # zero, as the op leaves them; the first slot's CTAs write those of their columns
-                tail = offsets[E]
-                for j in T.serial(T.ceildiv((Mtot - tail) * br, 32 * WK)):
-                    if tail + (j * 32 * WK + tx) // br < Mtot:
-                        C[tail + (j * 32 * WK + tx) // br, bx * br + (j * 32 * WK + tx) % br] = T.bfloat16(0)
+            e, start, end = expert_rows(offsets, C, slot, bx, tx)
             for t0 in T.serial(T.ceildiv(end - start, tt)):
                 tb = start + t0 * tt
                 for i in T.unroll(nacc):
@@ -267,7 +281,7 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KU=4, S
     cw = ku * 4  # a step's weight words per row
     ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
-    find = active_expert(T, E, 128)
+    expert_rows = slot_rows(T, E, Mtot, 128, 64, ACT)
 
     @T.prim_func
     def grouped_gemm_fp4_wgmma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
@@ -288,24 +302,7 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KU=4, S
             c = T.alloc_local((4 * ku,), "float32")
             acc = T.alloc_local((4,), "float32")
             xw = T.alloc_local((8,), "uint32")
-            if ACT:
-                found = T.alloc_shared((3,), "int32")
-                masks = T.alloc_shared((-(-E // 128) * 4,), "uint32")
-                flag = T.alloc_local((-(-E // 128),), "int32")
-                ex = T.alloc_local((3,), "int32")
-                find(offsets, found, masks, flag, slot, tx)
-                for i in T.unroll(3):
-                    ex[i] = found[i]
-                e, start, end = ex[0], ex[1], ex[2]
-            else:
-                e, start, end = slot, offsets[slot], offsets[slot + 1]
-            if slot == 0:
-                # rows no expert covers (past offsets[E]: only expert parallelism leaves them) stay
-                # zero, as the op leaves them; the first slot's CTAs write those of their columns
-                tail = offsets[E]
-                for j in T.serial(T.ceildiv((Mtot - tail) * 64, 128)):
-                    if tail + (j * 128 + tx) // 64 < Mtot:
-                        C[tail + (j * 128 + tx) // 64, bx * 64 + (j * 128 + tx) % 64] = T.bfloat16(0)
+            e, start, end = expert_rows(offsets, C, slot, bx, tx)
             for t0 in T.serial(T.ceildiv(end - start, 8)):
                 tb = start + t0 * 8
                 for i in T.unroll(4):

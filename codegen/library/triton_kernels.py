@@ -461,13 +461,19 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
     hm = hh < H
     y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
     for j in tl.static_range(C):
-        mixed = tl.zeros([BH], tl.float32)
-        for i in tl.static_range(C):
-            mij = tl.load(m_ptr + row * C * C + i * C + j)
-            ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
-            mixed += mij * ri
-        pj = tl.load(post_ptr + row * C + j)
-        _store_as(out_ptr + row * C * H + j * H + hh, pj * y + mixed, hm)
+        _store_as(out_ptr + row * C * H + j * H + hh, _expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j, C, H),
+                  hm)
+
+
+@triton.jit
+def _expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
+    """Copy j of the new stream, post[j] * y + sum_i M[i, j] * R[i] in fp32 (i in order)."""
+    mixed = tl.zeros(hh.shape, tl.float32)
+    for i in tl.static_range(C):
+        mij = tl.load(m_ptr + row * C * C + i * C + j)
+        ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
+        mixed += mij * ri
+    return tl.load(post_ptr + row * C + j) * y + mixed
 
 
 # ---- MoE ----------------------------------------------------------------------------------------
@@ -1432,13 +1438,7 @@ def hc_expand_collapse_norm_kernel(y_ptr, r_ptr, post_ptr, m_ptr, prein_ptr, nw_
     y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
     acc = tl.zeros([BH], tl.float32)
     for j in tl.static_range(C):
-        mixed = tl.zeros([BH], tl.float32)
-        for i in tl.static_range(C):
-            mij = tl.load(m_ptr + row * C * C + i * C + j)
-            ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
-            mixed += mij * ri
-        pj = tl.load(post_ptr + row * C + j)
-        v = _round_like(pj * y + mixed, rn_ptr.dtype.element_ty)
+        v = _round_like(_expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j, C, H), rn_ptr.dtype.element_ty)
         tl.store(rn_ptr + row * C * H + j * H + hh, v.to(rn_ptr.dtype.element_ty), mask=hm)
         acc += tl.load(prein_ptr + row * C + j) * v
     _norm_row_out(acc, rn_ptr.dtype.element_ty, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H, BH, 1)
