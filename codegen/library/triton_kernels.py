@@ -178,8 +178,10 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
     HP: tl.constexpr = BLK // 2
     pair = tl.arange(0, NB)[:, None] * HP + tl.arange(0, HP)[None, :]  # pair index i
     m = pair < D // 2
-    xe = tl.load(x_ptr + r * D + 2 * pair, mask=m, other=0.0)
-    xo = tl.load(x_ptr + r * D + 2 * pair + 1, mask=m, other=0.0)
+    # the vector read whole and split into its even and odd elements in registers: two loads of
+    # every other element touched each sector twice, at half the width a load can take
+    cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    xe, xo = tl.split(tl.reshape(tl.load(x_ptr + r * D + cols, mask=cols < D, other=0.0), [NB, HP, 2]))
     j = pair - (D - ROPE) // 2  # rotated pair j uses f_j
     rot = (j >= 0) & m
     f = tl.load(freq_ptr + tl.where(rot, j, 0), mask=rot, other=0.0)
@@ -193,8 +195,8 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
     ye = tl.where(rot, _round_like(re * c - im * s, xe.dtype), re)
     yo = tl.where(rot, _round_like(re * s + im * c, xe.dtype), im)
     if MODE == 0:
-        tl.store(y_ptr + r * D + 2 * pair, ye.to(y_ptr.dtype.element_ty), mask=m)
-        tl.store(y_ptr + r * D + 2 * pair + 1, yo.to(y_ptr.dtype.element_ty), mask=m)
+        y = tl.reshape(tl.join(ye.to(y_ptr.dtype.element_ty), yo.to(y_ptr.dtype.element_ty)), [NB, BLK])
+        tl.store(y_ptr + r * D + cols, y, mask=cols < D)
     else:
         amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))
         bidx = tl.arange(0, NB)
@@ -204,8 +206,8 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
                                                         tl.full(amax.shape, 448.0, tl.float32)))
             qe = _e4m3_bits(tl.clamp(ye * inv[:, None], -448.0, 448.0))
             qo = _e4m3_bits(tl.clamp(yo * inv[:, None], -448.0, 448.0))
-            tl.store(q_ptr + r * D + 2 * pair, qe.to(tl.uint8), mask=m)
-            tl.store(q_ptr + r * D + 2 * pair + 1, qo.to(tl.uint8), mask=m)
+            tl.store(q_ptr + r * D + cols, tl.reshape(tl.join(qe.to(tl.uint8), qo.to(tl.uint8)), [NB, BLK]),
+                     mask=cols < D)
             tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
         else:
             if MODE == 2:
