@@ -478,3 +478,19 @@ def test_expand_collapse_kernel_is_bit_equal_to_the_two_it_replaces_interpreted(
     r = subprocess.run([sys.executable, "-c", _EXPAND_COLLAPSE_PAIR], capture_output=True, text=True,
                        env=dict(os.environ, TRITON_INTERPRET="1"), timeout=600)
     assert r.stdout.strip().endswith("EQUAL"), (r.stdout[-500:], r.stderr[-2000:])
+
+
+def test_a_target_sets_the_prefill_mix_tiles():
+    """hc_mix's unsplit (prefill) calls take the knobs under the target defaults' `prefill` key of
+    `triton_hc_mix`; decode rows keep their split path whatever it says."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+
+    t = get_target("sm90")
+    tiles = {"BM": 64, "BK": 64, "num_warps": 8, "num_stages": 3}
+    tuned = dataclasses.replace(t, defaults=dict(t.defaults, triton_hc_mix={"prefill": tiles}))
+    assert triton_ops.default_config("hc_mix", 4096, t)["BM"] == 16
+    got = triton_ops.default_config("hc_mix", 4096, tuned)
+    assert {k: got[k] for k in tiles} == tiles and got["SPLIT"] == 1
+    assert triton_ops.default_config("hc_mix", 64, tuned) == triton_ops.default_config("hc_mix", 64, t)

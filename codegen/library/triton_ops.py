@@ -869,6 +869,13 @@ HC_PRE_SPLIT_ROWS = 256
 HC_PRE_FMA_ROWS = 4
 
 
+def _hc_prefill_by_target(tdef: dict, n: int) -> dict:
+    """A target's knobs for the unsplit (prefill) mix GEMM, under its defaults' `prefill` key: the
+    16-row default leaves a 4096-row call at about 20x its bytes on the H200 (seventeenth
+    session's profile), and wider row blocks are to be timed there."""
+    return dict(tdef.get("prefill", {})) if n > HC_PRE_SPLIT_ROWS else {}
+
+
 def _hc_split(cfg) -> int:
     """cfg's K split; fewer than 16 rows a block only with one (the unsplit mix is a 16-row dot)."""
     split = cfg.get("SPLIT", 1)
@@ -1004,7 +1011,7 @@ OPS = [
              SPLIT=(1, 8, 20, 40, 80, 160)),
         dict(BM=16, BK=64, num_warps=4, num_stages=2, SPLIT=1),
         lambda a: {k: a[k] for k in ("eps", "copies", "iters", "hc_eps", "post_mult")}, _hc_supports,
-        _hc_pre_by_rows),
+        _hc_pre_by_rows, by_target=_hc_prefill_by_target),
     # a row per program, the whole row in registers: 16 warps hold 5120 columns in 10 a thread
     _Op("hc_collapse_norm", "launch_hc_collapse_norm", _l_hc_collapse_norm, ROW, dict(num_warps=16, num_stages=1),
         lambda a: {"eps": a["eps"]}, supports=lambda t, s: s.in_types[0].rank == 3),
