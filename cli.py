@@ -470,7 +470,9 @@ def cmd_autotune(args) -> int:
                jobs=args.jobs)
     _end_progress_line()
     if not run.results:
-        raise TuneError(f"nothing to tune in {args.plan}" + (f" for {args.only}" if args.only else ""))
+        what = args.plan if args.plan is not None else f"{args.model} on {target}"
+        why = " (the cpu target runs the ops' torch references, which have no configs)" if target == "cpu" else ""
+        raise TuneError(f"nothing to tune in {what}" + (f" for {args.only}" if args.only else "") + why)
     print(table(run))
     print(f"wrote {db_path} ({len(db.rows)} rows) in {run.seconds:.1f} s")
     return 0

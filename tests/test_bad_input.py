@@ -690,3 +690,10 @@ def test_generate_with_a_string_for_sampling_params(tiny_plan_and_weights):
     llm = LLM(plan=plan, weights=ckpt)
     with pytest.raises(RequestError, match="sampling_params must be a SamplingParams or a list of them"):
         llm.generate("Hi", "temp")  # was "4 sampling params for 1 prompts"
+
+
+def test_autotune_of_the_cpu_target_says_why_nothing_is_tuned(tmp_path, capsys):
+    assert main(["autotune", "--model", TINY, "--target", "cpu", "--cost-model-only", "--db",
+                 str(tmp_path / "db.jsonl")]) == 2
+    assert one_error_line(capsys) == (f"deepinfer: error: nothing to tune in {TINY} on cpu (the cpu target runs "
+                                      "the ops' torch references, which have no configs)")  # was: "in None"
