@@ -494,3 +494,27 @@ def test_a_target_sets_the_prefill_mix_tiles():
     got = triton_ops.default_config("hc_mix", 4096, tuned)
     assert {k: got[k] for k in tiles} == tiles and got["SPLIT"] == 1
     assert triton_ops.default_config("hc_mix", 64, tuned) == triton_ops.default_config("hc_mix", 64, t)
+
+
+def test_a_target_sets_the_prefill_moe_tiles():
+    """A target whose `triton_grouped_gemm_fp4.prefill` default is an object gives prefill-sized
+    MoE calls MOE_PREFILL with those knobs over it; decode calls are untouched."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import KernelSpec, select
+    from deepinfer.ir.types import quantized, tensor
+
+    def moe(rows):
+        return KernelSpec("grouped_gemm_fp4", (), (quantized("fp8e4m3", (rows, 5120), "e8m0", (1, 32)),
+                                                   quantized("fp4e2m1", (96, 4608, 5120), "e8m0", (1, 1, 32)),
+                                                   tensor("i32", 97)), (tensor("bf16", rows, 4608),))
+
+    t = get_target("sm90")
+    tuned = dataclasses.replace(t, defaults=dict(t.defaults, triton_grouped_gemm_fp4={"gemv_rows": 8,
+                                                                                       "prefill": {"BK": 32}}))
+    pre = moe(24576)
+    assert select(t, pre).default_config(t, pre) == triton_ops.MOE_PREFILL
+    assert select(tuned, pre).default_config(tuned, pre) == dict(triton_ops.MOE_PREFILL, BK=32)
+    dec = moe(384)
+    assert select(tuned, dec).name == select(t, dec).name
