@@ -1076,13 +1076,18 @@ def _call_rows(spec: KernelSpec | None) -> int | None:
     return n if isinstance(n, int) else None
 
 
+def _target_defaults(op: str, target) -> dict:
+    """A target's own defaults for op's template (none without a target)."""
+    return target.defaults.get(f"triton_{op}", {}) if target is not None else {}
+
+
 def default_config(op: str, rows: int | None = None, target=None) -> dict:
     """The op's default knobs for a call of `rows` rows (None: the row-independent default), with
     `target`'s own defaults for the template where it names them."""
     o = _BY_OP[op]
     if rows is None:
         return dict(o.default)
-    tdef = target.defaults.get(f"triton_{op}", {}) if target is not None else {}
+    tdef = _target_defaults(op, target)
     return {**o.default, **o.by_rows(rows), **o.by_target(tdef, rows)}
 
 
@@ -1093,8 +1098,7 @@ def _spec_default(o: _Op, target, spec: KernelSpec) -> dict:
         return default_config(o.op, None, target)
     rows = _call_rows(spec)
     cfg = default_config(o.op, rows, target)
-    tdef = target.defaults.get(f"triton_{o.op}", {}) if target is not None else {}
-    return {**cfg, **o.by_spec(spec, rows, tdef)} if rows is not None else cfg
+    return {**cfg, **o.by_spec(spec, rows, _target_defaults(o.op, target))} if rows is not None else cfg
 
 
 _BY_OP = {o.op: o for o in OPS}
