@@ -11,7 +11,8 @@ bandwidth measured in the same run. Not a test; run on the H200:
 LIN8_WGMMA: configs of the wgmma program over its defaults (split_x: the default split times this;
 a split is cut to the largest that gives every split whole K tiles). LIN8_WGMMA_OVER: knobs over
 the shipped lin8 config (gemm_fp8_default_config), e.g. '[{"stages": 3}]'.
-LIN8_PERSISTENT: knobs of the persistent-grid 64-row program (tilelang_gemm_decode), each over its
+LIN8_TMA=1: the shipped config once more, lowered with TMA copies and warp specialisation (a
+producer warpgroup; TileLang's own launcher builds the tensor maps). LIN8_PERSISTENT: knobs of the persistent-grid 64-row program (tilelang_gemm_decode), each over its
 chosen config ('[{}]': the chosen one; default none). LIN8_MMA: configs of the warp-MMA program, each over sm90's defaults for it; a config without
 split_k takes tilelang_gemm_decode.mma_config's split. LIN8_DQ: configs of block_linear_rows_kernel (the
 weight as the MMA's left operand, both operands widened to bf16 in registers; bench/linear_rows_dq.py), e.g.
@@ -50,6 +51,12 @@ SHAPES = [(1280, 5120, 40), (32768, 1280, 40), (512, 5120, 43), (5120, 8192, 40)
 if os.environ.get("LIN8_SHAPES"):  # e.g. 5120x8192,1280x5120: these shapes only (ncu runs)
     SHAPES = [sh for sh in SHAPES if f"{sh[0]}x{sh[1]}" in os.environ["LIN8_SHAPES"].split(",")]
 ROWS = tlg.DECODE_ROWS
+# the pass configs a "tma" variant is lowered with (over tilelang_gemm.PASS_CONFIGS)
+TMA_PASS_CONFIGS = {"tl.disable_tma_lower": False, "tl.disable_warp_specialized": False}
+
+
+def compile_variant(label, prog):
+    return tlg.compile_kernel(prog, pass_configs=TMA_PASS_CONFIGS if label.endswith(" tma") else None)
 
 
 DQ_BASE = {"BN": 128, "BK": 128, "SPLIT": 0, "num_warps": 8, "num_stages": 3}
@@ -68,6 +75,8 @@ def variants(n, k):
     t = get_target("sm90")
     c = tlg.gemm_fp8_default_config(t, ROWS, n, k)
     out = [("wgmma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)])]
+    if os.environ.get("LIN8_TMA"):
+        out.append(("wgmma tma", c, [tlg.gemm_fp8_rows_program(n, k, "bfloat16", **c)]))
     for knobs in json.loads(os.environ.get("LIN8_WGMMA_OVER", "[]")):
         w = dict(c, **knobs)
         out.append(("wgmma shipped " + "".join(f"{a}{b}" for a, b in sorted(knobs.items())), w,
@@ -89,7 +98,7 @@ def variants(n, k):
     for knobs in json.loads(os.environ.get("LIN8_MMA", "[{}]")):
         c = tlgd.mma_config(t, n, k, knobs)
         out.append(("mma " + ",".join(f"{a}{b}" for a, b in sorted(knobs.items())) if knobs else "mma default", c,
-                    [tlgd.decode_rows_program(n, k, "bfloat16", ROWS, c)]))
+                    [tlgd.gemm_fp8_mma_rows_program(n, k, "bfloat16", rows=ROWS, **c)]))
     for knobs in json.loads(os.environ.get("LIN8_DQ", "[]")):
         short = {"BN": "n", "BK": "k", "num_warps": "w", "num_stages": "s", "SPLIT": "p"}
         out.append(("dq " + "".join(f"{short.get(a, a)}{b}" for a, b in sorted(knobs.items())),
@@ -108,7 +117,7 @@ def _warm(args):
         n, k = SHAPES[si][:2]
         label, c, progs = variants(n, k)[vi]
         for p in progs:
-            tlg.compile_kernel(p)
+            compile_variant(label, p)
         if c is None:
             return None
         for m in rows_list if label.startswith("dq") else ():  # Triton specialises the row count
@@ -130,7 +139,7 @@ def run(kernels, c, mma, x, n):
         linear_rows_dq.run(a.view(torch.uint8), x["SA"], b.view(torch.uint8), x["SB"], out, part, m, 1, k, n,
                            dict(c, BR=max(16, 1 << (m - 1).bit_length())))
         return out
-    if mma and not c.get("WG"):  # the warp-MMA program reads both operands as 32-bit words
+    if mma:  # the warp-MMA program reads both operands as 32-bit words
         a, b = a.view(torch.uint8).view(torch.uint32), b.view(torch.uint8).view(torch.uint32)
     out = torch.empty(x["A"].shape[0], n, device="cuda", dtype=torch.bfloat16)
     if c["split_k"] > 1:
@@ -176,15 +185,13 @@ def main() -> int:
                 step.setdefault((label, 64), [0.0, 0.0, True])[2] = False
                 continue
             try:
-                kernels = [tlg.compile_kernel(p) for p in progs]
+                kernels = [compile_variant(label, p) for p in progs]
                 kind = "dq" if label.startswith("dq") else not label.startswith("wgmma")
             except Exception as e:
                 print(f"{n}x{k} {label}: build error {type(e).__name__}: {str(e)[-300:]}", flush=True)
                 res["rows"].append({"shape": [n, k], "variant": label, "config": c, "status": "build-error"})
                 continue
             for m in rows_list:
-                if c.get("WG") and m > 8:  # the swapped warpgroup-MMA program serves one tile of 8 rows
-                    continue
                 x = {"A": rand_fp8(m, k), "SA": rand_e8m0(m, k // 32), "B": rand_fp8(n, k),
                      "SB": rand_e8m0(-(-n // 32), k // 32)}
                 row = {"shape": [n, k], "rows": m, "calls": calls, "variant": label, "config": c}

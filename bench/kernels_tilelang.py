@@ -99,9 +99,8 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[0](x["A"], x["SA"], x["B"], x["SB"], out)
             return out
-        if mma:  # the warp-MMA program reads both operands as 32-bit words, the WG one as they are
-            a, b = ((x["A"], x["B"]) if c.get("WG") else
-                    (x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)))
+        if mma:  # the warp-MMA program reads both operands as 32-bit words
+            a, b = x["A"].view(torch.uint8).view(torch.uint32), x["B"].view(torch.uint8).view(torch.uint32)
             if tlgd.cluster_split(c):  # the cluster's first CTA adds the partials
                 p = torch.full((c["split_k"], 64, N), float("nan"), device=DEV, dtype=torch.float32)
                 out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
@@ -129,7 +128,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
         if persistent:
             return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
         if mma:
-            return [tlgd.decode_rows_program(N, K, "bfloat16", 64, c)]
+            return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
 
     kind = " persistent" if persistent else " mma" if mma else ""
@@ -170,7 +169,7 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0):
     mtot = int(sum(counts)) + tail
     base = TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlm.moe_default_config(TARGET, mtot, N, K, E)
     c = dict(base, **(config or {}))
-    make = (lambda *dims, **cfg: tlmd.decode_program(*dims, cfg)) if mma else tlm.grouped_gemm_fp4_program
+    make = tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program
     active = sum(1 for v in counts if v)
 
     def inputs():
@@ -397,9 +396,6 @@ def tiny_cases():
         gemm_fp8_case("tiny cluster split-K", 11, 256, 1024, {"split_k": 4, "RT": 2, "CLUSTER": 1}, mma=True),
         # the MMAs as f16 pairs (tilelang_warp_mma's f16): two passes, and four tiles split
         gemm_fp8_case("tiny f16 MMAs", 11, 256, 512, {"F16": 1}, mma=True),
-        # warpgroup MMAs with the operands swapped (the WG program; at most 8 rows), with a split
-        gemm_fp8_case("tiny wgmma", 5, 256, 512, {"WG": 1, "KU": 2}, mma=True),
-        gemm_fp8_case("tiny wgmma split-K", 8, 256, 1024, {"WG": 1, "KU": 4, "split_k": 2}, mma=True),
         gemm_fp8_case("tiny 4 tiles split-K f16 MMAs", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2, "F16": 1},
                       mma=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
@@ -415,13 +411,6 @@ def tiny_cases():
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
         grouped_case("tiny f16 MMAs", [3, 0, 12, 1], 64, 256, 4, {"F16": 1}, mma=True),
-        # warpgroup MMAs (the WG program): 12 rows in two passes of 8, a step of 4 and of 2 blocks
-        grouped_case("tiny wgmma", [3, 0, 12, 1], 128, 256, 4, {"WG": 1, "KU": 4}, mma=True),
-        grouped_case("tiny wgmma 2 blocks a step", [3, 0, 12, 1], 128, 512, 4, {"WG": 1, "KU": 2, "ACT": 0},
-                     mma=True, tail=5),
-        grouped_case("tiny wgmma over active experts of 200",
-                     [3 if e in (0, 31, 127, 128, 150, 199) else 0 for e in range(200)], 64, 256, 200,
-                     {"WG": 1, "KU": 4, "ACT": 1}, mma=True, tail=3),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
@@ -456,11 +445,6 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wq_a", m, 1280, 5120, {"split_k": 8}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wq_a cluster", m, 1280, 5120, {"split_k": 8, "CLUSTER": 1}, mma=True))
         out.append(gemm_fp8_case(f"decode b{m} wo_b f16 MMAs", m, 5120, 8192, {"split_k": 2, "F16": 1}, mma=True))
-        if m <= 8:
-            out.append(gemm_fp8_case(f"decode b{m} wo_b wgmma", m, 5120, 8192, {"split_k": 2, "WG": 1, "KU": 4},
-                                     mma=True))
-            out.append(gemm_fp8_case(f"decode b{m} wq_a wgmma", m, 1280, 5120, {"split_k": 8, "WG": 1, "KU": 4},
-                                     mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
@@ -474,8 +458,6 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w13 x per lane", counts, 4608, 5120, 384, {"XS": 0}, mma=True))
         out.append(grouped_case(f"decode b{b} w13 f16 MMAs", counts, 4608, 5120, 384, {"F16": 1}, mma=True))
         out.append(grouped_case(f"decode b{b} w2 f16 MMAs", counts, 5120, 2304, 384, {"F16": 1}, mma=True))
-        out.append(grouped_case(f"decode b{b} w13 wgmma", counts, 4608, 5120, 384, {"WG": 1, "KU": 4}, mma=True))
-        out.append(grouped_case(f"decode b{b} w2 wgmma", counts, 5120, 2304, 384, {"WG": 1, "KU": 4}, mma=True))
         out.append(grouped_case(f"decode b{b} w13 over active experts", counts, 4608, 5120, 384, {"ACT": 1},
                                 mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])

@@ -6,9 +6,9 @@
 #
 # KEY=JSON updates sm90's defaults entry KEY with the JSON object (a new entry if absent);
 # +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
-# device call's out/). Examples (docs/performance.md, nineteenth session):
-#   bench/variant_plan.sh wgm out/p 'tilelang_grouped_gemm_fp4_mma={"WG": 1, "KU": 4}'
-#   bench/variant_plan.sh fec out/p +fuse_expand_collapse
+# device call's out/). Examples (docs/performance.md, nineteenth and twentieth sessions):
+#   bench/variant_plan.sh f16 out/p 'tilelang_grouped_gemm_fp4_mma={"F16": 1}'
+#   bench/variant_plan.sh noov out/p 'tilelang_gemm={"prefill_overlap": 0}'
 set -euo pipefail
 name=$1; out=$(realpath -m "$2"); shift 2
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -374,24 +374,6 @@ def fuse_collapse_norm_quant(g: Graph) -> Graph:
     return apply_rules(g, [fuse_collapse_norm_quant_node])
 
 
-def fuse_expand_collapse_node(ctx: Context, i: int):
-    """A sub-layer's hc_expand and the next entry's hc_collapse_norm_quant_fp8 of its stream as
-    one call (every output kept): one launch less on each sub-layer's critical path, and the new
-    stream collapsed while it is in registers, not read back."""
-    cn = ctx.g.nodes[i]
-    if cn.op != "hc_collapse_norm_quant_fp8":
-        return None
-    j, ex = ctx.producer_op(cn.inputs[0], "hc_expand")
-    if ex is None:
-        return None
-    return Rewrite([j, i], [Node.make("hc_expand_collapse_norm_quant_fp8", [*ex.inputs, *cn.inputs[1:]],
-                                      [ex.outputs[0], *cn.outputs], cn.attr)])
-
-
-def fuse_expand_collapse(g: Graph) -> Graph:
-    return apply_rules(g, [fuse_expand_collapse_node])
-
-
 # ---- decode steps only ----------------------------------------------------------------------------
 
 def fuse_decode_cache_write(ctx: Context, i: int):

@@ -8,8 +8,7 @@ from functools import partial
 
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
-from .fuse import (fuse, fuse_collapse_norm_quant, fuse_decode, fuse_expand_collapse, fuse_gate_up_gemms, fuse_moe_shared,
-                   split_hc_pre)
+from .fuse import fuse, fuse_collapse_norm_quant, fuse_decode, fuse_gate_up_gemms, fuse_moe_shared, split_hc_pre
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
@@ -24,8 +23,7 @@ MULTI_RANK_ONLY = {"shard_tables"}  # one rank holds every table row: nothing to
 # (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
 NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write", "row_weight_scales": "gemm_fp8",
                   "fuse_moe_shared": "moe_combine_shared", "fuse_gate_up_gemms": "swiglu_gu_quant_fp8",
-                  "split_hc_pre": "hc_collapse_norm", "fuse_collapse_norm_quant": "hc_collapse_norm_quant_fp8",
-                  "fuse_expand_collapse": "hc_expand_collapse_norm_quant_fp8"}
+                  "split_hc_pre": "hc_collapse_norm", "fuse_collapse_norm_quant": "hc_collapse_norm_quant_fp8"}
 
 
 def has_generated_template(target: str, op: str) -> bool:
@@ -48,7 +46,6 @@ def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
         "fuse_gate_up_gemms": fuse_gate_up_gemms,
         "split_hc_pre": split_hc_pre,
         "fuse_collapse_norm_quant": fuse_collapse_norm_quant,
-        "fuse_expand_collapse": fuse_expand_collapse,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,
         "verify_final": verify,

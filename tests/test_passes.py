@@ -136,31 +136,6 @@ def test_collapse_norm_quant_fuses_without_changing_the_logits(tiny):
                for u in users.get(n.outputs[0], []))
 
 
-def test_expand_collapse_fuses_without_changing_the_logits(tiny):
-    """fuse_expand_collapse (after fuse_collapse_norm_quant): every entry whose stream comes from
-    the previous sub-layer's hc_expand becomes one hc_expand_collapse_norm_quant_fp8 keeping all
-    three outputs (the next mixes and exit read the stream); the interpreter's logits are unchanged
-    bit for bit, and one call per such entry goes."""
-    from deepinfer.passes.fuse import fuse_collapse_norm_quant, fuse_expand_collapse, split_hc_pre
-
-    def entries(g):
-        return fuse_collapse_norm_quant(split_hc_pre(g))
-
-    def all_three(g):
-        return fuse_expand_collapse(entries(g))
-
-    g, f = _cpu_graph_and_rewrite(tiny, all_three, seed=8)
-    before, after = entries(g).op_counts(), f.op_counts()
-    fused = after["hc_expand_collapse_norm_quant_fp8"]
-    assert fused > 0 and after["hc_expand"] == before["hc_expand"] - fused
-    assert after["hc_collapse_norm_quant_fp8"] == before["hc_collapse_norm_quant_fp8"] - fused
-    # the new stream still feeds the next entry's mixes and the next exit
-    users = f.users()
-    readers = {f.nodes[u].op for n in f.nodes if n.op == "hc_expand_collapse_norm_quant_fp8"
-               for u in users.get(n.outputs[0], [])}
-    assert "hc_mix" in readers and readers & {"hc_expand", "hc_expand_collapse_norm_quant_fp8"}
-
-
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""

@@ -206,27 +206,3 @@ def test_persistent_host_passes_the_rows_and_sums_the_splits():
         {"split_k": 8}, ("A", "B", "C", "SA", "SB"), [20, 8, 1], template="tilelang_gemm_fp8_persistent", rows=64,
         combine={"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 8, 1]})
     assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [3, 3]
-
-
-@pytest.mark.parametrize("n,k", [(5120, 8192), (1280, 5120), (32768, 1280)])
-def test_wgmma_program_renders_and_builds_without_spills(n, k):
-    """WG: the swapped warpgroup-MMA program (64 weight rows as wgmma's A, 8 rows as its B, both
-    from shared memory), its split and combine as the warp-MMA program's."""
-    pytest.importorskip("tilelang")
-    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
-    from deepinfer.codegen.library.tilelang_gemm_decode import mma_config
-
-    t, tpl = enabled(), templates()["tilelang_gemm_fp8_mma"]
-    spec = tpl.canonical(t, gemm_spec(1, n, k))
-    cfg = mma_config(t, n, k, {"WG": 1, "KU": 4})
-    assert tpl.supports(t, spec)
-    src = tpl.render(t, spec, cfg)
-    assert src.grid == (n // 64, cfg["split_k"], 1) and src.block == (128, 1, 1)
-    assert (k // 128) % cfg["split_k"] == 0  # whole steps of 4 blocks a split
-    assert "wgmma_ss<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, 8, 32" in src.text
-    assert ("combine" in src.meta) == (cfg["split_k"] > 1)
-    assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB", "m"]
-    if shutil.which("nvcc"):
-        rep = nvcc_report(src.text, t.arch)
-        assert rep["ok"], rep["log"]
-        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]

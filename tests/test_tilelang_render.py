@@ -185,7 +185,8 @@ def test_sparse_attn_sm90_structure():
 def test_lin8_decode_default_on_the_wgmma_program():
     """lin8 at decode rows (sm90's wgmma program): a split shape doubles its split, cut to whole K
     tiles, on 2 stages; an unsplit one takes 128-wide N tiles on 3 stages; prefill rows, sm100's
-    block-scaled program and batch-invariant plans keep the general GEMM default."""
+    block-scaled program and batch-invariant plans keep the general GEMM default (sm90's prefill
+    tiles with its overlapped scaling)."""
     import dataclasses
 
     from deepinfer.codegen.library import tilelang_gemm as tlg
@@ -201,20 +202,23 @@ def test_lin8_decode_default_on_the_wgmma_program():
     assert (c["split_k"], c["stages"], c["block_N"]) == (1, 3, 128)
     for t, m in ((sm90, 4096), (get_target("sm100"), 64),
                  (dataclasses.replace(sm90, features=sm90.features + (BATCH_INVARIANT,)), 64)):
-        assert tlg.gemm_fp8_default_config(t, m, 5120, 8192) == tlg.gemm_default_config(t, m, 5120, 8192)
+        got = tlg.gemm_fp8_default_config(t, m, 5120, 8192)
+        assert got.pop("overlap", 0) == (t is sm90)
+        assert got == tlg.gemm_default_config(t, m, 5120, 8192)
 
 
 def test_prefill_overlap_is_a_target_default_and_builds_without_spills():
-    """`prefill_overlap` in a target's tilelang_gemm defaults (none sets it yet: not timed) gives
-    prefill tiles the overlapped scaling: each 32-deep block's wgmma issued before the one before
-    it is scaled, waiting for all but the newest. Off, the source is the plain program's."""
+    """`prefill_overlap` in a target's tilelang_gemm defaults (sm90 sets it) gives prefill tiles
+    the overlapped scaling: each 32-deep block's wgmma issued before the one before it is scaled,
+    waiting for all but the newest. Off, the source is the plain program's."""
     import dataclasses
 
     from deepinfer.codegen.library import tilelang_gemm as tlg
 
-    sm90 = get_target("sm90")
-    on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_gemm=dict(sm90.defaults["tilelang_gemm"],
-                                                                                   prefill_overlap=1)))
+    on = get_target("sm90")
+    assert on.defaults["tilelang_gemm"]["prefill_overlap"] == 1
+    sm90 = dataclasses.replace(on, defaults=dict(on.defaults, tilelang_gemm={
+        k: v for k, v in on.defaults["tilelang_gemm"].items() if k != "prefill_overlap"}))
     assert "overlap" not in tlg.gemm_fp8_default_config(sm90, 4096, 1280, 5120)
     assert tlg.gemm_fp8_default_config(on, 4096, 1280, 5120)["overlap"] == 1
     assert "overlap" not in tlg.gemm_fp8_default_config(on, 64, 1280, 5120)  # decode rows: the rows program

@@ -169,62 +169,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     return gemm_fp8_mma
 
 
-def gemm_fp8_wgmma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, KU=2, STAGES=3, split_k=1, rows=8):
-    """gemm_fp8_mma_rows_program's product and outputs (m <= 8 live rows, a kernel argument; split
-    partials P [split_k, rows, N] for the combine) on warpgroup MMAs with the operands swapped: the
-    weight tile is wgmma's A (64 rows, from shared memory) and the 8 rows of x its B (m64n8k32
-    e4m3, native on sm_90, where the warp MMAs' e4m3 mma.sync runs as f16 MMAs after a conversion
-    per pair). Both operands reach shared memory by cp.async in TileLang's layouts and the MMA
-    reads them there: no lane loads, converts or permutes an operand. CTA (64 weight rows, split),
-    one warpgroup, KU scale blocks a step through a STAGES-deep pipeline; each block's product is
-    scaled into fp32 by its 32-row weight block's scale and the row's."""
-    from .tilelang_gemm import _tl, e8m0_f32
-
-    _, T = _tl()
-    kbs = K // 32
-    assert K % 32 == 0 and N % 64 == 0 and kbs % split_k == 0 and (kbs // split_k) % KU == 0
-    per = kbs // split_k  # scale blocks of a split
-    bk = 32 * KU
-    m = T.dynamic("m")
-    out_shape, c_dtype = ((split_k, rows, N), "float32") if split_k > 1 else ((m, N), out_dtype)
-
-    @T.prim_func
-    def gemm_fp8_wgmma(A: T.Tensor((m, K), "float8_e4m3"), SA: T.Tensor((m, kbs), "uint8"),
-                       B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((N // 32, kbs), "uint8"),
-                       C: T.Tensor(out_shape, c_dtype)):
-        with T.Kernel(N // 64, split_k, threads=128) as (bx, bz):
-            W_s = T.alloc_shared((64, bk), "float8_e4m3")
-            X_s = T.alloc_shared((8, bk), "float8_e4m3")
-            SW_s = T.alloc_shared((2, per), "uint8")
-            SX_s = T.alloc_shared((8, per), "uint8")
-            tmp = T.alloc_fragment((64, 8), "float32")
-            acc = T.alloc_fragment((64, 8), "float32")
-            T.clear(acc)
-            # rows past m read as zeros (the copies are predicated at m) and are never stored
-            T.copy(SB[bx * 2, bz * per], SW_s)
-            T.copy(SA[0, bz * per], SX_s)
-            for ko in T.Pipelined(per // KU, num_stages=STAGES):
-                k = bz * per + ko * KU
-                T.copy(B[bx * 64, k * 32], W_s)
-                T.copy(A[0, k * 32], X_s)
-                for kk in T.unroll(KU):
-                    T.gemm(W_s[:, kk * 32:(kk + 1) * 32], X_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
-                           clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                    for i, j in T.Parallel(64, 8):
-                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SW_s[i // 32, ko * KU + kk])
-                                                  * e8m0_f32(T, SX_s[j, ko * KU + kk]))
-            for i, j in T.Parallel(64, 8):
-                if j < m:
-                    if split_k > 1:
-                        C[bz, j, bx * 64 + i] = acc[i, j]
-                    else:
-                        C[j, bx * 64 + i] = T.Cast(c_dtype, acc[i, j])
-
-    return gemm_fp8_wgmma
-
-
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1), "WG": (0, 1)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1)}
 
 
 def _mnk(spec: KernelSpec):
@@ -240,8 +186,7 @@ def mma_config(target: Target, n: int, k: int, knobs: Mapping[str, Any] | None =
     one after another."""
     c = dict(target.defaults["tilelang_gemm_fp8_mma"], **(knobs or {}))
     ctas = c.pop("CTAS", 2)
-    # WG: 64-row CTAs whose splits hold whole steps of KU blocks
-    tiles, steps = (n // 64, k // (32 * c["KU"])) if c.get("WG") else (n // (16 * c["RT"]), k // (32 * c["WK"]))
+    tiles, steps = n // (16 * c["RT"]), k // (32 * c["WK"])
     top = 8 if c.get("CLUSTER") else 64  # a portable cluster: at most 8 CTAs
     c.setdefault("split_k", max((s for s in range(1, top + 1) if steps % s == 0 and tiles * s <= ctas * target.cores),
                                 default=1))
@@ -281,7 +226,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
 
     m, n, k = _mnk(spec)
     c = mma_config(target, n, k, config)
-    func = decode_rows_program(n, k, out_dtype_name(spec), m, c)
+    func = gemm_fp8_mma_rows_program(n, k, out_dtype_name(spec), rows=m, **c)
     src = source(func, target.arch, {"template": "tilelang_gemm_fp8_mma", "config": c, "mnk": (m, n, k),
                                      "rows_argument": True})
     if cluster_split(c):
@@ -289,16 +234,6 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
     elif c["split_k"] > 1:
         _with_split_sum(src, target, spec, c["split_k"])
     return src
-
-
-def decode_rows_program(n: int, k: int, out_dtype: str, rows: int, config: Mapping[str, Any]):
-    """The template's program for a config: with WG the warpgroup-MMA one (64-row CTAs; it takes
-    KU, STAGES and split_k), else the warp-MMA one."""
-    c = dict(config)
-    if c.pop("WG", 0):
-        return gemm_fp8_wgmma_rows_program(n, k, out_dtype, rows=rows,
-                                           **{x: c[x] for x in ("KU", "STAGES", "split_k") if x in c})
-    return gemm_fp8_mma_rows_program(n, k, out_dtype, rows=rows, **c)
 
 
 def _with_split_sum(src: KernelSource, target: Target, spec: KernelSpec, split_k: int) -> None:
@@ -338,8 +273,6 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
         return False
     m, n, k = _mnk(spec)
     c = default_config(target, spec)
-    if c.get("WG"):
-        return m <= 8 and k % (32 * c["KU"] * c["split_k"]) == 0 and n % 256 == 0
     return (m <= mma_rows(target) and k % (32 * c["WK"] * c["split_k"]) == 0 and n % 256 == 0
             and n % (16 * c["RT"]) == 0)
 

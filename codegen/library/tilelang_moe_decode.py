@@ -259,122 +259,6 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     return grouped_gemm_fp4_mma
 
 
-def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KU=4, STAGES=3, ACT=0):
-    """The decode grouped GEMM on warpgroup MMAs (sm_90's e4m3 wgmma, which mma.sync lacks there):
-    the weight is wgmma's A operand from registers, widened as grouped_gemm_fp4_mma_program widens
-    it (warp w of the CTA's warpgroup holds weight rows 16w..16w+15, lane (g, q) the word at byte 4q
-    of rows g and g + 8's scale block, m64nNk32's A fragment being mma.m16n8k32's per warp), and 8
-    rows of x the B operand from shared memory (m64n8k32: no f16 conversion, one instruction for the
-    CTA's 64 rows). x's rows are staged once per pass of 8, each 32-byte block de-interleaved into
-    its even bytes then its odd bytes (the K order the widened words give the A slots) as two
-    no-swizzle core matrices of 8 rows x 16 bytes; the weight tile streams through a STAGES-deep
-    cp.async pipeline, KU scale blocks a step, whose KU wgmmas (each its own A registers and
-    accumulator, scale-d 0) are committed together and waited on before each block's sum is scaled
-    into fp32 by the row's and x's ue8m0 scales. No split of K between warps: no reduction through
-    shared memory. ACT and the rows past offsets[E] as in grouped_gemm_fp4_mma_program."""
-    from .tilelang_gemm import _tl, e8m0_f32
-
-    _, T = _tl()
-    kbs = K // 32
-    assert K % 32 == 0 and N % 64 == 0
-    ku = max(u for u in range(1, KU + 1) if kbs % u == 0)
-    cw = ku * 4  # a step's weight words per row
-    ACT = ACT and 4 * min(E, Mtot) <= E
-    slots = min(E, Mtot) if ACT else E
-    expert_rows = slot_rows(T, E, Mtot, 128, 64, ACT)
-
-    @T.prim_func
-    def grouped_gemm_fp4_wgmma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
-                               W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
-                               offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // 64, slots, threads=128) as (bx, slot):
-            tx = T.get_thread_binding()
-            wp = tx // 32
-            g = (tx % 32) // 4
-            q = tx % 4
-            Ws = T.alloc_shared((64, cw + 4), "uint32")
-            SWs = T.alloc_shared((64, kbs), "uint8")
-            SXf = T.alloc_shared((kbs, 8), "float32")
-            # x's pass: block kb, its even (0) / odd (1) half, row, 4 words: core matrices 128 B apart
-            Xc = T.alloc_shared((kbs * 64,), "uint32")
-            desc = T.alloc_wgmma_desc()
-            a = T.alloc_local((4 * ku,), "uint32")
-            c = T.alloc_local((4 * ku,), "float32")
-            acc = T.alloc_local((4,), "float32")
-            xw = T.alloc_local((8,), "uint32")
-            e, start, end = expert_rows(offsets, C, slot, bx, tx)
-            for t0 in T.serial(T.ceildiv(end - start, 8)):
-                tb = start + t0 * 8
-                for i in T.unroll(4):
-                    acc[i] = T.float32(0)
-                T.copy(SW[e, bx * 64:(bx + 1) * 64, 0:kbs], SWs)
-                # the pass's rows of x (rows past the expert's end as zeros, unread: their columns
-                # of the MMA are never stored, their scales zero)
-                for j in T.serial(T.ceildiv(kbs * 8, 128)):
-                    kb = (j * 128 + tx) // 8
-                    r = (j * 128 + tx) % 8
-                    if kb < kbs:
-                        for i in T.unroll(4):
-                            xv = T.if_then_else(tb + r < end, X[T.min(tb + r, Mtot - 1), kb * 4 + i], T.uint64(0))
-                            xw[2 * i] = T.Cast("uint32", xv)
-                            xw[2 * i + 1] = T.Cast("uint32", T.shift_right(xv, T.uint64(32)))
-                        for h, sel in enumerate((X_EVEN, X_ODD)):
-                            for i in T.unroll(4):
-                                Xc[kb * 64 + h * 32 + r * 4 + i] = T.call_extern(
-                                    "uint32", "__byte_perm", xw[2 * i], xw[2 * i + 1], T.uint32(sel))
-                        SXf[kb, r] = T.if_then_else(tb + r < end, e8m0_f32(T, SX[T.min(tb + r, Mtot - 1), kb]),
-                                                    T.float32(0))
-                T.fence_proxy_async()
-                T.sync_threads()
-                # no swizzle, K-major: the two 16-byte halves of a block 128 B apart; one 8-row
-                # group (so the stride between groups, unused, is given the same value)
-                T.initialize_wgmma_descriptor(desc, Xc.access_ptr("r"), 0, 8, 8)
-                for ko in T.Pipelined(kbs // ku, num_stages=STAGES):
-                    T.copy(W[e, bx * 64:(bx + 1) * 64, ko * cw:(ko + 1) * cw], Ws[:, 0:cw])
-                    for kk in T.unroll(ku):
-                        w0 = Ws[wp * 16 + g, kk * 4 + q]
-                        w1 = Ws[wp * 16 + g + 8, kk * 4 + q]
-                        a[4 * kk] = fp4_lo_e4m3(T, w0)
-                        a[4 * kk + 1] = fp4_lo_e4m3(T, w1)
-                        a[4 * kk + 2] = fp4_hi_e4m3(T, w0)
-                        a[4 * kk + 3] = fp4_hi_e4m3(T, w1)
-                    T.warpgroup_fence_operand(a, num_regs=4 * ku)
-                    T.warpgroup_arrive()
-                    for kk in T.unroll(ku):
-                        T.ptx_wgmma_rs("float32", "m64n8k32", True, "e4m3", "e4m3", "fp32", a.data, 4 * kk,
-                                       desc.data, (ko * ku + kk) * 16, c.data, 4 * kk, T.bool(False), True, True)
-                    T.warpgroup_commit_batch()
-                    T.warpgroup_wait(0)
-                    T.warpgroup_fence_operand(c, num_regs=4 * ku)
-                    for kk in T.unroll(ku):
-                        kb = ko * ku + kk
-                        s0 = e8m0_f32(T, SWs[wp * 16 + g, kb])
-                        s1 = e8m0_f32(T, SWs[wp * 16 + g + 8, kb])
-                        sx0 = SXf[kb, 2 * q]
-                        sx1 = SXf[kb, 2 * q + 1]
-                        acc[0] += c[4 * kk] * (s0 * sx0)
-                        acc[1] += c[4 * kk + 1] * (s0 * sx1)
-                        acc[2] += c[4 * kk + 2] * (s1 * sx0)
-                        acc[3] += c[4 * kk + 3] * (s1 * sx1)
-                for i in T.unroll(4):
-                    if tb + 2 * q + i % 2 < end:
-                        # 64: the widened codes' 2^-6
-                        C[tb + 2 * q + i % 2, bx * 64 + wp * 16 + g + 8 * (i // 2)] = T.Cast("bfloat16", acc[i] * T.float32(64))
-                T.sync_threads()  # the next pass restages x and the scales
-
-    return grouped_gemm_fp4_wgmma
-
-
-def decode_program(mtot: int, n: int, k: int, e: int, config: Mapping[str, Any]):
-    """The template's program for a config: with WG the warpgroup-MMA program (its own tile: 64
-    weight rows, 8 rows of x, no K split between warps; it takes KU, STAGES and ACT), else the
-    warp-MMA one."""
-    c = dict(config)
-    if c.pop("WG", 0):
-        return grouped_gemm_fp4_wgmma_program(mtot, n, k, e, **{x: c[x] for x in ("KU", "STAGES", "ACT") if x in c})
-    return grouped_gemm_fp4_mma_program(mtot, n, k, e, **c)
-
-
 def _dims(spec: KernelSpec):
     from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
 
@@ -382,7 +266,7 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1), "WG": (0, 1)}
+             "F16": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
@@ -394,7 +278,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
 
     mtot, n, k, e = _dims(spec)
     c = _config(target, spec, config)
-    func = decode_program(mtot, n, k, e, c)
+    func = grouped_gemm_fp4_mma_program(mtot, n, k, e, **c)
     return source(func, target.arch, {"template": "tilelang_grouped_gemm_fp4_mma", "config": c,
                                       "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
 
@@ -417,8 +301,6 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
         return False
     mtot, n, k, e = _dims(spec)
     c = _config(target, spec)
-    if c.get("WG"):
-        return mtot <= 32 * e and k % 32 == 0 and n % 64 == 0
     return mtot <= 32 * e and k % (32 * c["WK"]) == 0 and n % (16 * c["RT"]) == 0
 
 

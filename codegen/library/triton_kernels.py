@@ -1428,25 +1428,6 @@ def _norm_row_out(acc, stream_dtype: tl.constexpr, nw_ptr, x_ptr, q_ptr, s_ptr, 
 
 
 @triton.jit
-def hc_expand_collapse_norm_kernel(y_ptr, r_ptr, post_ptr, m_ptr, prein_ptr, nw_ptr, rn_ptr, x_ptr, q_ptr, s_ptr, eps,
-                                   C: tl.constexpr, H: tl.constexpr, BH: tl.constexpr):
-    """hc_expand_kernel's new stream R'[j] = post[j] * y + sum_i M[i, j] * R[i] (the same sums in
-    the same order), stored, and hc_collapse_norm_kernel's quantised input of it: the collapse
-    reads each R'[j] as stored from registers, not from memory. A program per row, the whole row
-    in one block."""
-    row = tl.program_id(0).to(tl.int64)
-    hh = tl.arange(0, BH)
-    hm = hh < H
-    y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
-    acc = tl.zeros([BH], tl.float32)
-    for j in tl.static_range(C):
-        v = _round_like(_expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j, C, H), rn_ptr.dtype.element_ty)
-        tl.store(rn_ptr + row * C * H + j * H + hh, v.to(rn_ptr.dtype.element_ty), mask=hm)
-        acc += tl.load(prein_ptr + row * C + j) * v
-    _norm_row_out(acc, rn_ptr.dtype.element_ty, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H, BH, 1)
-
-
-@triton.jit
 def repeat_rows_kernel(x_ptr, out_ptr, W: tl.constexpr, COPIES: tl.constexpr, BLOCK: tl.constexpr):
     """out[t, c] = x[t] for c < COPIES (the repeated mHC stream); program (row, chunk)."""
     t = tl.program_id(0).to(tl.int64)

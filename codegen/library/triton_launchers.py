@@ -20,7 +20,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
                              seq_first_kernel)
-from .triton_kernels import gather_row_pairs_kernel, hc_expand_collapse_norm_kernel
+from .triton_kernels import gather_row_pairs_kernel
 from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
@@ -541,18 +541,6 @@ def launch_hc_collapse_norm_quant_fp8(r, pre_in, nw, *, eps, block, cfg):
     _k(hc_collapse_norm_kernel)[(n,)](r, pre_in, nw, x, _u8(q), s, eps, C=c, H=h, BH=triton.next_power_of_2(h),
                                       QUANT=True, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return x, q, s
-
-
-def launch_hc_expand_collapse_norm_quant_fp8(y, r, post, m, pre_in, nw, *, eps, block, cfg):
-    n, c, h = r.shape
-    rn = torch.empty_like(r)
-    x = torch.empty(n, h, dtype=r.dtype, device=r.device)
-    q = torch.empty(n, h, dtype=torch.float8_e4m3fn, device=r.device)
-    s = torch.empty(n, h // block, dtype=torch.uint8, device=r.device)
-    _k(hc_expand_collapse_norm_kernel)[(n,)](y, r, post, m, pre_in, nw, rn, x, _u8(q), s, eps, C=c, H=h,
-                                             BH=triton.next_power_of_2(h), num_warps=cfg["num_warps"],
-                                             num_stages=cfg["num_stages"])
-    return rn, x, q, s
 
 
 def launch_hc_mean(r, *, cfg):

@@ -689,16 +689,6 @@ def _l_hc_collapse_norm(spec, cfg):
     return [_launch("hc_collapse_norm_kernel", args, {"C": c, "H": h, "BH": _p2(h), "QUANT": quant}, (n,), cfg)]
 
 
-def _l_hc_expand_collapse(spec, cfg):
-    y, r, post, m, pre_in, nw = spec.in_types
-    n, c, h = _ints(r.shape)
-    out = spec.out_types[-1]
-    args = {"y_ptr": _ptr(y), "r_ptr": _ptr(r), "post_ptr": _ptr(post), "m_ptr": _ptr(m), "prein_ptr": _ptr(pre_in),
-            "nw_ptr": _ptr(nw), "rn_ptr": _ptr(r), "x_ptr": _ptr(spec.out_types[1]), "q_ptr": _ptr(out),
-            "s_ptr": _ptr(out, "scale"), "eps": "fp32"}
-    return [_launch("hc_expand_collapse_norm_kernel", args, {"C": c, "H": h, "BH": _p2(h)}, (n,), cfg)]
-
-
 def _l_hc_repeat(spec, cfg):
     (x,) = spec.in_types
     n, h = _ints(x.shape)
@@ -1025,10 +1015,6 @@ OPS = [
     _Op("hc_collapse_norm_quant_fp8", "launch_hc_collapse_norm_quant_fp8", _l_hc_collapse_norm, ROW,
         dict(num_warps=16, num_stages=1), lambda a: {"eps": a["eps"], "block": a["block"]},
         supports=lambda t, s: s.in_types[0].rank == 3 and s.attr["block"] == 32),
-    # a sub-layer's hc_expand and the next entry's collapse, norm and quantisation in one program a row
-    _Op("hc_expand_collapse_norm_quant_fp8", "launch_hc_expand_collapse_norm_quant_fp8", _l_hc_expand_collapse, ROW,
-        dict(num_warps=16, num_stages=1), lambda a: {"eps": a["eps"], "block": a["block"]},
-        supports=lambda t, s: s.in_types[1].rank == 3 and s.attr["block"] == 32),
     _Op("hc_collapse", "launch_hc_collapse", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),
         dict(BH=1024, num_warps=4, num_stages=1), supports=lambda t, s: s.in_types[0].rank == 3),
     _Op("hc_mean", "launch_hc_mean", _l_hc_reduce, dict(BH=(256, 512, 1024, 2048), **ROW),

@@ -7,12 +7,17 @@ TARGET = Target(
     "sm90", "cuda", "sm_90a", cores=132, smem_bytes=227 * 1024, hbm_bytes_per_s=4.8e12,
     peak_flops={"bf16": 989e12, "fp8": 1979e12, "f32": 67e12},
     defaults={
-        "tilelang_gemm": {"decode_block_K": 128, "prefill_block_N": 128},
+        # prefill_overlap: each 32-deep block's wgmma issued before the block before it is scaled
+        # (prefill +4.6% with the split mix below, twentieth session)
+        "tilelang_gemm": {"decode_block_K": 128, "prefill_block_N": 128, "prefill_overlap": 1},
         "tilelang_grouped_gemm_fp4": {
             "decode": {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128},
             "prefill": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256},
         },
         "tilelang_attention": {"min_splits": 1},
+        # the prefill mix GEMM on its split path: the unsplit 16-row program spills at 255 registers
+        # (docs/performance.md, nineteenth and twentieth sessions)
+        "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 1, "num_warps": 4}},
         # decode lin8 stays on the TileLang program: on Triton's dot_scaled (decode_rows 64) the
         # medium plan's decode step was no faster at b1 / b8 and 1.43x slower at b64 on the H200
         # (docs/performance.md, eighth session); decode_rows N > 0 hands rows <= N to it

@@ -90,25 +90,6 @@ def hc_collapse_norm_quant_fp8(r, pre_in, norm_w, *, eps, block):
     return x, q.quant_fp8_32(x, block)
 
 
-def _hc_expand_collapse_rule(ins, a):
-    y, r, post, m, pre_in, norm_w = ins
-    (rn,) = _infer("hc_expand", [y, r, post, m], {})
-    return [rn, *_hc_collapse_norm_quant_rule([rn, pre_in, norm_w], a)]
-
-
-@op("hc_expand_collapse_norm_quant_fp8", infer=_hc_expand_collapse_rule,
-    flops=lambda i, o, a: 2 * i[1].numel * (i[1].shape[1] + 2) + 7 * o[1].numel, attrs={"eps": REQUIRED, "block": 32},
-    n_inputs=6)
-def hc_expand_collapse_norm_quant_fp8(y, r, post, m, pre_in, norm_w, *, eps, block):
-    """A sub-layer's exit into the next one's entry: hc_expand's new stream and
-    hc_collapse_norm_quant_fp8 of it, every output kept (the next mixes and the next exit read the
-    stream). The two calls sit back to back on each sub-layer's critical path; one pass over the
-    row does both."""
-    rn = mhc.hc_expand(y, r, post, m)
-    x, xq = hc_collapse_norm_quant_fp8(rn, pre_in, norm_w, eps=eps, block=block)
-    return rn, x, xq
-
-
 def _hc_mix_rule(ins, a):
     r, fn, scale, base = ins
     (raw,) = _infer("hc_mix_gemm", [r, fn], {"eps": a["eps"]})
