@@ -27,6 +27,7 @@ from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
 from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
+from deepinfer.codegen.library import tilelang_moe_prefill as tlmp  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
@@ -162,14 +163,21 @@ def linear_case(label, M, N, K, config=None):
                 ref=ref, bytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K, peak="bf16", tol=1e-2)
 
 
-def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0):
-    """The widening program (tilelang_moe), or with `mma` the decode program on warp MMAs
-    (tilelang_moe_decode, its knobs from the sm90 defaults). `tail`: rows past the last expert's
-    (as expert parallelism leaves them), which the op leaves zero."""
+# the bf16 prefill program's tiles where no target sets them (sm90 does not until timed)
+BF16_MOE = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
+
+
+def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=False):
+    """The widening program (tilelang_moe), with `mma` the decode program on warp MMAs
+    (tilelang_moe_decode, its knobs from the sm90 defaults), with `bf16` the prefill program on
+    bf16 MMAs (tilelang_moe_prefill, over BF16_MOE). `tail`: rows past the last expert's (as expert
+    parallelism leaves them), which the op leaves zero."""
     mtot = int(sum(counts)) + tail
-    base = TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlm.moe_default_config(TARGET, mtot, N, K, E)
+    base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else BF16_MOE if bf16 else
+            tlm.moe_default_config(TARGET, mtot, N, K, E))
     c = dict(base, **(config or {}))
-    make = tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program
+    make = (tlmd.grouped_gemm_fp4_mma_program if mma else tlmp.grouped_gemm_fp4_bf16_program if bf16 else
+            tlm.grouped_gemm_fp4_program)
     active = sum(1 for v in counts if v)
 
     def inputs():
@@ -199,12 +207,13 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0):
                 out[o[e]:o[e + 1]] = nm.mm32(xf[o[e]:o[e + 1]], q.dequant_fp4_weight(x["W"][e], x["SW"][e]))
         return out
 
-    return dict(name=f"grouped_gemm_fp4{' mma' if mma else ''} {label}",
-                template="tilelang_grouped_gemm_fp4" + ("_mma" if mma else ""),
+    kind = "mma" if mma else "bf16" if bf16 else ""
+    return dict(name=f"grouped_gemm_fp4{' ' + kind if kind else ''} {label}",
+                template="tilelang_grouped_gemm_fp4" + ("_" + kind if kind else ""),
                 shape=f"rows={mtot} E={E} active={active} N={N} K={K}", config=c,
                 program=lambda: [make(mtot, N, K, E, **c)], inputs=inputs, run=run, ref=ref,
                 bytes=mtot * K * 33 / 32 + active * N * K * (0.5 + 1 / 32) + mtot * N * 2,
-                flops=2 * mtot * N * K, peak="fp8", tol=1e-2)
+                flops=2 * mtot * N * K, peak="bf16" if bf16 else "fp8", tol=1e-2)
 
 
 def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, ratio=2, PE=64, config=None,
@@ -411,6 +420,11 @@ def tiny_cases():
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
         grouped_case("tiny f16 MMAs", [3, 0, 12, 1], 64, 256, 4, {"F16": 1}, mma=True),
+        # bf16 tiles dequantised in shared memory: several row tiles of an expert, one empty, one
+        # ending mid-tile; 64- and 128-row tiles
+        grouped_case("tiny", [70, 0, 131, 5], 256, 512, 4, bf16=True),
+        grouped_case("tiny 128-row tiles", [70, 0, 131, 5], 256, 512, 4,
+                     {"block_M": 128, "block_K": 64, "threads": 256}, bf16=True),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
@@ -461,7 +475,15 @@ def real_cases():
         out.append(grouped_case(f"decode b{b} w13 over active experts", counts, 4608, 5120, 384, {"ACT": 1},
                                 mma=True))
     sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(4096)])
-    out.append(grouped_case("prefill 4K w1", torch.bincount(sel.flatten(), minlength=384).tolist(), 2304, 5120, 384))
+    counts = torch.bincount(sel.flatten(), minlength=384).tolist()
+    out.append(grouped_case("prefill 4K w1", counts, 2304, 5120, 384))
+    # the plan's prefill MoE GEMMs (w13 fused, w2) on bf16 MMAs; BF16_MOE_CONFIGS: a JSON list of
+    # configs over BF16_MOE, each a further pair
+    out.append(grouped_case("prefill 4K w13", counts, 4608, 5120, 384))
+    for over in [{}] + json.loads(os.environ.get("BF16_MOE_CONFIGS", "[]")):
+        tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
+        out.append(grouped_case("prefill 4K w13" + tag, counts, 4608, 5120, 384, over, bf16=True))
+        out.append(grouped_case("prefill 4K w2" + tag, counts, 5120, 2304, 384, over, bf16=True))
     for b in (1, 64):
         out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)]))
     # ATTN_CONFIGS: a JSON list of config objects over the default, each a further sparse decode

@@ -1,0 +1,132 @@
+"""TileLang grouped MoE GEMM for prefill-sized calls on bf16 tensor cores: `grouped_gemm_fp4`
+(ir/ops/fused.py) where a target's defaults carry `tilelang_grouped_gemm_fp4_bf16`.
+
+Both operands carry a ue8m0 scale per 32 K, so an fp8 (or fp4 -> fp8) MMA must promote its fp32
+partial into the accumulator after every 32-deep slice (tilelang_moe), and tl.dot_scaled upcasts
+to bf16 on Hopper anyway. Here each K tile is dequantised into bf16 in shared memory instead,
+the scale folded in: an e4m3 value times a power of two and an e2m1 value times a power of two are
+exact in bf16 (8 significant bits, fp32's exponent range), so the products are the same, and the
+wgmma accumulates over the whole K in fp32 with no promotion. The sums run in the tensor core's
+order rather than slice by slice: the output is rounded as any fp32-accumulated GEMM's.
+
+One CTA owns (an N tile, an expert) and walks that expert's row tiles, as tilelang_moe's program;
+CTAs of empty experts exit at once. The raw fp8 / packed fp4 tiles and their scales stream through
+a `stages`-deep pipeline; the bf16 tiles are one buffer each.
+"""
+from typing import Any, Mapping
+
+from ...ir.types import QuantType
+from ..targets import Target
+from .tilelang_host import host_grouped_gemm_fp4
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
+
+# tilelang_gemm and tilelang_attention are imported where used: importing them here would
+# register their templates ahead of the Triton ones (this module is imported before triton_ops,
+# so that prefill MoE calls reach this template first where a target enables it)
+
+
+def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
+                                  stages=3, threads=256):
+    from .tilelang_attention import fp4_f16_value
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
+    kb = block_K // 32
+
+    @T.prim_func
+    def grouped_gemm_fp4_bf16(X: T.Tensor((Mtot, K), "float8_e4m3"), SX: T.Tensor((Mtot, K // 32), "uint8"),
+                              W: T.Tensor((E, N, K // 2), "uint8"), SW: T.Tensor((E, N, K // 32), "uint8"),
+                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=threads) as (bx, e):
+            X_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            Wp_s = T.alloc_shared((block_N, block_K // 2), "uint8")
+            SX_s = T.alloc_shared((block_M, kb), "uint8")
+            SW_s = T.alloc_shared((block_N, kb), "uint8")
+            A_s = T.alloc_shared((block_M, block_K), "bfloat16")
+            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                r0 = start + mt * block_M
+                T.clear(acc)
+                for k in T.Pipelined(K // block_K, num_stages=stages):
+                    # rows past the expert's end are read (other experts' rows, or guarded at
+                    # Mtot) and never stored
+                    T.copy(X[r0, k * block_K], X_s)
+                    T.copy(SX[r0, k * kb], SX_s)
+                    T.copy(W[e, bx * block_N, k * (block_K // 2)], Wp_s)
+                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
+                    for i, kk in T.Parallel(block_M, block_K):
+                        A_s[i, kk] = T.Cast("bfloat16", T.Cast("float32", X_s[i, kk]) * e8m0_f32(T, SX_s[i, kk // 32]))
+                    for j, kk in T.Parallel(block_N, block_K):
+                        # fp4_f16_value is the code's value x 2^-14: the scale takes 2^14 back
+                        B_s[j, kk] = T.Cast("bfloat16", fp4_f16_value(T, T.bitwise_and(T.shift_right(
+                            T.Cast("int32", Wp_s[j, kk // 2]), (kk % 2) * 4), 15))
+                            * (e8m0_f32(T, SW_s[j, kk // 32]) * 16384.0))
+                    # generic-proxy stores read next by wgmma (async proxy) need this fence
+                    T.fence_proxy_async()
+                    T.gemm(A_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_M, block_N):
+                    if mt * block_M + i < rows:
+                        C[r0 + i, bx * block_N + j] = acc[i, j]
+
+    return grouped_gemm_fp4_bf16
+
+
+def _dims(spec: KernelSpec):
+    x, w = spec.in_types[0], spec.in_types[1]
+    return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
+
+
+KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+         "threads": (128, 256)}
+
+
+def default_config(target: Target, spec: KernelSpec) -> dict:
+    return dict(target.defaults["tilelang_grouped_gemm_fp4_bf16"])
+
+
+def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import source
+
+    mtot, n, k, e = _dims(spec)
+    c = dict(default_config(target, spec), **config)
+    return source(grouped_gemm_fp4_bf16_program(mtot, n, k, e, **c), target.arch,
+                  {"template": "tilelang_grouped_gemm_fp4_bf16", "config": c,
+                   "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Prefill-sized calls (at least 2 rows per expert on average: below that the decode templates
+    stream the weight once per few rows) with static shapes in the formats the kernel reads, K and
+    N whole tiles of the target's config; not in a batch-invariant plan (its prefill buckets run
+    the decode template)."""
+    if "tilelang_grouped_gemm_fp4_bf16" not in target.defaults or batch_invariant(target):
+        return False
+    x, w = spec.in_types[:2]
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    if not (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
+            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)):
+        return False
+    mtot, n, k, e = _dims(spec)
+    c = default_config(target, spec)
+    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0
+
+
+register(Template(
+    name="tilelang_grouped_gemm_fp4_bf16",
+    ops=("grouped_gemm_fp4",),
+    # sm90 only (sm100 multiplies e4m3 by e2m1 natively: tilelang_moe), and there only where its
+    # defaults carry the tiles (_supports): a plan variant or a test turns it on
+    targets=("sm90",),
+    knobs=KNOBS,
+    render=_render,
+    default_config=default_config,
+    supports=_supports,
+    host=host_grouped_gemm_fp4,
+))

@@ -1,0 +1,61 @@
+"""The prefill MoE GEMM on bf16 MMAs (codegen/library/tilelang_moe_prefill.py): which calls take it,
+and that its programs render and build for sm_90a without spills. Its numerics run on the H200
+(bench/kernels_tilelang.py's `bf16` cases)."""
+import dataclasses
+import shutil
+
+import pytest
+
+from deepinfer.codegen.targets import get_target
+from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select
+from deepinfer.ir.types import quantized, tensor
+
+TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
+
+
+def moe_spec(rows, n=4608, k=5120, experts=96):
+    return KernelSpec("grouped_gemm_fp4", (), (quantized("fp8e4m3", (rows, k), "e8m0", (1, 32)),
+                                               quantized("fp4e2m1", (experts, n, k), "e8m0", (1, 1, 32)),
+                                               tensor("i32", experts + 1)), (tensor("bf16", rows, n),))
+
+
+def enabled(tiles=TILES):
+    sm90 = get_target("sm90")
+    return dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_grouped_gemm_fp4_bf16=dict(tiles)))
+
+
+def test_prefill_calls_take_it_where_a_target_enables_it():
+    sm90, on = get_target("sm90"), enabled()
+    prefill = moe_spec(32 * 96 + 1)
+    assert select(sm90, prefill).name == "triton_grouped_gemm_fp4"  # not in sm90's defaults: off
+    assert select(on, prefill).name == "tilelang_grouped_gemm_fp4_bf16"
+    # decode-sized calls stay on the warp-MMA decode program, registered first
+    assert select(on, moe_spec(384)).name == "tilelang_grouped_gemm_fp4_mma"
+    # N not a whole number of its tiles, or a batch-invariant plan: not taken
+    assert select(on, moe_spec(32 * 96 + 1, n=4608 + 64)).name != "tilelang_grouped_gemm_fp4_bf16"
+    inv = dataclasses.replace(on, features=on.features + (BATCH_INVARIANT,))
+    assert select(inv, prefill).name != "tilelang_grouped_gemm_fp4_bf16"
+    assert select(get_target("sm100"), prefill).name != "tilelang_grouped_gemm_fp4_bf16"
+
+
+@pytest.mark.parametrize("over", [{}, {"block_M": 128, "block_K": 64, "threads": 256}])
+def test_renders_and_builds_without_spills(over):
+    pytest.importorskip("tilelang")
+    t = enabled(dict(TILES, **over))
+    for n, k in ((4608, 5120), (5120, 2304)):
+        spec = moe_spec(4096 * 6, n=n, k=k, experts=384)
+        tpl = select(t, spec)
+        assert tpl.name == "tilelang_grouped_gemm_fp4_bf16"
+        cfg = tpl.default_config(t, spec)
+        src = tpl.render(t, spec, cfg)
+        assert src.grid == (n // cfg["block_N"], 384, 1) and src.block == (cfg["threads"], 1, 1)
+        # one bf16 wgmma chain over the whole K: no fp8 MMA, no per-slice promotion
+        assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
+        assert "kFloat8_e4m3" not in src.text
+        assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+        if shutil.which("nvcc"):
+            from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+            rep = nvcc_report(src.text, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
