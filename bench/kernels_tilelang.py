@@ -191,6 +191,8 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
         if mma:  # its parameters read x and W through wider words
             k[0](x["X"].view(torch.uint8).view(torch.uint64), x["SX"], x["W"].view(torch.uint32), x["SW"], x["offs"],
                  out)
+        elif bf16:  # W as 32-bit words
+            k[0](x["X"], x["SX"], x["W"].view(torch.uint32), x["SW"], x["offs"], out)
         else:
             k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
         return out
