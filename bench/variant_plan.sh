@@ -6,7 +6,8 @@
 #
 # KEY=JSON updates sm90's defaults entry KEY with the JSON object (a new entry if absent);
 # +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
-# device call's out/). Examples (docs/performance.md, nineteenth and twentieth sessions):
+# device call's out/); with VARIANT_SMALL=1, the tiny and smooth plans bench/gpu_tests_h200.sh takes
+# instead of the medium one. Examples (docs/performance.md, nineteenth and twentieth sessions):
 #   bench/variant_plan.sh f16 out/p 'tilelang_grouped_gemm_fp4_mma={"F16": 1}'
 #   bench/variant_plan.sh noov out/p 'tilelang_gemm={"prefill_overlap": 0}'
 set -euo pipefail
@@ -37,8 +38,17 @@ for e in edits:
 open(path, "w").write(s)
 PY
 py=${PYTHON:-$root/.venv/bin/python}
-(cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model v4.1-flash-medium --target sm90 \
-    --max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192 --tuning-db none \
-    -o "$work/plan_$name" | tail -4)
-tar -cJf "$out/$name.tar.xz" -C "$work" "plan_$name"
+if [ -n "${VARIANT_SMALL:-}" ]; then  # the tiny and smooth plans bench/gpu_tests_h200.sh takes
+    for model in tiny smooth; do
+        (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model "v4.1-flash-$model" --target sm90 \
+            --max-model-len 2048 --max-num-seqs 8 --decode-batches 1,2,4,8 --prefill-tokens 512 --tuning-db none \
+            -o "$work/$model" | tail -2)
+    done
+    tar -cJf "$out/$name.tar.xz" -C "$work" tiny smooth
+else
+    (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model v4.1-flash-medium --target sm90 \
+        --max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192 --tuning-db none \
+        -o "$work/plan_$name" | tail -4)
+    tar -cJf "$out/$name.tar.xz" -C "$work" "plan_$name"
+fi
 echo "$out/$name.tar.xz"
