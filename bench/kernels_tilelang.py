@@ -27,7 +27,7 @@ from deepinfer.codegen.library import tilelang_gemm as tlg  # noqa: E402
 from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
-from deepinfer.codegen.library import tilelang_moe_prefill as tlmp  # noqa: E402
+from deepinfer.codegen.library import tilelang_prefill_bf16 as tlmp  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
@@ -75,13 +75,20 @@ def rel_err(out, ref):
 # TileLang program(s)), inputs (callable -> dict), run (kernels, inputs -> output), ref (inputs -> fp32
 # reference), bytes, flops, peak ("fp8" | "bf16"), tol (max-rel tolerance).
 
-def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
+# the bf16 prefill linear's tiles where no target sets them (sm90 does not until timed)
+BF16_GEMM = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
+
+
+def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16=False):
     """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order),
     or with `persistent` the 64-row program on a persistent grid (tilelang_gemm_decode; `config`
-    its whole config)."""
+    its whole config), or with `bf16` the prefill program on bf16 MMAs (tilelang_prefill_bf16, over
+    BF16_GEMM)."""
     if persistent:
         c = dict(config)
+    elif bf16:
+        c = dict(BF16_GEMM, **(config or {}))
     elif mma:
         c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
@@ -114,7 +121,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[0](a, x["SA"], b, x["SB"], out)
             return out
-        if c["split_k"] > 1:
+        if c.get("split_k", 1) > 1:  # the bf16 program has no split
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)
             k[0](x["A"], x["SA"], x["B"], x["SB"], out)
             return out.to(torch.bfloat16)
@@ -128,15 +135,18 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False):
     def program():
         if persistent:
             return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
+        if bf16:
+            return [tlmp.gemm_fp8_bf16_program(M, N, K, "bfloat16", **c)]
         if mma:
             return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
 
-    kind = " persistent" if persistent else " mma" if mma else ""
+    kind = " persistent" if persistent else " mma" if mma else " bf16" if bf16 else ""
     return dict(name=f"gemm_fp8{kind} {label}",
                 template="tilelang_gemm_fp8" + kind.replace(" ", "_"), shape=f"{M}x{N}x{K}", config=c,
                 program=program, inputs=inputs, run=run, ref=ref,
-                bytes=M * K * 33 / 32 + N * K * (1 + 1 / 1024) + M * N * 2, flops=2 * M * N * K, peak="fp8",
+                bytes=M * K * 33 / 32 + N * K * (1 + 1 / 1024) + M * N * 2, flops=2 * M * N * K,
+                peak="bf16" if bf16 else "fp8",
                 tol=1e-2)
 
 
@@ -147,7 +157,7 @@ def linear_case(label, M, N, K, config=None):
         return {"A": torch.randn(M, K, device=DEV).bfloat16(), "B": torch.randn(N, K, device=DEV).bfloat16()}
 
     def run(k, x):
-        if c["split_k"] > 1:
+        if c.get("split_k", 1) > 1:  # the bf16 program has no split
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)
             k[0](x["A"], x["B"], out)
             return out.to(torch.bfloat16)
@@ -170,7 +180,7 @@ BF16_MOE = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads
 def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=False):
     """The widening program (tilelang_moe), with `mma` the decode program on warp MMAs
     (tilelang_moe_decode, its knobs from the sm90 defaults), with `bf16` the prefill program on
-    bf16 MMAs (tilelang_moe_prefill, over BF16_MOE). `tail`: rows past the last expert's (as expert
+    bf16 MMAs (tilelang_prefill_bf16, over BF16_MOE). `tail`: rows past the last expert's (as expert
     parallelism leaves them), which the op leaves zero."""
     mtot = int(sum(counts)) + tail
     base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else BF16_MOE if bf16 else
@@ -409,6 +419,8 @@ def tiny_cases():
         gemm_fp8_case("tiny f16 MMAs", 11, 256, 512, {"F16": 1}, mma=True),
         gemm_fp8_case("tiny 4 tiles split-K f16 MMAs", 40, 256, 1024, {"NT": 4, "RT": 2, "split_k": 2, "F16": 1},
                       mma=True),
+        # prefill tiles dequantised into bf16 for one wgmma chain (two row tiles, two column tiles)
+        gemm_fp8_case("tiny bf16", 256, 256, 512, bf16=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
         gemm_fp8_case("tiny overlapped scaling", 200, 256, 512, {"overlap": 1}),
         # the persistent grid: two tiles a CTA through one pipeline, with and without a K split
@@ -463,6 +475,10 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wo_b f16 MMAs", m, 5120, 8192, {"split_k": 2, "F16": 1}, mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
+    for over in [{}] + json.loads(os.environ.get("BF16_GEMM_CONFIGS", "[]")):
+        tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
+        out.append(gemm_fp8_case("prefill 4K wo_b" + tag, 4096, 5120, 8192, over, bf16=True))
+        out.append(gemm_fp8_case("prefill 4K wq_b" + tag, 4096, 32768, 1280, over, bf16=True))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
     g = torch.Generator().manual_seed(0)
     for b in (1, 64):

@@ -248,9 +248,9 @@ def _with_split_sum(src: KernelSource, target: Target, spec: KernelSpec, split_k
 
 
 def fp8_operands(target: Target, spec: KernelSpec, key: str) -> bool:
-    """The warp-MMA and persistent lin8 programs' operands: e4m3 rows with ue8m0 per 32, an e4m3
-    weight with ue8m0 per 32 x 32 block, static shapes, a bf16 or f32 output; a target whose
-    defaults carry `key`, not a batch-invariant plan."""
+    """The lin8 programs' operands (warp-MMA, persistent, bf16 prefill): e4m3 rows with ue8m0 per
+    32, an e4m3 weight with ue8m0 per 32 x 32 block, static shapes, a bf16 or f32 output; a target
+    whose defaults carry `key`, not a batch-invariant plan."""
     from ...ir.types import QuantType
 
     if key not in target.defaults or batch_invariant(target):

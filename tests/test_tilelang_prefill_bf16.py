@@ -1,6 +1,6 @@
-"""The prefill MoE GEMM on bf16 MMAs (codegen/library/tilelang_moe_prefill.py): which calls take it,
-and that its programs render and build for sm_90a without spills. Its numerics run on the H200
-(bench/kernels_tilelang.py's `bf16` cases)."""
+"""The prefill GEMMs on bf16 MMAs (codegen/library/tilelang_prefill_bf16.py: the MoE experts' and the
+fp8 linears'): which calls take them, and that their programs render and build for sm_90a without
+spills. Their numerics run on the H200 (bench/kernels_tilelang.py's `bf16` cases)."""
 import dataclasses
 import shutil
 
@@ -19,9 +19,15 @@ def moe_spec(rows, n=4608, k=5120, experts=96):
                                                tensor("i32", experts + 1)), (tensor("bf16", rows, n),))
 
 
-def enabled(tiles=TILES):
+def gemm_spec(m, n, k):
+    return KernelSpec("gemm_fp8", (("out_dtype", "bf16"),),
+                      (quantized("fp8e4m3", (m, k), "e8m0", (1, 32)), quantized("fp8e4m3", (n, k), "e8m0", (32, 32))),
+                      (tensor("bf16", m, n),))
+
+
+def enabled(tiles=TILES, key="tilelang_grouped_gemm_fp4_bf16"):
     sm90 = get_target("sm90")
-    return dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_grouped_gemm_fp4_bf16=dict(tiles)))
+    return dataclasses.replace(sm90, defaults=dict(sm90.defaults, **{key: dict(tiles)}))
 
 
 def test_prefill_calls_take_it_where_a_target_enables_it():
@@ -53,6 +59,41 @@ def test_renders_and_builds_without_spills(over):
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+        if shutil.which("nvcc"):
+            from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+            rep = nvcc_report(src.text, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
+
+
+def test_prefill_linears_take_the_gemm_where_a_target_enables_it():
+    sm90, on = get_target("sm90"), enabled(GEMM_TILES, "tilelang_gemm_fp8_bf16")
+    assert select(sm90, gemm_spec(4096, 5120, 8192)).name == "tilelang_gemm_fp8"
+    assert select(on, gemm_spec(4096, 5120, 8192)).name == "tilelang_gemm_fp8_bf16"
+    for m in (1, 8, 64):  # decode rows keep their programs
+        assert select(on, gemm_spec(m, 5120, 8192)).name == select(sm90, gemm_spec(m, 5120, 8192)).name
+    assert select(on, gemm_spec(4096 + 32, 5120, 8192)).name != "tilelang_gemm_fp8_bf16"  # not whole tiles
+    inv = dataclasses.replace(on, features=on.features + (BATCH_INVARIANT,))
+    assert select(inv, gemm_spec(4096, 5120, 8192)).name != "tilelang_gemm_fp8_bf16"
+
+
+@pytest.mark.parametrize("over", [{}, {"block_K": 64, "stages": 4}])
+def test_gemm_renders_and_builds_without_spills(over):
+    pytest.importorskip("tilelang")
+    t = enabled(dict(GEMM_TILES, **over), "tilelang_gemm_fp8_bf16")
+    for n, k in ((5120, 8192), (32768, 1280)):
+        spec = gemm_spec(4096, n, k)
+        tpl = select(t, spec)
+        cfg = tpl.default_config(t, spec)
+        src = tpl.render(t, spec, cfg)
+        assert src.grid == (n // 128, 4096 // 128, 1) and src.block == (256, 1, 1)
+        assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
+        assert "kFloat8_e4m3" not in src.text
+        assert [p for p, _ in src.meta["params"]] == ["A", "B", "C", "SA", "SB"]
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 

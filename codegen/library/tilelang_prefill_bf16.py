@@ -1,28 +1,31 @@
-"""TileLang grouped MoE GEMM for prefill-sized calls on bf16 tensor cores: `grouped_gemm_fp4`
-(ir/ops/fused.py) where a target's defaults carry `tilelang_grouped_gemm_fp4_bf16`.
+"""TileLang prefill GEMMs on bf16 tensor cores, where a target's defaults carry their tiles:
+`grouped_gemm_fp4` (the MoE experts; `tilelang_grouped_gemm_fp4_bf16`) and `gemm_fp8` (the fp8
+linears; `tilelang_gemm_fp8_bf16`), both ops of ir/ops/fused.py.
 
 Both operands carry a ue8m0 scale per 32 K, so an fp8 (or fp4 -> fp8) MMA must promote its fp32
-partial into the accumulator after every 32-deep slice (tilelang_moe), and tl.dot_scaled upcasts
-to bf16 on Hopper anyway. Here each K tile is dequantised into bf16 in shared memory instead,
-the scale folded in: an e4m3 value times a power of two and an e2m1 value times a power of two are
-exact in bf16 (8 significant bits, fp32's exponent range), so the products are the same, and the
-wgmma accumulates over the whole K in fp32 with no promotion. The sums run in the tensor core's
-order rather than slice by slice: the output is rounded as any fp32-accumulated GEMM's.
+partial into the accumulator after every 32-deep slice (tilelang_gemm, tilelang_moe), and
+tl.dot_scaled upcasts to bf16 on Hopper anyway. Here each K tile is dequantised into bf16 in shared
+memory instead, the scale folded in: an e4m3 value times a power of two and an e2m1 value times a
+power of two are exact in bf16 (8 significant bits, fp32's exponent range), so the products are
+the same, and the wgmma accumulates over the whole K in fp32 with no promotion. The sums run in
+the tensor core's order rather than slice by slice: the output is rounded as any fp32-accumulated
+GEMM's. The raw tiles and their scales stream through a `stages`-deep pipeline; the bf16 tiles
+are one buffer each.
 
-One CTA owns (an N tile, an expert) and walks that expert's row tiles, as tilelang_moe's program;
-CTAs of empty experts exit at once. The raw fp8 / packed fp4 tiles and their scales stream through
-a `stages`-deep pipeline; the bf16 tiles are one buffer each.
+The MoE program: one CTA owns (an N tile, an expert) and walks that expert's row tiles, as
+tilelang_moe's does; CTAs of empty experts exit at once. The linear: one CTA an output tile, the
+tiles rasterised in panels (as tilelang_gemm's).
 """
 from typing import Any, Mapping
 
 from ...ir.types import QuantType
 from ..targets import Target
-from .tilelang_host import host_grouped_gemm_fp4
+from .tilelang_host import host_gemm_fp8, host_grouped_gemm_fp4
 from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 
 # tilelang_gemm and tilelang_attention are imported where used: importing them here would
 # register their templates ahead of the Triton ones (this module is imported before triton_ops,
-# so that prefill MoE calls reach this template first where a target enables it)
+# so that prefill calls reach these templates first where a target enables them)
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
@@ -132,4 +135,89 @@ register(Template(
     default_config=default_config,
     supports=_supports,
     host=host_grouped_gemm_fp4,
+))
+
+
+# ---- gemm_fp8 ---------------------------------------------------------------------------------
+
+def gemm_fp8_bf16_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
+                          block_K=128, stages=3, threads=256):
+    """C[M, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] (gemm_fp8's operands and
+    layout), each K tile of both operands dequantised into bf16 with its scales, one wgmma chain."""
+    from .tilelang_gemm import _tl, ceil_div, e8m0_f32
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and block_N % 32 == 0
+    kb = block_K // 32
+
+    @T.prim_func
+    def gemm_fp8_bf16(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
+                      B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+                      C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A8_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
+            B8_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SA_s = T.alloc_shared((block_M, kb), "uint8")
+            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            A_s = T.alloc_shared((block_M, block_K), "bfloat16")
+            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            T.use_swizzle(panel_size=8)
+            T.clear(acc)
+            for k in T.Pipelined(K // block_K, num_stages=stages):
+                T.copy(A[by * block_M, k * block_K], A8_s)
+                T.copy(B[bx * block_N, k * block_K], B8_s)
+                T.copy(SA[by * block_M, k * kb], SA_s)
+                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
+                for i, kk in T.Parallel(block_M, block_K):
+                    A_s[i, kk] = T.Cast("bfloat16", T.Cast("float32", A8_s[i, kk]) * e8m0_f32(T, SA_s[i, kk // 32]))
+                for j, kk in T.Parallel(block_N, block_K):
+                    B_s[j, kk] = T.Cast("bfloat16", T.Cast("float32", B8_s[j, kk])
+                                        * e8m0_f32(T, SB_s[j // 32, kk // 32]))
+                T.fence_proxy_async()  # generic-proxy stores read next by wgmma (async proxy)
+                T.gemm(A_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(acc, C[by * block_M, bx * block_N])
+
+    return gemm_fp8_bf16
+
+
+GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+              "threads": (128, 256)}
+
+
+def gemm_default_config(target: Target, spec: KernelSpec) -> dict:
+    return dict(target.defaults["tilelang_gemm_fp8_bf16"])
+
+
+def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import _mnk, out_dtype_name, source
+
+    m, n, k = _mnk(spec)
+    c = dict(gemm_default_config(target, spec), **config)
+    return source(gemm_fp8_bf16_program(m, n, k, out_dtype_name(spec), **c), target.arch,
+                  {"template": "tilelang_gemm_fp8_bf16", "config": c, "mnk": (m, n, k)})
+
+
+def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
+    """Prefill-sized calls (rows past the decode buckets' 64, a whole number of the tiles) in the
+    formats the decode lin8 programs read (tilelang_gemm_decode.fp8_operands)."""
+    from .tilelang_gemm import _mnk
+    from .tilelang_gemm_decode import fp8_operands
+
+    if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
+        return False
+    m, n, k = _mnk(spec)
+    c = gemm_default_config(target, spec)
+    return m > 64 and m % c["block_M"] == 0 and n % c["block_N"] == 0 and k % c["block_K"] == 0
+
+
+register(Template(
+    name="tilelang_gemm_fp8_bf16",
+    ops=("gemm_fp8",),
+    targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
+    knobs=GEMM_KNOBS,
+    render=_gemm_render,
+    default_config=gemm_default_config,
+    supports=_gemm_supports,
+    host=host_gemm_fp8,
 ))
