@@ -75,20 +75,16 @@ def rel_err(out, ref):
 # TileLang program(s)), inputs (callable -> dict), run (kernels, inputs -> output), ref (inputs -> fp32
 # reference), bytes, flops, peak ("fp8" | "bf16"), tol (max-rel tolerance).
 
-# the bf16 prefill linear's tiles where no target sets them (sm90 does not until timed)
-BF16_GEMM = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
-
-
 def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16=False):
     """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order),
     or with `persistent` the 64-row program on a persistent grid (tilelang_gemm_decode; `config`
     its whole config), or with `bf16` the prefill program on bf16 MMAs (tilelang_prefill_bf16, over
-    BF16_GEMM)."""
+    its GEMM_TILES)."""
     if persistent:
         c = dict(config)
     elif bf16:
-        c = dict(BF16_GEMM, **(config or {}))
+        c = dict(tlmp.GEMM_TILES, **(config or {}))
     elif mma:
         c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
@@ -173,17 +169,13 @@ def linear_case(label, M, N, K, config=None):
                 ref=ref, bytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K, peak="bf16", tol=1e-2)
 
 
-# the bf16 prefill program's tiles where no target sets them (sm90 does not until timed)
-BF16_MOE = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
-
-
 def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=False):
     """The widening program (tilelang_moe), with `mma` the decode program on warp MMAs
     (tilelang_moe_decode, its knobs from the sm90 defaults), with `bf16` the prefill program on
-    bf16 MMAs (tilelang_prefill_bf16, over BF16_MOE). `tail`: rows past the last expert's (as expert
+    bf16 MMAs (tilelang_prefill_bf16, over its MOE_TILES). `tail`: rows past the last expert's (as expert
     parallelism leaves them), which the op leaves zero."""
     mtot = int(sum(counts)) + tail
-    base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else BF16_MOE if bf16 else
+    base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlmp.MOE_TILES if bf16 else
             tlm.moe_default_config(TARGET, mtot, N, K, E))
     c = dict(base, **(config or {}))
     make = (tlmd.grouped_gemm_fp4_mma_program if mma else tlmp.grouped_gemm_fp4_bf16_program if bf16 else
@@ -496,7 +488,7 @@ def real_cases():
     counts = torch.bincount(sel.flatten(), minlength=384).tolist()
     out.append(grouped_case("prefill 4K w1", counts, 2304, 5120, 384))
     # the plan's prefill MoE GEMMs (w13 fused, w2) on bf16 MMAs; BF16_MOE_CONFIGS: a JSON list of
-    # configs over BF16_MOE, each a further pair
+    # configs over tlmp.MOE_TILES, each a further pair
     out.append(grouped_case("prefill 4K w13", counts, 4608, 5120, 384))
     for over in [{}] + json.loads(os.environ.get("BF16_MOE_CONFIGS", "[]")):
         tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))

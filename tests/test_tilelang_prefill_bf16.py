@@ -30,6 +30,17 @@ def enabled(tiles=TILES, key="tilelang_grouped_gemm_fp4_bf16"):
     return dataclasses.replace(sm90, defaults=dict(sm90.defaults, **{key: dict(tiles)}))
 
 
+def test_tiles_without_a_target_entry():
+    """A template chosen into a plan by a variant build keeps a config where the code's target
+    names no tiles (the tuner reads the code's target, not the plan's)."""
+    from deepinfer.codegen.library import tilelang_prefill_bf16 as pb
+    from deepinfer.codegen.template import templates
+
+    sm90 = get_target("sm90")
+    assert templates()["tilelang_grouped_gemm_fp4_bf16"].default_config(sm90, moe_spec(4096)) == pb.MOE_TILES
+    assert templates()["tilelang_gemm_fp8_bf16"].default_config(sm90, gemm_spec(4096, 5120, 8192)) == pb.GEMM_TILES
+
+
 def test_prefill_calls_take_it_where_a_target_enables_it():
     sm90, on = get_target("sm90"), enabled()
     prefill = moe_spec(32 * 96 + 1)

@@ -88,10 +88,13 @@ def _dims(spec: KernelSpec):
 
 KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
          "threads": (128, 256)}
+# the tiles where a target's defaults name none (the GPU cases; a plan built with the template on
+# and tuned by code whose target lacks it): 64-row tiles, as prefill's experts average 64 rows
+MOE_TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
 
 
 def default_config(target: Target, spec: KernelSpec) -> dict:
-    return dict(target.defaults["tilelang_grouped_gemm_fp4_bf16"])
+    return dict(target.defaults.get("tilelang_grouped_gemm_fp4_bf16", MOE_TILES))
 
 
 def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
@@ -183,10 +186,12 @@ def gemm_fp8_bf16_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *
 
 GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
               "threads": (128, 256)}
+# as MOE_TILES: 64 deep on 4 stages fits two CTAs an SM (128 deep on 3 fits one)
+GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
 
 
 def gemm_default_config(target: Target, spec: KernelSpec) -> dict:
-    return dict(target.defaults["tilelang_gemm_fp8_bf16"])
+    return dict(target.defaults.get("tilelang_gemm_fp8_bf16", GEMM_TILES))
 
 
 def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
