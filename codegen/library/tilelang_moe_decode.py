@@ -283,21 +283,27 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
                                       "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
 
 
-def _supports(target: Target, spec: KernelSpec) -> bool:
-    """Decode- and verify-sized calls (at most 32 rows per expert on average, as the Triton decode
-    template takes) with the quantisation the kernel reads; not in a batch-invariant plan, whose
-    prefill buckets must run the same template as its decode ones. (The operand check is written
-    out here, not imported from triton_ops: an import would put the Triton templates' code into
-    this template's render key.)"""
+def fp4_moe_operands(target: Target, spec: KernelSpec, key: str) -> bool:
+    """The fp4 MoE programs' operands (this one, the bf16 prefill one): e4m3 rows with ue8m0 per
+    32, an e2m1 [E, N, K] weight with ue8m0 per 32, static shapes; a target whose defaults carry
+    `key`, not a batch-invariant plan. (Written out here, not imported from triton_ops: an import
+    would put the Triton templates' code into these templates' render keys.)"""
     x, w = spec.in_types[:2]
-    if "tilelang_grouped_gemm_fp4_mma" not in target.defaults:
+    if key not in target.defaults or batch_invariant(target):
         return False
-    if batch_invariant(target) or not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
+    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
         return False
     if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
         return False
-    if not (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
-            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)):
+    return (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
+            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32))
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Decode- and verify-sized calls (at most 32 rows per expert on average, as the Triton decode
+    template takes) with the quantisation the kernel reads; not in a batch-invariant plan, whose
+    prefill buckets must run the same template as its decode ones."""
+    if not fp4_moe_operands(target, spec, "tilelang_grouped_gemm_fp4_mma"):
         return False
     mtot, n, k, e = _dims(spec)
     c = _config(target, spec)

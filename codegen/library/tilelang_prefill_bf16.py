@@ -18,10 +18,9 @@ tiles rasterised in panels (as tilelang_gemm's).
 """
 from typing import Any, Mapping
 
-from ...ir.types import QuantType
 from ..targets import Target
 from .tilelang_host import host_gemm_fp8, host_grouped_gemm_fp4
-from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
+from ..template import KernelSource, KernelSpec, Template, register
 
 # tilelang_gemm and tilelang_attention are imported where used: importing them here would
 # register their templates ahead of the Triton ones (this module is imported before triton_ops,
@@ -112,15 +111,9 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
     stream the weight once per few rows) with static shapes in the formats the kernel reads, K and
     N whole tiles of the target's config; not in a batch-invariant plan (its prefill buckets run
     the decode template)."""
-    if "tilelang_grouped_gemm_fp4_bf16" not in target.defaults or batch_invariant(target):
-        return False
-    x, w = spec.in_types[:2]
-    if not (isinstance(x, QuantType) and isinstance(w, QuantType)) or w.rank != 3:
-        return False
-    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
-        return False
-    if not (x.data.dtype.name == "fp8e4m3" and x.scale.dtype.name == "e8m0" and tuple(x.block) == (1, 32)
-            and w.data.dtype.name == "fp4e2m1" and w.scale.dtype.name == "e8m0" and tuple(w.block) == (1, 1, 32)):
+    from .tilelang_moe_decode import fp4_moe_operands
+
+    if not fp4_moe_operands(target, spec, "tilelang_grouped_gemm_fp4_bf16"):
         return False
     mtot, n, k, e = _dims(spec)
     c = default_config(target, spec)
