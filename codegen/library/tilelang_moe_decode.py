@@ -84,37 +84,6 @@ def active_expert(T, E: int, threads: int):
     return find
 
 
-def slot_rows(T, E: int, Mtot: int, threads: int, cols: int, ACT: int):
-    """The macro both decode programs open with: (expert, first row, end row) of the CTA's slot (with
-    ACT the slot-th expert with rows, found by active_expert; else expert `slot`), after the first
-    slot's CTAs wrote zeros into their `cols` columns of the rows past offsets[E], which only
-    expert parallelism leaves and the op leaves zero."""
-    find = active_expert(T, E, threads)
-    passes = -(-E // threads)
-
-    @T.macro
-    def rows(offsets, C, slot, bx, tx):
-        if ACT:
-            found = T.alloc_shared((3,), "int32")
-            masks = T.alloc_shared((passes * threads // 32,), "uint32")
-            flag = T.alloc_local((passes,), "int32")
-            ex = T.alloc_local((3,), "int32")
-            find(offsets, found, masks, flag, slot, tx)
-            for i in T.unroll(3):
-                ex[i] = found[i]
-            e, start, end = ex[0], ex[1], ex[2]
-        else:
-            e, start, end = slot, offsets[slot], offsets[slot + 1]
-        if slot == 0:
-            tail = offsets[E]
-            for j in T.serial(T.ceildiv((Mtot - tail) * cols, threads)):
-                if tail + (j * threads + tx) // cols < Mtot:
-                    C[tail + (j * threads + tx) // cols, bx * cols + (j * threads + tx) % cols] = T.bfloat16(0)
-        return e, start, end
-
-    return rows
-
-
 def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0,
                                  ACT=0, F16=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
@@ -159,7 +128,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     # of the 8-row step (48 CTAs); one sequence's 6 rows gained 1.2-1.4x
     ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
-    expert_rows = slot_rows(T, E, Mtot, 32 * WK, br, ACT)
+    find = active_expert(T, E, 32 * WK)
 
     @T.macro
     def block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
@@ -224,7 +193,24 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            e, start, end = expert_rows(offsets, C, slot, bx, tx)
+            if ACT:
+                found = T.alloc_shared((3,), "int32")
+                masks = T.alloc_shared((-(-E // (32 * WK)) * WK,), "uint32")
+                flag = T.alloc_local((-(-E // (32 * WK)),), "int32")
+                ex = T.alloc_local((3,), "int32")
+                find(offsets, found, masks, flag, slot, tx)
+                for i in T.unroll(3):
+                    ex[i] = found[i]
+                e, start, end = ex[0], ex[1], ex[2]
+            else:
+                e, start, end = slot, offsets[slot], offsets[slot + 1]
+            if slot == 0:
+                # rows no expert covers (past offsets[E]: only expert parallelism leaves them) stay
+                # zero, as the op leaves them; the first slot's CTAs write those of their columns
+                tail = offsets[E]
+                for j in T.serial(T.ceildiv((Mtot - tail) * br, 32 * WK)):
+                    if tail + (j * 32 * WK + tx) // br < Mtot:
+                        C[tail + (j * 32 * WK + tx) // br, bx * br + (j * 32 * WK + tx) % br] = T.bfloat16(0)
             for t0 in T.serial(T.ceildiv(end - start, tt)):
                 tb = start + t0 * tt
                 for i in T.unroll(nacc):

@@ -81,8 +81,9 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
 
 
 def _dims(spec: KernelSpec):
-    x, w = spec.in_types[0], spec.in_types[1]
-    return int(x.shape[0]), int(w.shape[1]), int(w.shape[2]), int(w.shape[0])
+    from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
+
+    return dims(spec)
 
 
 KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),

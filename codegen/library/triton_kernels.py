@@ -463,19 +463,13 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
     hm = hh < H
     y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
     for j in tl.static_range(C):
-        _store_as(out_ptr + row * C * H + j * H + hh, _expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j, C, H),
-                  hm)
-
-
-@triton.jit
-def _expanded_copy(y, r_ptr, post_ptr, m_ptr, row, hh, hm, j: tl.constexpr, C: tl.constexpr, H: tl.constexpr):
-    """Copy j of the new stream, post[j] * y + sum_i M[i, j] * R[i] in fp32 (i in order)."""
-    mixed = tl.zeros(hh.shape, tl.float32)
-    for i in tl.static_range(C):
-        mij = tl.load(m_ptr + row * C * C + i * C + j)
-        ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
-        mixed += mij * ri
-    return tl.load(post_ptr + row * C + j) * y + mixed
+        mixed = tl.zeros([BH], tl.float32)
+        for i in tl.static_range(C):
+            mij = tl.load(m_ptr + row * C * C + i * C + j)
+            ri = tl.load(r_ptr + row * C * H + i * H + hh, mask=hm, other=0.0).to(tl.float32)
+            mixed += mij * ri
+        pj = tl.load(post_ptr + row * C + j)
+        _store_as(out_ptr + row * C * H + j * H + hh, pj * y + mixed, hm)
 
 
 # ---- MoE ----------------------------------------------------------------------------------------
@@ -1405,15 +1399,7 @@ def hc_collapse_norm_kernel(r_ptr, prein_ptr, nw_ptr, x_ptr, q_ptr, s_ptr, eps, 
     for c in tl.static_range(C):
         rc = tl.load(r_ptr + row * C * H + c * H + hh, mask=hm, other=0.0).to(tl.float32)
         acc += tl.load(prein_ptr + row * C + c) * rc
-    _norm_row_out(acc, r_ptr.dtype.element_ty, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H, BH, QUANT)
-
-
-@triton.jit
-def _norm_row_out(acc, stream_dtype: tl.constexpr, nw_ptr, x_ptr, q_ptr, s_ptr, row, hh, hm, eps, H: tl.constexpr,
-                  BH: tl.constexpr, QUANT: tl.constexpr):
-    """The collapsed row `acc` (fp32 sums) rounded to the stream's dtype, RMS-normalised, scaled by
-    the norm weight and stored as x; QUANT: x as stored quantised per 32 into q / s."""
-    xc = _round_like(acc, stream_dtype)
+    xc = _round_like(acc, r_ptr.dtype.element_ty)
     rstd = tl.math.rsqrt(tl.sum(xc * xc, axis=0) / H + eps)
     w = tl.load(nw_ptr + hh, mask=hm, other=0.0).to(tl.float32)
     x = _round_like(w * (xc * rstd), x_ptr.dtype.element_ty)  # as stored: the quantisation reads it

@@ -8,7 +8,7 @@ TARGET = Target(
     peak_flops={"bf16": 989e12, "fp8": 1979e12, "f32": 67e12},
     defaults={
         # prefill_overlap: each 32-deep block's wgmma issued before the block before it is scaled
-        # (prefill +4.6% with the split mix below, twentieth session)
+        # (kept with the split prefill mix below: docs/performance.md, twentieth session)
         "tilelang_gemm": {"decode_block_K": 128, "prefill_block_N": 128, "prefill_overlap": 1},
         "tilelang_grouped_gemm_fp4": {
             "decode": {"block_M": 64, "block_N": 64, "block_K": 128, "stages": 4, "threads": 128},
