@@ -220,6 +220,30 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
                 flops=2 * mtot * N * K, peak="bf16" if bf16 else "fp8", tol=1e-2)
 
 
+def grouped_linear_case(label, M, G, NG, KG, config=None):
+    """The prefill grouped linear on bf16 MMAs (tilelang_prefill_bf16, over its LINEAR_TILES): bf16
+    rows against an e4m3 weight with ue8m0 per 32 x 32 block (wo_a)."""
+    c = dict(tlmp.LINEAR_TILES, **(config or {}))
+
+    def inputs():
+        return {"X": torch.randn(M, G * KG, device=DEV).bfloat16(), "W": rand_fp8(G * NG, KG),
+                "SW": rand_e8m0(G * NG // 32, KG // 32)}
+
+    def run(k, x):
+        out = torch.full((M, G * NG), float("nan"), device=DEV, dtype=torch.bfloat16)
+        k[0](x["X"], x["W"], x["SW"], out)
+        return out
+
+    def ref(x):
+        return get_op("grouped_linear").ref(x["X"], QTensor(x["W"], x["SW"]), groups=G, weight_dtype="bf16")
+
+    return dict(name=f"grouped_linear bf16 {label}", template="tilelang_grouped_linear_bf16",
+                shape=f"{M}x{G}x{NG}x{KG}", config=c,
+                program=lambda: [tlmp.grouped_linear_bf16_program(M, G, NG, KG, **c)], inputs=inputs, run=run,
+                ref=ref, bytes=2 * M * G * KG + G * NG * KG * (1 + 1 / 1024) + 2 * M * G * NG,
+                flops=2 * M * G * NG * KG, peak="bf16", tol=1e-2)
+
+
 def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, ratio=2, PE=64, config=None,
                    block=5):
     """seqs: list of (start position, rows) per sequence of the step."""
@@ -421,6 +445,8 @@ def tiny_cases():
         gemm_fp8_case("tiny persistent", 40, 512, 512,
                       {"block_N": 128, "block_K": 128, "stages": 3, "split_k": 1, "group": 4}, persistent=True),
         linear_case("tiny", 7, 64, 96),
+        # wo_a's grouped product on bf16 MMAs: two groups, two row tiles, two column tiles a group
+        grouped_linear_case("tiny", 256, 2, 256, 512),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
@@ -472,6 +498,10 @@ def real_cases():
         out.append(gemm_fp8_case("prefill 4K wo_b" + tag, 4096, 5120, 8192, over, bf16=True))
         out.append(gemm_fp8_case("prefill 4K wq_b" + tag, 4096, 32768, 1280, over, bf16=True))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
+    # wo_a at prefill (8 groups of 4096 -> 1024); BF16_LINEAR_CONFIGS: configs over LINEAR_TILES
+    for over in [{}] + json.loads(os.environ.get("BF16_LINEAR_CONFIGS", "[]")):
+        tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
+        out.append(grouped_linear_case("prefill 4K wo_a" + tag, 4096, 8, 1024, 4096, over))
     g = torch.Generator().manual_seed(0)
     for b in (1, 64):
         sel = torch.stack([torch.randperm(384, generator=g)[:6] for _ in range(b)])

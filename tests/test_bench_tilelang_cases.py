@@ -14,7 +14,7 @@ import kernels_tilelang as kt  # noqa: E402
 @pytest.mark.parametrize("case", [c for c in kt.tiny_cases() + kt.real_cases()
                                   if c["template"] in ("tilelang_gemm_fp8_mma", "tilelang_gemm_fp8_persistent",
                                                       "tilelang_grouped_gemm_fp4_mma", "tilelang_grouped_gemm_fp4_bf16",
-                                                      "tilelang_gemm_fp8_bf16")],
+                                                      "tilelang_gemm_fp8_bf16", "tilelang_grouped_linear_bf16")],
                          ids=lambda c: c["name"])
 def test_case_builds_its_program(case):
     progs = case["program"]()

@@ -111,3 +111,47 @@ def test_gemm_renders_and_builds_without_spills(over):
             rep = nvcc_report(src.text, t.arch)
             assert rep["ok"], rep["log"]
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def wo_a_spec(m, groups=8, ng=1024, kg=4096):
+    return KernelSpec("grouped_linear", (("groups", groups), ("weight_dtype", "bf16")),
+                      (tensor("bf16", m, groups * kg), quantized("fp8e4m3", (groups * ng, kg), "e8m0", (32, 32))),
+                      (tensor("bf16", m, groups * ng),))
+
+
+LINEAR_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
+
+
+def test_prefill_wo_a_takes_the_grouped_linear_where_a_target_enables_it():
+    sm90, on = get_target("sm90"), enabled(LINEAR_TILES, "tilelang_grouped_linear_bf16")
+    assert select(sm90, wo_a_spec(4096)).name == "triton_grouped_linear"
+    assert select(on, wo_a_spec(4096)).name == "tilelang_grouped_linear_bf16"
+    for m in (1, 8, 64):  # decode rows keep the row-tiled Triton kernel
+        assert select(on, wo_a_spec(m)).name == "triton_grouped_linear"
+    assert select(on, wo_a_spec(4096 + 32)).name != "tilelang_grouped_linear_bf16"  # not whole row tiles
+    assert select(on, wo_a_spec(4096, ng=1024 + 32)).name != "tilelang_grouped_linear_bf16"
+    bf16_weight = KernelSpec("grouped_linear", (("groups", 8), ("weight_dtype", "bf16")),
+                             (tensor("bf16", 4096, 8 * 4096), tensor("bf16", 8192, 4096)), (tensor("bf16", 4096, 8192),))
+    assert select(on, bf16_weight).name != "tilelang_grouped_linear_bf16"
+    inv = dataclasses.replace(on, features=on.features + (BATCH_INVARIANT,))
+    assert select(inv, wo_a_spec(4096)).name != "tilelang_grouped_linear_bf16"
+    assert select(get_target("sm100"), wo_a_spec(4096)).name != "tilelang_grouped_linear_bf16"
+
+
+@pytest.mark.parametrize("over", [{}, {"block_N": 256, "stages": 3}])
+def test_grouped_linear_renders_and_builds_without_spills(over):
+    pytest.importorskip("tilelang")
+    t = enabled(dict(LINEAR_TILES, **over), "tilelang_grouped_linear_bf16")
+    spec = wo_a_spec(4096)
+    tpl = select(t, spec)
+    cfg = tpl.default_config(t, spec)
+    src = tpl.render(t, spec, cfg)
+    assert src.grid == (8192 // cfg["block_N"], 4096 // 128, 1) and src.block == (256, 1, 1)
+    assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
+    assert [p for p, _ in src.meta["params"]] == ["C", "SW", "W", "X"]
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(src.text, t.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]

@@ -63,6 +63,15 @@ def host_linear(launch, inputs, attrs, config, meta):
     return _run_2d(launch, config, m, rows, n, out, A=_pad_rows(a, rows), B=w.contiguous()).reshape(*x.shape[:-1], n)
 
 
+def host_grouped_linear(launch, inputs, attrs, config, meta):
+    x, w = inputs
+    k, n = x.shape[-1], w.data.shape[0]
+    a = x.reshape(-1, k).contiguous()
+    m, rows = a.shape[0], max(meta["dims"]["rows"], a.shape[0])
+    c = _run_2d(launch, config, m, rows, n, x.dtype, X=_pad_rows(a, rows), W=w.data, SW=w.scale)
+    return c.reshape(*x.shape[:-1], n)
+
+
 def host_grouped_gemm_fp4(launch, inputs, attrs, config, meta):
     x, w, offsets = inputs
     m, rows = x.data.shape[0], max(meta["dims"]["rows"], x.data.shape[0])

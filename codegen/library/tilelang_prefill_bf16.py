@@ -1,6 +1,7 @@
 """TileLang prefill GEMMs on bf16 tensor cores, where a target's defaults carry their tiles:
-`grouped_gemm_fp4` (the MoE experts; `tilelang_grouped_gemm_fp4_bf16`) and `gemm_fp8` (the fp8
-linears; `tilelang_gemm_fp8_bf16`), both ops of ir/ops/fused.py.
+`grouped_gemm_fp4` (the MoE experts; `tilelang_grouped_gemm_fp4_bf16`), `gemm_fp8` (the fp8
+linears; `tilelang_gemm_fp8_bf16`), both ops of ir/ops/fused.py, and `grouped_linear` (wo_a, bf16
+rows against an fp8 weight; `tilelang_grouped_linear_bf16`).
 
 Both operands carry a ue8m0 scale per 32 K, so an fp8 (or fp4 -> fp8) MMA must promote its fp32
 partial into the accumulator after every 32-deep slice (tilelang_gemm, tilelang_moe), and
@@ -13,14 +14,14 @@ GEMM's. The raw tiles and their scales stream through a `stages`-deep pipeline; 
 are one buffer each.
 
 The MoE program: one CTA owns (an N tile, an expert) and walks that expert's row tiles, as
-tilelang_moe's does; CTAs of empty experts exit at once. The linear: one CTA an output tile, the
+tilelang_moe's does; CTAs of empty experts exit at once. The linears: one CTA an output tile, the
 tiles rasterised in panels (as tilelang_gemm's).
 """
 from typing import Any, Mapping
 
 from ..targets import Target
-from .tilelang_host import host_gemm_fp8, host_grouped_gemm_fp4
-from ..template import KernelSource, KernelSpec, Template, register
+from .tilelang_host import host_gemm_fp8, host_grouped_gemm_fp4, host_grouped_linear
+from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 
 # tilelang_gemm and tilelang_attention are imported where used: importing them here would
 # register their templates ahead of the Triton ones (this module is imported before triton_ops,
@@ -219,4 +220,106 @@ register(Template(
     default_config=gemm_default_config,
     supports=_gemm_supports,
     host=host_gemm_fp8,
+))
+
+
+# ---- grouped_linear ---------------------------------------------------------------------------
+
+def grouped_linear_bf16_program(M: int, G: int, NG: int, KG: int, *, block_M=128, block_N=128, block_K=64,
+                                stages=4, threads=256):
+    """C[m, g*NG + n] = sum_k X[m, g*KG + k] * W[g*NG + n, k] sw[(g*NG + n)//32, k//32] (the op's
+    block-diagonal product: group g of X's features meets rows g of W). X is bf16 already: its
+    tiles go to the wgmma as loaded; only the weight's are dequantised (half the conversions of
+    gemm_fp8_bf16, whose rows are fp8 too). A CTA's N tile lies in one group (NG whole tiles)."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    assert KG % block_K == 0 and block_K % 32 == 0 and NG % block_N == 0 and block_N % 32 == 0
+    kb = block_K // 32
+    tiles = NG // block_N
+
+    @T.prim_func
+    def grouped_linear_bf16(X: T.Tensor((M, G * KG), "bfloat16"), W: T.Tensor((G * NG, KG), "float8_e4m3"),
+                            SW: T.Tensor((G * NG // 32, KG // 32), "uint8"), C: T.Tensor((M, G * NG), "bfloat16")):
+        with T.Kernel(G * tiles, T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            X_s = T.alloc_shared((block_M, block_K), "bfloat16")
+            W8_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
+            SW_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            T.use_swizzle(panel_size=8)
+            T.clear(acc)
+            for k in T.Pipelined(KG // block_K, num_stages=stages):
+                # W's row bx * block_N is group bx // tiles's row (bx % tiles) * block_N
+                T.copy(X[by * block_M, (bx // tiles) * KG + k * block_K], X_s)
+                T.copy(W[bx * block_N, k * block_K], W8_s)
+                T.copy(SW[bx * (block_N // 32), k * kb], SW_s)
+                for j, kk in T.Parallel(block_N, block_K):
+                    B_s[j, kk] = T.Cast("bfloat16", T.Cast("float32", W8_s[j, kk])
+                                        * e8m0_f32(T, SW_s[j // 32, kk // 32]))
+                T.fence_proxy_async()  # generic-proxy stores read next by wgmma (async proxy)
+                T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            T.copy(acc, C[by * block_M, bx * block_N])
+
+    return grouped_linear_bf16
+
+
+# as GEMM_TILES: 64 deep on 4 stages; with the rows' tiles bf16 already, 112 KB of shared memory
+LINEAR_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
+
+
+def linear_default_config(target: Target, spec: KernelSpec) -> dict:
+    return dict(target.defaults.get("tilelang_grouped_linear_bf16", LINEAR_TILES))
+
+
+def _linear_dims(spec: KernelSpec) -> tuple[int, int, int, int]:
+    """(rows, groups, out features a group, in features a group)."""
+    from .tilelang_gemm import _mnk
+
+    m, n, kg = _mnk(spec)
+    g = spec.attr["groups"]
+    return m, g, n // g, kg
+
+
+def _linear_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    from .tilelang_gemm import source
+
+    m, g, ng, kg = _linear_dims(spec)
+    c = dict(linear_default_config(target, spec), **config)
+    return source(grouped_linear_bf16_program(m, g, ng, kg, **c), target.arch,
+                  {"template": "tilelang_grouped_linear_bf16", "config": c,
+                   "dims": {"rows": m, "groups": g, "ng": ng, "kg": kg}})
+
+
+def _linear_supports(target: Target, spec: KernelSpec) -> bool:
+    """Prefill-sized calls (rows past the decode buckets' 64, a whole number of the tiles) of bf16
+    rows against an e4m3 weight with ue8m0 per 32 x 32 block (the checkpoint's wo_a), static
+    shapes, a bf16 output; a target whose defaults carry the key, not a batch-invariant plan."""
+    from ...ir.types import QuantType
+
+    key = "tilelang_grouped_linear_bf16"
+    if key not in target.defaults or batch_invariant(target):
+        return False
+    x, w = spec.in_types[:2]
+    if isinstance(x, QuantType) or not isinstance(w, QuantType) or w.rank != 2:
+        return False
+    if not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return False
+    if not (x.dtype.name == "bf16" and spec.attr.get("weight_dtype") == "bf16" and w.data.dtype.name == "fp8e4m3"
+            and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32) and spec.out_types[0].dtype.name == "bf16"):
+        return False
+    m, g, ng, kg = _linear_dims(spec)
+    c = linear_default_config(target, spec)
+    return m > 64 and m % c["block_M"] == 0 and ng % c["block_N"] == 0 and kg % c["block_K"] == 0
+
+
+register(Template(
+    name="tilelang_grouped_linear_bf16",
+    ops=("grouped_linear",),
+    targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
+    knobs=GEMM_KNOBS,
+    render=_linear_render,
+    default_config=linear_default_config,
+    supports=_linear_supports,
+    host=host_grouped_linear,
 ))
