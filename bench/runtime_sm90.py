@@ -230,16 +230,56 @@ def _timed(ex, chunks, reps):
     return walls[len(walls) // 2], devs[len(devs) // 2]
 
 
-def _busy(ex, chunks, reps):
-    """GPU busy time per step from the profiler's kernel records (the rest of the wall is idle)."""
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _trace_events(prof) -> list:
+    """The profiler trace's device events (kernels, copies, fills)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    return [ev for ev in trace.get("traceEvents", []) if ev.get("cat") in GPU_CATS and "dur" in ev]
+
+
+def exposed_time(events: list, steps: int, top: int) -> dict:
+    """Where the wall goes when kernels overlap (programmatic dependent launch starts a kernel
+    while its predecessor runs; two streams run side by side): events in order of their end, each
+    charged with the part of its interval past every earlier end. The charges add up to the union
+    of the intervals (the GPU's busy time); a kernel that waited on its predecessor is charged
+    only from that predecessor's end, its share of the critical path. Per (kernel, grid), per
+    step, in microseconds; `kernel_sum_us` is the plain sum of durations, which overlap."""
+    from collections import defaultdict
+
+    acc = defaultdict(lambda: [0.0, 0.0, 0])
+    frontier = float("-inf")
+    for ev in sorted(events, key=lambda e: e["ts"] + e["dur"]):
+        end = ev["ts"] + ev["dur"]
+        add = max(0.0, end - max(frontier, ev["ts"]))
+        frontier = max(frontier, end)
+        grid = ev.get("args", {}).get("grid")
+        a = acc[f"{ev['name'][:60]} grid={grid}" if grid is not None else ev["name"][:60]]
+        a[0] += add
+        a[1] += ev["dur"]
+        a[2] += 1
+    busy = sum(v[0] for v in acc.values())
+    rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"busy_us": busy / steps, "kernel_sum_us": sum(v[1] for v in acc.values()) / steps,
+            "top": [{"name": k, "exposed_us": v[0] / steps, "sum_us": v[1] / steps, "calls": v[2] / steps}
+                    for k, v in rows]}
+
+
+def _busy(ex, chunks, reps, top: int = 0):
+    """GPU busy time per step (the union of the device events' intervals: the rest of the wall is
+    idle) and, with `top`, the events with the most exposed time (exposed_time)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             ex.step(chunks)
         torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-    return total / 1e6 / reps
+    return exposed_time(_trace_events(prof), reps, top)
 
 
 class _PageableLogits:
@@ -306,11 +346,17 @@ def medium(plan: str, seed: int = 0) -> dict:
             ex.cuda_graphs = mode == "graph"
             ex.step(chunks)  # capture / warm-up
             w, d = _timed(ex, chunks, reps)
-            busy = _busy(ex, chunks, 3)
+            ex_t = _busy(ex, chunks, 3, top=int(os.environ.get("BENCH_EXPOSED_TOP", "0")) if mode == "graph" else 0)
+            busy = ex_t["busy_us"] / 1e6
             row[mode] = {"wall_ms": w * 1e3, "device_ms": d * 1e3, "gpu_busy_ms": busy * 1e3,
-                         "idle_ms": (w - busy) * 1e3}
+                         "idle_ms": (w - busy) * 1e3, "kernel_sum_ms": ex_t["kernel_sum_us"] / 1e3}
+            if ex_t["top"]:
+                row[mode]["exposed_top"] = ex_t["top"]
             print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms "
                   f"({ex.graph_status.get(f'decode_b{b}', '')[:120]})", flush=True)
+            for r in ex_t["top"]:
+                print(f"  {r['exposed_us']:8.1f} us exposed {r['sum_us']:8.1f} us summed {r['calls']:5.0f}x  {r['name']}",
+                      flush=True)
         # what the step computed: equal digests mean bit-equal logits (the same plan launched two
         # ways, e.g. DEEPINFER_PDL=0 against PDL), the argmax what another plan should agree with
         lg = ex.step(chunks).float()
@@ -354,14 +400,10 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
 def _by_launch(prof, steps: int, top: int) -> list:
     """GPU time per (kernel, grid): one kernel name serves calls of many shapes (every block
     linear is block_linear_mx_kernel), and the grid tells them apart. From the profiler's trace."""
-    import tempfile
     from collections import defaultdict
 
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))
     acc = defaultdict(lambda: [0.0, 0])
-    for ev in trace.get("traceEvents", []):
+    for ev in _trace_events(prof):
         if ev.get("cat") != "kernel":
             continue
         key = f"{ev['name'][:60]} grid={ev.get('args', {}).get('grid')}"
