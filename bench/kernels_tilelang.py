@@ -80,11 +80,11 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order),
     or with `persistent` the 64-row program on a persistent grid (tilelang_gemm_decode; `config`
     its whole config), or with `bf16` the prefill program on bf16 MMAs (tilelang_prefill_bf16, over
-    its GEMM_TILES)."""
+    its ROWS_TILES: the rows dequantised by its second kernel first)."""
     if persistent:
         c = dict(config)
     elif bf16:
-        c = dict(tlmp.GEMM_TILES, **(config or {}))
+        c = dict(tlmp.ROWS_TILES, **(config or {}))
     elif mma:
         c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
@@ -117,7 +117,13 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[0](a, x["SA"], b, x["SB"], out)
             return out
-        if c.get("split_k", 1) > 1:  # the bf16 program has no split
+        if bf16:  # the rows into bf16 first (the second kernel), then the GEMM on them
+            a = torch.full((M, K), float("nan"), device=DEV, dtype=torch.bfloat16)
+            k[1](x["A"], x["SA"], a)
+            out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
+            k[0](a, x["B"], x["SB"], out)
+            return out
+        if c.get("split_k", 1) > 1:
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)
             k[0](x["A"], x["SA"], x["B"], x["SB"], out)
             return out.to(torch.bfloat16)
@@ -132,7 +138,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
         if persistent:
             return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
         if bf16:
-            return [tlmp.gemm_fp8_bf16_program(M, N, K, "bfloat16", **c)]
+            return [tlmp.rows_bf16_gemm_program(M, 1, N, K, "bfloat16", **c), tlmp.dequant_rows_program(M, K)]
         if mma:
             return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
@@ -221,9 +227,9 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
 
 
 def grouped_linear_case(label, M, G, NG, KG, config=None):
-    """The prefill grouped linear on bf16 MMAs (tilelang_prefill_bf16, over its LINEAR_TILES): bf16
+    """The prefill grouped linear on bf16 MMAs (tilelang_prefill_bf16, over its ROWS_TILES): bf16
     rows against an e4m3 weight with ue8m0 per 32 x 32 block (wo_a)."""
-    c = dict(tlmp.LINEAR_TILES, **(config or {}))
+    c = dict(tlmp.ROWS_TILES, **(config or {}))
 
     def inputs():
         return {"X": torch.randn(M, G * KG, device=DEV).bfloat16(), "W": rand_fp8(G * NG, KG),
@@ -239,7 +245,7 @@ def grouped_linear_case(label, M, G, NG, KG, config=None):
 
     return dict(name=f"grouped_linear bf16 {label}", template="tilelang_grouped_linear_bf16",
                 shape=f"{M}x{G}x{NG}x{KG}", config=c,
-                program=lambda: [tlmp.grouped_linear_bf16_program(M, G, NG, KG, **c)], inputs=inputs, run=run,
+                program=lambda: [tlmp.rows_bf16_gemm_program(M, G, NG, KG, **c)], inputs=inputs, run=run,
                 ref=ref, bytes=2 * M * G * KG + G * NG * KG * (1 + 1 / 1024) + 2 * M * G * NG,
                 flops=2 * M * G * NG * KG, peak="bf16", tol=1e-2)
 
@@ -498,7 +504,7 @@ def real_cases():
         out.append(gemm_fp8_case("prefill 4K wo_b" + tag, 4096, 5120, 8192, over, bf16=True))
         out.append(gemm_fp8_case("prefill 4K wq_b" + tag, 4096, 32768, 1280, over, bf16=True))
     out.append(linear_case("prefill 4K 5120->4096", 4096, 4096, 5120))
-    # wo_a at prefill (8 groups of 4096 -> 1024); BF16_LINEAR_CONFIGS: configs over LINEAR_TILES
+    # wo_a at prefill (8 groups of 4096 -> 1024); BF16_LINEAR_CONFIGS: configs over ROWS_TILES
     for over in [{}] + json.loads(os.environ.get("BF16_LINEAR_CONFIGS", "[]")):
         tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
         out.append(grouped_linear_case("prefill 4K wo_a" + tag, 4096, 8, 1024, 4096, over))

@@ -11,7 +11,8 @@
 # median (the same plan moves about 4% between processes on the H200: docs/performance.md).
 # PLANS_PROFILE=last profiles only the last plan, none none, NAME,NAME those (default: all). CHECK_LENS: the checked
 # prompts' lengths, comma-separated (more than 8 prompts: the 64-row decode bucket). CHECK_PREFILL=1:
-# the check covers the prefill step too (decode only by default).
+# the check covers the prefill step too (decode only by default). BENCH_EXPOSED_TOP=N: each decode
+# bucket's N kernels charged with the most of the graph step's wall (runtime_sm90.exposed_time).
 #
 # Under $OUT: runtime_NAME.json and profile_NAME.json per plan, divergence.json with --check, and
 # plans.log (everything printed). Keep the plans few: a device call brings back at most 8 files.

@@ -287,8 +287,9 @@ def nvcc_command(target: Target, src_file: str, out_file: str) -> list[str]:
 def _build_cuda(src: KernelSource, target: Target) -> tuple[dict, dict, dict]:
     if not nvcc_path():
         return {}, {"source": ("kernel.cu", src.text.encode())}, {"status": "unbuilt", "reason": "nvcc not on PATH"}
-    # a template may render a second kernel the host side launches after the first (the split
-    # attention's combine): it is built into its own cubin next to the main one
+    # a template may render a second kernel the host side launches beside the first (the split
+    # attention's combine after it, the bf16 prefill GEMM's row dequantisation before it): it is
+    # built into its own cubin next to the main one
     parts = [("", src.entry, src.text)]
     if "combine" in src.meta:
         parts.append(("_combine", src.meta["combine"]["entry"], src.meta["combine"]["text"]))

@@ -63,6 +63,20 @@ def host_linear(launch, inputs, attrs, config, meta):
     return _run_2d(launch, config, m, rows, n, out, A=_pad_rows(a, rows), B=w.contiguous()).reshape(*x.shape[:-1], n)
 
 
+def host_gemm_fp8_rows_bf16(launch, inputs, attrs, config, meta):
+    """gemm_fp8 on bf16 MMAs (tilelang_prefill_bf16): the second kernel dequantises the rows into
+    bf16 first, then the GEMM reads them with the fp8 weight."""
+    x, w = inputs
+    k, n = x.data.shape[-1], w.data.shape[0]
+    a8 = x.data.reshape(-1, k).contiguous()
+    m, rows = a8.shape[0], max(meta["dims"]["rows"], a8.shape[0])
+    a = torch.empty(rows, k, dtype=torch.bfloat16, device=a8.device)
+    launch(1, A8=_pad_rows(a8, rows), SA=_pad_rows(x.scale.reshape(-1, k // 32).contiguous(), rows), A=a)
+    c = torch.empty(rows, n, dtype=_torch_dtype(attrs["out_dtype"]), device=a8.device)
+    launch(0, X=a, W=w.data, SW=w.scale, C=c)
+    return c[:m].reshape(*x.data.shape[:-1], n)
+
+
 def host_grouped_linear(launch, inputs, attrs, config, meta):
     x, w = inputs
     k, n = x.shape[-1], w.data.shape[0]

@@ -14,13 +14,15 @@ GEMM's. The raw tiles and their scales stream through a `stages`-deep pipeline; 
 are one buffer each.
 
 The MoE program: one CTA owns (an N tile, an expert) and walks that expert's row tiles, as
-tilelang_moe's does; CTAs of empty experts exit at once. The linears: one CTA an output tile, the
-tiles rasterised in panels (as tilelang_gemm's).
+tilelang_moe's does; CTAs of empty experts exit at once. The linears share one program of bf16 rows
+against the fp8 weight (one CTA an output tile, the tiles rasterised in panels, as tilelang_gemm's):
+wo_a's rows are bf16 already, and gemm_fp8's are dequantised by a kernel of their own first, once,
+rather than by each of the GEMM's N tiles.
 """
 from typing import Any, Mapping
 
 from ..targets import Target
-from .tilelang_host import host_gemm_fp8, host_grouped_gemm_fp4, host_grouped_linear
+from .tilelang_host import host_gemm_fp8_rows_bf16, host_grouped_gemm_fp4, host_grouped_linear
 from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 
 # tilelang_gemm and tilelang_attention are imported where used: importing them here would
@@ -136,101 +138,14 @@ register(Template(
 ))
 
 
-# ---- gemm_fp8 ---------------------------------------------------------------------------------
+# ---- bf16 rows against an fp8 weight: grouped_linear (wo_a), and gemm_fp8 once its rows are bf16 ----
 
-def gemm_fp8_bf16_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
-                          block_K=128, stages=3, threads=256):
-    """C[M, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] (gemm_fp8's operands and
-    layout), each K tile of both operands dequantised into bf16 with its scales, one wgmma chain."""
-    from .tilelang_gemm import _tl, ceil_div, e8m0_f32
-
-    _, T = _tl()
-    assert K % block_K == 0 and block_K % 32 == 0 and block_N % 32 == 0
-    kb = block_K // 32
-
-    @T.prim_func
-    def gemm_fp8_bf16(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
-                      B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
-                      C: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
-            A8_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
-            B8_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
-            SA_s = T.alloc_shared((block_M, kb), "uint8")
-            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
-            A_s = T.alloc_shared((block_M, block_K), "bfloat16")
-            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
-            acc = T.alloc_fragment((block_M, block_N), "float32")
-            T.use_swizzle(panel_size=8)
-            T.clear(acc)
-            for k in T.Pipelined(K // block_K, num_stages=stages):
-                T.copy(A[by * block_M, k * block_K], A8_s)
-                T.copy(B[bx * block_N, k * block_K], B8_s)
-                T.copy(SA[by * block_M, k * kb], SA_s)
-                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
-                for i, kk in T.Parallel(block_M, block_K):
-                    A_s[i, kk] = T.Cast("bfloat16", T.Cast("float32", A8_s[i, kk]) * e8m0_f32(T, SA_s[i, kk // 32]))
-                for j, kk in T.Parallel(block_N, block_K):
-                    B_s[j, kk] = T.Cast("bfloat16", T.Cast("float32", B8_s[j, kk])
-                                        * e8m0_f32(T, SB_s[j // 32, kk // 32]))
-                T.fence_proxy_async()  # generic-proxy stores read next by wgmma (async proxy)
-                T.gemm(A_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-            T.copy(acc, C[by * block_M, bx * block_N])
-
-    return gemm_fp8_bf16
-
-
-GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-              "threads": (128, 256)}
-# as MOE_TILES: 64 deep on 4 stages fits two CTAs an SM (128 deep on 3 fits one)
-GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
-
-
-def gemm_default_config(target: Target, spec: KernelSpec) -> dict:
-    return dict(target.defaults.get("tilelang_gemm_fp8_bf16", GEMM_TILES))
-
-
-def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import _mnk, out_dtype_name, source
-
-    m, n, k = _mnk(spec)
-    c = dict(gemm_default_config(target, spec), **config)
-    return source(gemm_fp8_bf16_program(m, n, k, out_dtype_name(spec), **c), target.arch,
-                  {"template": "tilelang_gemm_fp8_bf16", "config": c, "mnk": (m, n, k)})
-
-
-def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
-    """Prefill-sized calls (rows past the decode buckets' 64, a whole number of the tiles) in the
-    formats the decode lin8 programs read (tilelang_gemm_decode.fp8_operands)."""
-    from .tilelang_gemm import _mnk
-    from .tilelang_gemm_decode import fp8_operands
-
-    if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
-        return False
-    m, n, k = _mnk(spec)
-    c = gemm_default_config(target, spec)
-    return m > 64 and m % c["block_M"] == 0 and n % c["block_N"] == 0 and k % c["block_K"] == 0
-
-
-register(Template(
-    name="tilelang_gemm_fp8_bf16",
-    ops=("gemm_fp8",),
-    targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=GEMM_KNOBS,
-    render=_gemm_render,
-    default_config=gemm_default_config,
-    supports=_gemm_supports,
-    host=host_gemm_fp8,
-))
-
-
-# ---- grouped_linear ---------------------------------------------------------------------------
-
-def grouped_linear_bf16_program(M: int, G: int, NG: int, KG: int, *, block_M=128, block_N=128, block_K=64,
-                                stages=4, threads=256):
-    """C[m, g*NG + n] = sum_k X[m, g*KG + k] * W[g*NG + n, k] sw[(g*NG + n)//32, k//32] (the op's
-    block-diagonal product: group g of X's features meets rows g of W). X is bf16 already: its
-    tiles go to the wgmma as loaded; only the weight's are dequantised (half the conversions of
-    gemm_fp8_bf16, whose rows are fp8 too). A CTA's N tile lies in one group (NG whole tiles)."""
+def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "bfloat16", *, block_M=128,
+                           block_N=128, block_K=64, stages=4, threads=256):
+    """C[m, g*NG + n] = sum_k X[m, g*KG + k] * W[g*NG + n, k] sw[(g*NG + n)//32, k//32]: grouped_linear's
+    block-diagonal product (group g of X's features meets rows g of W), and with G 1 gemm_fp8's on
+    rows dequantised ahead (dequant_rows_program). X is bf16: its tiles go to the wgmma as loaded,
+    only the weight's are dequantised. A CTA's N tile lies in one group (NG whole tiles)."""
     from .tilelang_gemm import _tl, e8m0_f32
 
     _, T = _tl()
@@ -239,8 +154,8 @@ def grouped_linear_bf16_program(M: int, G: int, NG: int, KG: int, *, block_M=128
     tiles = NG // block_N
 
     @T.prim_func
-    def grouped_linear_bf16(X: T.Tensor((M, G * KG), "bfloat16"), W: T.Tensor((G * NG, KG), "float8_e4m3"),
-                            SW: T.Tensor((G * NG // 32, KG // 32), "uint8"), C: T.Tensor((M, G * NG), "bfloat16")):
+    def rows_bf16_gemm(X: T.Tensor((M, G * KG), "bfloat16"), W: T.Tensor((G * NG, KG), "float8_e4m3"),
+                       SW: T.Tensor((G * NG // 32, KG // 32), "uint8"), C: T.Tensor((M, G * NG), out_dtype)):
         with T.Kernel(G * tiles, T.ceildiv(M, block_M), threads=threads) as (bx, by):
             X_s = T.alloc_shared((block_M, block_K), "bfloat16")
             W8_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
@@ -261,15 +176,87 @@ def grouped_linear_bf16_program(M: int, G: int, NG: int, KG: int, *, block_M=128
                 T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, C[by * block_M, bx * block_N])
 
-    return grouped_linear_bf16
+    return rows_bf16_gemm
 
 
-# as GEMM_TILES: 64 deep on 4 stages; with the rows' tiles bf16 already, 112 KB of shared memory
-LINEAR_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
+def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
+    """A[m, k] = A8[m, k] * 2^(SA[m, k//32] - 127) in bf16 (exact): gemm_fp8's rows dequantised once,
+    ahead of the GEMM, where each of its N tiles would convert them again."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    bk = next(b for b in (512, 256, 128, 64, 32) if K % b == 0)
+    assert M % block_M == 0
+
+    @T.prim_func
+    def dequant_rows(A8: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
+                     A: T.Tensor((M, K), "bfloat16")):
+        with T.Kernel(K // bk, M // block_M, threads=threads) as (bx, by):
+            for i, kk in T.Parallel(block_M, bk):
+                r, c = by * block_M + i, bx * bk + kk
+                A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, c]) * e8m0_f32(T, SA[r, c // 32]))
+
+    return dequant_rows
+
+
+ROWS_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+              "threads": (128, 256)}
+# 64 deep on 4 stages: 112 KB of shared memory, two CTAs an SM (128 deep on 3 fits one)
+ROWS_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
+
+
+def _tiles(target: Target, key: str) -> dict:
+    """The target's tiles for template `key`, or ROWS_TILES where it names none (a plan variant
+    tuned by code whose target lacks them)."""
+    return dict(target.defaults.get(key, ROWS_TILES))
+
+
+def gemm_default_config(target: Target, spec: KernelSpec) -> dict:
+    return _tiles(target, "tilelang_gemm_fp8_bf16")
 
 
 def linear_default_config(target: Target, spec: KernelSpec) -> dict:
-    return dict(target.defaults.get("tilelang_grouped_linear_bf16", LINEAR_TILES))
+    return _tiles(target, "tilelang_grouped_linear_bf16")
+
+
+def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    """The rows dequantised by the second kernel (the host launches it first), then
+    rows_bf16_gemm_program on one group: the GEMM converts only the weight's tiles."""
+    from .tilelang_gemm import _mnk, lower, out_dtype_name, source
+
+    m, n, k = _mnk(spec)
+    c = dict(gemm_default_config(target, spec), **config)
+    src = source(rows_bf16_gemm_program(m, 1, n, k, out_dtype_name(spec), **c), target.arch,
+                 {"template": "tilelang_gemm_fp8_bf16", "config": c, "dims": {"rows": m, "n": n, "k": k}})
+    dq = lower(dequant_rows_program(m, k), target.arch)
+    src.meta["combine"] = {"entry": dq["entry"], "text": dq["src"], "grid": dq["grid"], "block": dq["block"],
+                           "smem_bytes": dq["smem"], "params": dq["params"]}
+    return src
+
+
+def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
+    """Prefill-sized calls (rows past the decode buckets' 64, a whole number of the tiles) in the
+    formats the decode lin8 programs read (tilelang_gemm_decode.fp8_operands)."""
+    from .tilelang_gemm import _mnk
+    from .tilelang_gemm_decode import fp8_operands
+
+    if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
+        return False
+    m, n, k = _mnk(spec)
+    c = gemm_default_config(target, spec)
+    return m > 64 and m % c["block_M"] == 0 and n % c["block_N"] == 0 and k % c["block_K"] == 0
+
+
+register(Template(
+    name="tilelang_gemm_fp8_bf16",
+    ops=("gemm_fp8",),
+    targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
+    knobs=ROWS_KNOBS,
+    render=_gemm_render,
+    default_config=gemm_default_config,
+    supports=_gemm_supports,
+    host=host_gemm_fp8_rows_bf16,
+))
 
 
 def _linear_dims(spec: KernelSpec) -> tuple[int, int, int, int]:
@@ -286,7 +273,7 @@ def _linear_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) 
 
     m, g, ng, kg = _linear_dims(spec)
     c = dict(linear_default_config(target, spec), **config)
-    return source(grouped_linear_bf16_program(m, g, ng, kg, **c), target.arch,
+    return source(rows_bf16_gemm_program(m, g, ng, kg, **c), target.arch,
                   {"template": "tilelang_grouped_linear_bf16", "config": c,
                    "dims": {"rows": m, "groups": g, "ng": ng, "kg": kg}})
 
@@ -297,8 +284,7 @@ def _linear_supports(target: Target, spec: KernelSpec) -> bool:
     shapes, a bf16 output; a target whose defaults carry the key, not a batch-invariant plan."""
     from ...ir.types import QuantType
 
-    key = "tilelang_grouped_linear_bf16"
-    if key not in target.defaults or batch_invariant(target):
+    if "tilelang_grouped_linear_bf16" not in target.defaults or batch_invariant(target):
         return False
     x, w = spec.in_types[:2]
     if isinstance(x, QuantType) or not isinstance(w, QuantType) or w.rank != 2:
@@ -317,7 +303,7 @@ register(Template(
     name="tilelang_grouped_linear_bf16",
     ops=("grouped_linear",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=GEMM_KNOBS,
+    knobs=ROWS_KNOBS,
     render=_linear_render,
     default_config=linear_default_config,
     supports=_linear_supports,
