@@ -159,3 +159,39 @@ def test_grouped_linear_renders_and_builds_without_spills(over):
         rep = nvcc_report(src.text, t.arch)
         assert rep["ok"], rep["log"]
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_host_recipes_dequantise_the_rows_first_and_bind_by_name():
+    """The fp8 linear's recipe runs the rows' dequantisation (the second kernel) and then the GEMM
+    on its output; wo_a's runs the one GEMM on the rows as they are. Recorded on meta tensors."""
+    pytest.importorskip("tilelang")
+    import torch
+
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    cases = [(enabled(GEMM_TILES, "tilelang_gemm_fp8_bf16"), gemm_spec(256, 512, 1024), {"out_dtype": "bf16"}),
+             (enabled(LINEAR_TILES, "tilelang_grouped_linear_bf16"), wo_a_spec(256, groups=2, ng=256, kg=512),
+              {"groups": 2, "weight_dtype": "bf16"})]
+    for t, spec, attrs in cases:
+        tpl = select(t, spec)
+        src = tpl.render(t, spec, tpl.default_config(t, spec))
+        kernel = {"template": tpl.name, "config": src.meta["config"], "meta": src.meta, "grid": list(src.grid),
+                  "language": "cuda"}
+        with torch.device("meta"):
+            if spec.op == "gemm_fp8":
+                x = QTensor(torch.empty(256, 1024, dtype=torch.float8_e4m3fn), torch.empty(256, 32, dtype=torch.uint8))
+                w = QTensor(torch.empty(512, 1024, dtype=torch.float8_e4m3fn), torch.empty(16, 32, dtype=torch.uint8))
+            else:
+                x = torch.empty(256, 1024, dtype=torch.bfloat16)
+                w = QTensor(torch.empty(512, 512, dtype=torch.float8_e4m3fn), torch.empty(16, 16, dtype=torch.uint8))
+            rec, (out,) = record_tilelang(tpl.host, kernel, [x, w], attrs, [False])
+        assert tuple(out.shape) == (256, 512) and out.dtype == torch.bfloat16
+        launches = [s for s in rec["steps"] if "launch" in s]
+        if spec.op == "gemm_fp8":
+            assert [s["launch"] for s in launches] == [1, 0]
+            assert launches[1]["grid"] == list(src.grid) and launches[0]["grid"] == list(src.meta["combine"]["grid"])
+            # the GEMM reads (X) the tensor the dequantisation wrote (A): both bind it first / last
+            assert launches[0]["args"][0] == launches[1]["args"][-1]
+        else:
+            assert [s["launch"] for s in launches] == [0]
