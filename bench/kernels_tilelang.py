@@ -480,6 +480,10 @@ def tiny_cases():
                      64, 256, 200, {"ACT": 1}, mma=True),
         attention_case("tiny", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16),
         attention_case("tiny", "window", [(90, 2), (3, 1)], D=128, window=64, R=70),
+        # the top-k blocks pipelined (prefill's unsplit program, stages 2): three blocks, the first
+        # rows with fewer visible entries than the top-k (masked keys), one split
+        attention_case("tiny pipelined", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=192, ratio=2,
+                       PE=16, config={"splits": 1, "stages": 2}),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70),
         indexer_case("tiny", [(300, 2), (50, 1)], PE=32),
         indexer_case("tiny pool", [(300, 2), (50, 1)], PE=32, cand_blocks=8),
@@ -539,6 +543,7 @@ def real_cases():
             out.append(attention_case(f"decode b{b} cfg{i}", "sparse", [(8000 + 37 * j, 1) for j in range(b)],
                                       config=over))
     out.append(attention_case("prefill 4K", "sparse", [(2048, 4096)]))
+    out.append(attention_case("prefill 4K pipelined", "sparse", [(2048, 4096)], config={"stages": 2}))
     out.append(attention_case("decode b64", "window", [(8000 + 37 * i, 1) for i in range(64)]))
     out.append(attention_case("draft b64", "dspark", [(8000 + 37 * i, 5) for i in range(64)]))
     out.append(indexer_case("decode b64 ctx 8K", [(8000 + 37 * i, 1) for i in range(64)]))

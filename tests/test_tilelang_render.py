@@ -231,3 +231,33 @@ def test_prefill_overlap_is_a_target_default_and_builds_without_spills():
         rep = tlg.nvcc_report(src.text, on.arch)
         assert rep["ok"], rep["log"]
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_sparse_attn_prefill_pipeline_is_a_target_default():
+    """`prefill_stages` in a target's tilelang_attention defaults pipelines an unsplit sparse call's
+    top-k blocks: every top-k entry's row resolved once into shared memory, then the packed rows of
+    later blocks copied with cp.async into double buffers while a block is widened and multiplied.
+    Split (decode) calls and sm90's defaults keep the plain loop."""
+    import dataclasses
+
+    sm90 = get_target("sm90")
+    on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_attention=dict(
+        sm90.defaults["tilelang_attention"], prefill_stages=2)))
+    prefill, decode = attn_spec(4096, slots=1, pages=64, maxp=64), attn_spec(64)
+    tpl = select(sm90, prefill)
+    assert tpl.default_config(sm90, prefill)["stages"] == 1
+    assert tpl.default_config(on, decode) == tpl.default_config(sm90, decode)
+    cfg = tpl.default_config(on, prefill)
+    assert cfg["stages"] == 2 and cfg["splits"] == 1
+    plain, piped = tpl.render(sm90, prefill, tpl.default_config(sm90, prefill)), tpl.render(on, prefill, cfg)
+    assert "cp_async" not in plain.text
+    assert piped.text.count("cp_async_commit") >= 2 and "cp_async_wait<1>" in piped.text
+    # two stages of the packed rows (16 KB) and their scales (2 KB), and the resolved rows (2 KB)
+    assert piped.smem_bytes - plain.smem_bytes == 16384 + 2048 + 2048
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(piped.text, on.arch)
+        # (the unrolled wgmma descriptors of the loop's prologue and epilogue copies spill: about
+        # 0.7 KB of local memory, reloaded from L1; docs/performance.md, twenty-first session)
+        assert rep["ok"], rep["log"]

@@ -52,8 +52,11 @@ def fp4_f16_value(T, nib):
 
 def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
                       pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
-                      block_I: int = 64, splits: int = 1, threads: int = 256):
-    """The attention kernel (and, when splits > 1, the partial-output layout the combine reads)."""
+                      block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1):
+    """The attention kernel (and, when splits > 1, the partial-output layout the combine reads).
+    `stages` 2 (mode "sparse", one split: prefill): the top-k blocks in a software pipeline, the
+    packed rows of block b + 1 copied asynchronously while block b is widened and multiplied,
+    instead of each gather waiting on memory with nothing else in flight."""
     _, T = _tl()
     assert mode in ("sparse", "window", "dspark")
     assert window % block_I == 0 and H == 64 and D % 64 == 0
@@ -61,12 +64,43 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     NX = {"sparse": ceil_div(topk, block_I), "window": 0, "dspark": ceil_div(max_block, block_I)}[mode]
     NB = NW + NX
     per = ceil_div(NB, splits)
+    piped = stages > 1 and mode == "sparse" and splits == 1
+    serial_blocks = NW if piped else per  # the blocks of the plain loop (all of a split's without piped)
     scale2 = D ** -0.5 * LOG2E
     BI = block_I
     pages_ = max(pages, 1)
     # partial outputs exist only when a row is split (a 1-element placeholder otherwise)
     op_shape = (splits, n, H, D) if splits > 1 else (1, 1, 1, 1)
     ml_shape = (splits, n, H, 2) if splits > 1 else (1, 1, 1, 2)
+
+    @T.macro
+    def attend(Q_s, K_s, P_s, kvalid, acc_s, acc_o, m, m_prev, alpha, l, l_blk):
+        """One key block: S = q k^T, the online softmax's step, O += P K."""
+        T.clear(acc_s)
+        T.gemm(Q_s, K_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+        for h, i in T.Parallel(H, BI):
+            acc_s[h, i] = T.if_then_else(kvalid[i] != 0, acc_s[h, i] * scale2, -T.infinity("float32"))
+        T.copy(m, m_prev)
+        T.reduce_max(acc_s, m, dim=1, clear=False)
+        for h in T.Parallel(H):
+            alpha[h] = T.exp2(m_prev[h] - m[h])
+        for h, i in T.Parallel(H, BI):
+            acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
+        T.reduce_sum(acc_s, l_blk, dim=1)
+        for h in T.Parallel(H):
+            l[h] = l[h] * alpha[h] + l_blk[h]
+        for h, d in T.Parallel(H, D):
+            acc_o[h, d] = acc_o[h, d] * alpha[h]
+        T.copy(acc_s, P_s)
+        T.gemm(P_s, K_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+
+    @T.macro
+    def widen_packed(C_s, CS_s, K_s):
+        """The staged packed rows (two e2m1 codes a byte, an e4m3 scale per 16) widened to bf16."""
+        for i, d in T.Parallel(BI, D):
+            K_s[i, d] = (fp4_f16_value(T, T.bitwise_and(T.shift_right(
+                T.Cast("int32", C_s[i, d // 2]), (d % 2) * 4), 15))
+                * (T.Cast("float32", CS_s[i, d // 16]) * 16384.0))
 
     @T.prim_func
     def attn(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor((n, D), "float8_e4m3"),
@@ -86,6 +120,8 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             kvalid = T.alloc_shared((BI,), "int32")
             ksrc = T.alloc_shared((BI,), "int32")  # 0: step row, 1: ring, 2: compressed
             krow = T.alloc_shared((BI,), "int32")  # step row / ring row (slot * R + idx) / page * PE + row
+            if piped:  # every top-k entry's page * PE + row, read by the pipeline's copies
+                kidx = T.alloc_shared((NX * BI,), "int32")
             acc_s = T.alloc_fragment((H, BI), "float32")
             acc_o = T.alloc_fragment((H, D), "float32")
             m = T.alloc_fragment((H,), "float32")
@@ -109,10 +145,14 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             wend = T.Cast("int32", POS[r0]) - 1 if mode == "dspark" else p  # newest window position
 
             T.copy(Q[t, 0, 0], Q_s)
+            if piped:  # (ahead of the accumulators' first use: its index math holds no registers of theirs)
+                for j in T.Parallel(NX * BI):
+                    cc = T.max(TOP[t, T.min(j, topk - 1)], 0)
+                    kidx[j] = T.max(BT[seq, T.min(cc // PE, maxp - 1)], 0) * PE + cc % PE
             T.fill(acc_o, 0)
             T.fill(l, 0)
             T.fill(m, NEG)
-            for bi in T.serial(per):
+            for bi in T.serial(serial_blocks):
                 b = sp * per + bi
                 if b < NB:
                     for i in T.Parallel(BI):
@@ -155,27 +195,20 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                             C_s[i, j] = CKV[krow[i] // PE, krow[i] % PE, j]
                         for i, j in T.Parallel(BI, D // 16):
                             CS_s[i, j] = CKVS[krow[i] // PE, krow[i] % PE, j]
-                        for i, d in T.Parallel(BI, D):
-                            K_s[i, d] = (fp4_f16_value(T, T.bitwise_and(T.shift_right(
-                                T.Cast("int32", C_s[i, d // 2]), (d % 2) * 4), 15))
-                                * (T.Cast("float32", CS_s[i, d // 16]) * 16384.0))
-                    T.clear(acc_s)
-                    T.gemm(Q_s, K_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                    for h, i in T.Parallel(H, BI):
-                        acc_s[h, i] = T.if_then_else(kvalid[i] != 0, acc_s[h, i] * scale2, -T.infinity("float32"))
-                    T.copy(m, m_prev)
-                    T.reduce_max(acc_s, m, dim=1, clear=False)
-                    for h in T.Parallel(H):
-                        alpha[h] = T.exp2(m_prev[h] - m[h])
-                    for h, i in T.Parallel(H, BI):
-                        acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
-                    T.reduce_sum(acc_s, l_blk, dim=1)
-                    for h in T.Parallel(H):
-                        l[h] = l[h] * alpha[h] + l_blk[h]
-                    for h, d in T.Parallel(H, D):
-                        acc_o[h, d] = acc_o[h, d] * alpha[h]
-                    T.copy(acc_s, P_s)
-                    T.gemm(P_s, K_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+                        widen_packed(C_s, CS_s, K_s)
+                    attend(Q_s, K_s, P_s, kvalid, acc_s, acc_o, m, m_prev, alpha, l, l_blk)
+            if piped:
+                # the top-k blocks: the statements that copy global rows into shared memory are
+                # the pipeline's producer (C_s, CS_s multi-buffered, cp.async), the rest its consumer
+                for bx in T.Pipelined(NX, num_stages=stages):
+                    for i, j in T.Parallel(BI, D // 2):
+                        C_s[i, j] = CKV[kidx[bx * BI + i] // PE, kidx[bx * BI + i] % PE, j]
+                    for i, j in T.Parallel(BI, D // 16):
+                        CS_s[i, j] = CKVS[kidx[bx * BI + i] // PE, kidx[bx * BI + i] % PE, j]
+                    for i in T.Parallel(BI):
+                        kvalid[i] = T.Cast("int32", (bx * BI + i < topk) and TOP[t, T.min(bx * BI + i, topk - 1)] >= 0)
+                    widen_packed(C_s, CS_s, K_s)
+                    attend(Q_s, K_s, P_s, kvalid, acc_s, acc_o, m, m_prev, alpha, l, l_blk)
             if splits == 1:
                 for h in T.Parallel(H):
                     l[h] = l[h] + T.exp2(SINK[h] * LOG2E - m[h])
@@ -246,12 +279,13 @@ def attention_dims(spec: KernelSpec) -> dict:
 # checks TileLang would wrap around each indirect load (which also stop it vectorising) are off
 ATTN_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
-ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,)}
+ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1, 2)}
 
 
 def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not,
-    unless the target's unsplit program spills (`target.defaults["tilelang_attention"]`)."""
+    unless the target's unsplit program spills (`target.defaults["tilelang_attention"]`). An
+    unsplit sparse call takes the target's `prefill_stages` (the pipelined top-k blocks; 1: off)."""
     d = attention_dims(spec)
     mode = MODES[spec.op]
     nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
@@ -261,10 +295,11 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
         if nb % s == 0 and d["n"] * s <= 2 * target.cores and d["n"] < target.cores and not batch_invariant(target):
             splits = s
             break
-    min_splits = target.defaults["tilelang_attention"]["min_splits"]
-    if splits < min_splits:
-        splits = next((s for s in (2, 3, 4, 5) if s >= min_splits and nb % s == 0), 1)
-    return {"block_I": 64, "splits": splits, "threads": 256}
+    tdef = target.defaults["tilelang_attention"]
+    if splits < tdef["min_splits"]:
+        splits = next((s for s in (2, 3, 4, 5) if s >= tdef["min_splits"] and nb % s == 0), 1)
+    stages = tdef.get("prefill_stages", 1) if mode == "sparse" and splits == 1 else 1
+    return {"block_I": 64, "splits": splits, "threads": 256, "stages": stages}
 
 
 def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
