@@ -64,7 +64,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     NX = {"sparse": ceil_div(topk, block_I), "window": 0, "dspark": ceil_div(max_block, block_I)}[mode]
     NB = NW + NX
     per = ceil_div(NB, splits)
-    piped = stages > 1 and mode == "sparse" and splits == 1
+    piped = stages > 1 and mode == "sparse" and splits == 1 and NX >= stages  # (fewer blocks: nothing to overlap)
     serial_blocks = NW if piped else per  # the blocks of the plain loop (all of a split's without piped)
     scale2 = D ** -0.5 * LOG2E
     BI = block_I
