@@ -245,16 +245,17 @@ def _trace_events(prof) -> list:
 
 def exposed_time(events: list, steps: int, top: int) -> dict:
     """Where the wall goes when kernels overlap (programmatic dependent launch starts a kernel
-    while its predecessor runs; two streams run side by side): events in order of their end, each
-    charged with the part of its interval past every earlier end. The charges add up to the union
-    of the intervals (the GPU's busy time); a kernel that waited on its predecessor is charged
-    only from that predecessor's end, its share of the critical path. Per (kernel, grid), per
-    step, in microseconds; `kernel_sum_us` is the plain sum of durations, which overlap."""
+    while its predecessor runs; two streams run side by side): events in order of their start,
+    each charged with the part of its interval past the latest end before it. The charges add up
+    to the union of the intervals (the GPU's busy time); a kernel that waited on its predecessor
+    is charged only from that predecessor's end, its share of the critical path, and one hidden
+    under another's interval is charged nothing. Per (kernel, grid), per step, in microseconds;
+    `kernel_sum_us` is the plain sum of durations, which overlap."""
     from collections import defaultdict
 
     acc = defaultdict(lambda: [0.0, 0.0, 0])
     frontier = float("-inf")
-    for ev in sorted(events, key=lambda e: e["ts"] + e["dur"]):
+    for ev in sorted(events, key=lambda e: e["ts"]):
         end = ev["ts"] + ev["dur"]
         add = max(0.0, end - max(frontier, ev["ts"]))
         frontier = max(frontier, end)

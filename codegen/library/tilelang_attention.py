@@ -279,7 +279,9 @@ def attention_dims(spec: KernelSpec) -> dict:
 # checks TileLang would wrap around each indirect load (which also stop it vectorising) are off
 ATTN_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
-ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1, 2)}
+ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1,)}
+# stages 2 changes the program of sparse calls alone (attention_program's `piped`)
+KNOBS_BY_OP = {"sparse_attn": dict(ATTN_KNOBS, stages=(1, 2))}
 
 
 def attention_default_config(target: Target, spec: KernelSpec) -> dict:
@@ -326,7 +328,7 @@ for _op in MODES:
         name=f"tilelang_{_op}",
         ops=(_op,),
         targets=building("cuda", defaults="tilelang_attention"),
-        knobs=ATTN_KNOBS,
+        knobs=KNOBS_BY_OP.get(_op, ATTN_KNOBS),
         render=render_attention,
         default_config=attention_default_config,
         supports=_supports,
