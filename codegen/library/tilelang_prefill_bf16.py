@@ -199,8 +199,6 @@ def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
     return dequant_rows
 
 
-ROWS_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-              "threads": (128, 256)}
 # 64 deep on 4 stages: 112 KB of shared memory, two CTAs an SM (128 deep on 3 fits one)
 ROWS_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}
 
@@ -209,6 +207,11 @@ def _tiles(target: Target, key: str) -> dict:
     """The target's tiles for template `key`, or ROWS_TILES where it names none (a plan variant
     tuned by code whose target lacks them)."""
     return dict(target.defaults.get(key, ROWS_TILES))
+
+
+def _whole_tiles(c: dict, m: int, n: int, k: int) -> bool:
+    """A prefill-sized call (rows past the decode buckets' 64) of whole tiles of config c."""
+    return m > 64 and m % c["block_M"] == 0 and n % c["block_N"] == 0 and k % c["block_K"] == 0
 
 
 def gemm_default_config(target: Target, spec: KernelSpec) -> dict:
@@ -242,16 +245,14 @@ def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
 
     if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
         return False
-    m, n, k = _mnk(spec)
-    c = gemm_default_config(target, spec)
-    return m > 64 and m % c["block_M"] == 0 and n % c["block_N"] == 0 and k % c["block_K"] == 0
+    return _whole_tiles(gemm_default_config(target, spec), *_mnk(spec))
 
 
 register(Template(
     name="tilelang_gemm_fp8_bf16",
     ops=("gemm_fp8",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=ROWS_KNOBS,
+    knobs=KNOBS,
     render=_gemm_render,
     default_config=gemm_default_config,
     supports=_gemm_supports,
@@ -294,16 +295,15 @@ def _linear_supports(target: Target, spec: KernelSpec) -> bool:
     if not (x.dtype.name == "bf16" and spec.attr.get("weight_dtype") == "bf16" and w.data.dtype.name == "fp8e4m3"
             and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32) and spec.out_types[0].dtype.name == "bf16"):
         return False
-    m, g, ng, kg = _linear_dims(spec)
-    c = linear_default_config(target, spec)
-    return m > 64 and m % c["block_M"] == 0 and ng % c["block_N"] == 0 and kg % c["block_K"] == 0
+    m, _, ng, kg = _linear_dims(spec)
+    return _whole_tiles(linear_default_config(target, spec), m, ng, kg)
 
 
 register(Template(
     name="tilelang_grouped_linear_bf16",
     ops=("grouped_linear",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=ROWS_KNOBS,
+    knobs=KNOBS,
     render=_linear_render,
     default_config=linear_default_config,
     supports=_linear_supports,
