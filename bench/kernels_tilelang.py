@@ -29,6 +29,7 @@ from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
 from deepinfer.codegen.library import tilelang_prefill_bf16 as tlmp  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
+from deepinfer.codegen.library.triton_check import TILELANG_TOLERANCE  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 from deepinfer.ir.registry import get_op  # noqa: E402
 from ceilings import measure_ceilings  # noqa: E402
@@ -424,7 +425,7 @@ def indexer_case(label, seqs, H=32, Dq=128, ratio=1, PE=128, cand_blocks=0, bloc
                                                             cand_blocks=cand_blocks, block_size=block_size)],
                 inputs=inputs, run=run, ref=ref,
                 bytes=n * H * (Dq // 2 + Dq // 32) + nseq * cap * (Dq // 2 + Dq // 32) + n * cap * 4,
-                flops=2 * n * H * Dq * cap, peak="bf16", tol=1e-3)
+                flops=2 * n * H * Dq * cap, peak="bf16", tol=TILELANG_TOLERANCE["tilelang_indexer_scores"])
 
 
 def tiny_cases():

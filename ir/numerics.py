@@ -8,6 +8,18 @@ whole prefill and decode would differ in the last bits and ties in top-k would b
 - fp32 transcendentals (exp, sigmoid, softmax, silu, softplus, rsqrt, cos/sin) are evaluated in
   fp64 and rounded once.
 Kernels are compared to these semantics within their dtype's tolerance, not bit for bit.
+
+Two ops round to bf16 inside, where the official model (`inference/model.py` and its TileLang
+sparse-attention kernel) rounds, so that the reference agrees with it (spec §3.6):
+- sparse attention (and the window and DSpark block attentions, which share `attend_with_sink`):
+  the probabilities exp(s - m) are rounded to bf16 before the P.V product, while the max and the
+  denominator stay fp32 (the denominator sums the unrounded probabilities). m is the row's max over
+  all its keys; a kernel with an online softmax rounds each key block against its running max
+  instead, which differs by at most one bf16 rounding of each term;
+- index scores: the q.k dot of each head is rounded to bf16 (a bf16 einsum's output), ReLU,
+  times the bf16 head weight rounded to bf16 (a bf16 product), and the head sum rounded to bf16
+  (a bf16 sum; fp32 accumulation as torch's, here fp64 rounded once to fp32, then to bf16).
+  Scores are bf16 values held in fp32; ties are frequent and break by lowest position.
 """
 from __future__ import annotations
 
@@ -49,6 +61,11 @@ def mean_sq32(x: torch.Tensor, dim: int = -1, keepdim: bool = True) -> torch.Ten
 
 def rsqrt32(x: torch.Tensor) -> torch.Tensor:
     return (1.0 / torch.sqrt(x.double())).float()
+
+
+def bf16r(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to bf16 (to nearest, ties to even) and held in fp32."""
+    return x.float().bfloat16().float()
 
 
 def exp32(x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ index-K cache, whose page comes from the block table):
   entries are contiguous in the page), widened by SIMT to bf16 (e2m1 x 2^(s-127) is exact in bf16);
 - cube: S = q K^T [heads, BI] into L0C (q widened the same way once per row), fp32 accumulation;
 - vector, one SIMT thread per entry: sum over heads of w[h] * relu(S[h, e]) (w times `w_scale`
-  rounded to w's dtype first, as `scale` does); entries at or past the row's visible count
+  rounded to w's dtype first, as `scale` does) in the op's bf16 arithmetic (each dot, each term and
+  the sum rounded to bf16, ir/numerics.py); entries at or past the row's visible count
   (pos + 1) // ratio, and entries outside the pool, score -inf; the score's order-preserving int32
   key (-0.0 and +0.0 one key) goes to the chunk's key buffer, and at the candidate source each
   8-entry block's largest key to the block-key buffer.
@@ -28,9 +29,9 @@ groups are not used; the template still holds every key and pick buffer to whole
 multiples (k, the pool size, BI and C), so a sort-based selection could replace it with the same
 buffers.
 
-Numerics: the reference takes each fp4 dot product exactly (fp64) and sums the heads in fp64; here
-the cube sums each dot in fp32 and the heads are summed in fp32, so scores can differ in the last
-bits and near-equal scores can be picked differently. Rendered and capacity-checked here
+Numerics: the reference takes each fp4 dot product exactly (fp64) and sums the heads in fp64
+before each bf16 rounding; here the cube sums each dot in fp32 and the heads are summed in fp32, so
+a score can land on the neighbouring bf16 value and near-equal scores can be picked differently. Rendered and capacity-checked here
 (TileLang-Ascend has no CPU execution path in this install), never built with CANN or run on an
 Ascend 950: unverified.
 """
@@ -221,7 +222,11 @@ def _indexer_source(n: int, H: int, D: int, pages: int, PE: int, nseq: int, maxp
                                         wv = T.cast(wb[h], T.float32)
                                         if w_scale is not None:
                                             wv = T.cast(T.cast(wv * T.float32(w_scale), wt), T.float32)
-                                        acc = acc + wv * T.max(s_ub[h, i], T.float32(0.0))
+                                        # bf16 arithmetic (ir/numerics.py): the dot, each term, the sum
+                                        dot = T.alloc_var(T.float32)
+                                        dot = T.cast(T.cast(T.max(s_ub[h, i], T.float32(0.0)), T.bfloat16), T.float32)
+                                        acc = acc + T.cast(T.cast(wv * dot, T.bfloat16), T.float32)
+                                    acc = T.cast(T.cast(acc, T.bfloat16), T.float32)
                                     bits = T.reinterpret(acc, "int32")
                                     # order key; -0.0 and +0.0 one key (0)
                                     key = T.if_then_else(acc == T.float32(0.0), 0, T.if_then_else(

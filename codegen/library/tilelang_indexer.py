@@ -2,7 +2,8 @@
 `candidate_mask` (the REINDEX layers' restriction to the candidate-source pool).
 
 score[t, c] = sum_h w[t, h] * relu(qI[t, h] . kI[c]) for c < vis(t) = (pos_t + 1) // ratio, -inf
-elsewhere (and, with a pool, -inf outside the pool's blocks), fp32, over the sequence's entries
+elsewhere (and, with a pool, -inf outside the pool's blocks), in bf16 arithmetic as the op's (each
+dot, each weighted term and the head sum rounded to bf16; ir/numerics.py), over the sequence's entries
 gathered through block_table (entry c -> page block_table[seq][c // E], row c % E); the output is
 [n, max_pages * E] like the op, -inf past the sequence's clen.
 
@@ -21,6 +22,11 @@ from .tilelang_host import host_indexer_scores
 from ..template import KernelSource, KernelSpec, Template, register
 from .tilelang_attention import fp4_value
 from .tilelang_gemm import _tl, ceil_div, e8m0_f32, source
+
+
+def bf16r(T, v):
+    """An fp32 value rounded to bf16 (to nearest even) and back: the op's bf16 arithmetic."""
+    return T.Cast("float32", T.Cast("bfloat16", v))
 
 
 def indexer_scores_program(n: int, H: int, Dq: int, pages: int, PE: int, nseq: int, maxp: int, ratio: int, *,
@@ -61,7 +67,7 @@ def indexer_scores_program(n: int, H: int, Dq: int, pages: int, PE: int, nseq: i
             T.clear(acc)
             T.gemm(K_s, Q_s, acc, transpose_B=True)
             for i, h in T.Parallel(block_C, H):
-                acc[i, h] = T.max(acc[i, h], 0.0) * w_s[h]
+                acc[i, h] = bf16r(T, T.max(bf16r(T, acc[i, h]), 0.0) * w_s[h])
             T.reduce_sum(acc, out, dim=1)
             for i in T.Parallel(block_C):
                 c = cb * block_C + i
@@ -82,7 +88,7 @@ def indexer_scores_program(n: int, H: int, Dq: int, pages: int, PE: int, nseq: i
                                 hi = mid
                     ok = ok and lo < NC and CAND[t, T.min(lo, NC - 1)] == c // block_size
                 if c < cap:
-                    S[t, c] = T.if_then_else(ok, out[i], -T.infinity("float32"))
+                    S[t, c] = T.if_then_else(ok, bf16r(T, out[i]), -T.infinity("float32"))
 
     return indexer_scores
 

@@ -1595,12 +1595,14 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
     with EMIT also each BS-entry block's max. Tiles wholly past vis are not written (the select
     kernel reads nothing there).
 
-    The reference's dot is exact (fp64) rounded once to fp32: here each 32-wide scale block is an
-    integer dot of twice the e2m1 values (fp16 MMAs, exact in fp32; not bf16, whose dot the
-    interpreter gets wrong), the blocks scaled by their 2^(sq + sk) and summed in fp64, which
-    holds them exactly, then rounded to fp32. The head products are fp32 as in the reference and
-    summed in fp64 like its sum32 (in another order: the same sum unless the 32 products span
-    more than 2^29, and then only where the fp64 rounding reaches the fp32 one)."""
+    Scores are bf16 arithmetic as the reference's (ir/numerics.py). Its dot is exact (fp64)
+    rounded to fp32, then to bf16: here each 32-wide scale block is an integer dot of twice the
+    e2m1 values (fp16 MMAs, exact in fp32; not bf16, whose dot the interpreter gets wrong), the
+    blocks scaled by their 2^(sq + sk) and summed in fp64, which holds them exactly, then rounded
+    the same way. Each head term w * relu(dot) is exact in fp32 and rounded to bf16; the terms are
+    summed in fp64 like the reference's sum32 (in another order: the same sum unless the 32 terms
+    span more than 2^29, and then only where the fp64 rounding reaches the fp32 one), and the sum
+    rounded to fp32, then bf16."""
     t = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * BC
     vis = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // RATIO, CAP)
@@ -1637,8 +1639,8 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
                 # 2^(sq - 127) * 2^(sk - 127) / 4 as fp64 bits (twice each value: the 1/4)
                 e = (sk[:, None] + sq[None, :] + (1023 - 256)).to(tl.int64)
                 dot += s.to(tl.float64) * (e << 52).to(tl.float64, bitcast=True)
-            p = w[None, :] * tl.maximum(dot.to(tl.float32), 0.0)
-            score = tl.sum(p.to(tl.float64), axis=1).to(tl.float32)
+            p = _round_like(w[None, :] * tl.maximum(_round_like(dot.to(tl.float32), tl.bfloat16), 0.0), tl.bfloat16)
+            score = _round_like(tl.sum(p.to(tl.float64), axis=1).to(tl.float32), tl.bfloat16)
             key = tl.where(live, _score_key(score), -2139095041)
         tl.store(key_ptr + t * CAP + c, key, mask=c < CAP)
         if EMIT:

@@ -138,15 +138,17 @@ def window_keys(kv_step: torch.Tensor, ring: QTensor, first: torch.Tensor, slot:
 
 
 def attend_with_sink(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float):
-    """o_h = sum_j exp(s_j - m) k_j / (sum_j exp(s_j - m) + exp(sink_h - m)), V = K, fp32.
+    """o_h = sum_j bf16(exp(s_j - m)) k_j / (sum_j exp(s_j - m) + exp(sink_h - m)), V = K, fp32:
+    the probabilities rounded to bf16 before P.V as the official kernel does, the denominator of
+    the unrounded ones (ir/numerics.py).
 
     q [rows, heads, D]; keys [rows, nk, D]; valid [rows, nk]."""
     s = torch.einsum("rhd,rkd->rhk", q.double(), keys.double()).float() * scale
     s = s.masked_fill(~valid.unsqueeze(1), float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)  # any stabiliser; a row always sees its own key
+    m = s.amax(dim=-1, keepdim=True)  # the row's max; a row always sees its own key
     p = nm.exp32(s - m)
     denom = nm.sum32(p, -1, keepdim=True) + nm.exp32(sink.float().view(1, -1, 1) - m)
-    return torch.einsum("rhk,rkd->rhd", p.double(), keys.double()).float() / denom
+    return torch.einsum("rhk,rkd->rhd", nm.bf16r(p).double(), keys.double()).float() / denom
 
 
 def _rows(ins_t) -> sh.Dim:
@@ -343,9 +345,11 @@ def _scores_rule(ins, a):
     attrs={"ratio": REQUIRED}, n_inputs=6)
 def indexer_scores(qi, w, ik, positions, token_seq, block_table, *, ratio, chunk: int = 32):
     """score[t, c] = sum_h w[t, h] * relu(qI[t, h] . kI[c]) for visible entries c < (pos+1)//r,
-    -inf elsewhere (spec §4.4d), from the fake-quantised fp4 q and k, in fp32. The fp4 x fp4 dot
-    products are exact in fp64, so rows are scored in chunks of `chunk` (bounded memory) with no
-    dependence on how rows are grouped."""
+    -inf elsewhere (spec §4.4d), from the fake-quantised fp4 q and k, in bf16 arithmetic as the
+    official model's bf16 einsum, product and sum (ir/numerics.py): each dot rounded to bf16, each
+    weighted term rounded to bf16, the head sum rounded to bf16; bf16 values held in fp32. The
+    fp4 x fp4 dot products are exact in fp64, so rows are scored in chunks of `chunk` (bounded
+    memory) with no dependence on how rows are grouped."""
     n = qi.data.shape[0]
     pe = ik.data.shape[1]
     cap = block_table.shape[1] * pe
@@ -359,8 +363,8 @@ def indexer_scores(qi, w, ik, positions, token_seq, block_table, *, ratio, chunk
         r1 = min(n, r0 + chunk)
         page = bt[r0:r1][:, c // pe]  # [R, cap]; unused (-1) pages read garbage that is masked below
         k = dequant_value(QTensor(ik.data[page, c % pe], ik.scale[page, c % pe]))  # [R, cap, dim]
-        dots = torch.einsum("rhd,rcd->rhc", q[r0:r1].double(), k.double()).float()
-        sc = nm.sum32(w[r0:r1].float().unsqueeze(-1) * torch.relu(dots), 1)
+        dots = nm.bf16r(torch.einsum("rhd,rcd->rhc", q[r0:r1].double(), k.double()).float())
+        sc = nm.bf16r(nm.sum32(nm.bf16r(w[r0:r1].float().unsqueeze(-1) * torch.relu(dots)), 1))
         out[r0:r1] = sc.masked_fill(c.unsqueeze(0) >= vis[r0:r1].unsqueeze(1), float("-inf"))
     return out
 

@@ -21,8 +21,10 @@ Spec notes (choices the spec leaves open; see also numerics.py):
 - Per-query key layout is canonical (W window slots + index_topk compressed slots, padded and
   masked) so that a query's arithmetic does not depend on the chunking.
 - "bf16 GEMM" = bf16 operands, fp32 accumulation, one rounding to bf16.
-- Sparse attention: scores, probabilities and the P.V product in fp32; the output is rounded to bf16
-  before the inverse RoPE of the tail (the kernel's internal rounding is unpinned, §4.4(f)).
+- Sparse attention: scores and the softmax in fp32, the probabilities rounded to bf16 before the
+  P.V product (relative to the row's max), the denominator of the unrounded ones (§3.6, §4.4(f));
+  the output is rounded to bf16 before the inverse RoPE of the tail.
+- Index scores in bf16 arithmetic (§3.6): the dot, each weighted head term and the head sum.
 - DSpark taps = mean over the 4 copies in fp32, rounded to bf16 (activations are bf16).
 - Engram: w = q_weight * k_weight is formed in fp32 from the bf16 tensors.
 - SwiGLU: a = (w * silu(min(g, limit))) * clamp(u, -limit, limit), left to right, in fp32.
@@ -339,8 +341,9 @@ class ReferenceModel:
         factor = c.index_head_dim ** -0.5 * c.index_heads ** -0.5  # 2^-6 for the real model
         w = (nx.bf16_gemm(x, A.i_weights) * factor).bfloat16()  # [n, ih]
         clen = kI.shape[0]
-        dots = nx.mm32(qI.reshape(n * c.index_heads, -1), kI.float()).view(n, c.index_heads, clen)
-        score = (w.float()[:, :, None] * torch.relu(dots)).double().sum(1).float()  # [n, clen]
+        dots = nx.to_bf16(nx.mm32(qI.reshape(n * c.index_heads, -1), kI.float()).view(n, c.index_heads, clen))
+        terms = nx.to_bf16(w.float()[:, :, None] * torch.relu(dots))
+        score = nx.to_bf16(terms.double().sum(1).float())  # [n, clen]
         vis = (pos + 1) // role.ratio
         score = score.masked_fill(torch.arange(clen)[None, :] >= vis[:, None], NEG_INF)
         if role.candidate_source:
@@ -465,7 +468,7 @@ def sparse_attn_sink(q, keys, valid, sink, scale) -> torch.Tensor:
     m = s.amax(-1, keepdim=True)
     p = nx.exp32(s - m)
     denom = p.double().sum(-1, keepdim=True).float() + nx.exp32(sink[None, :, None] - m)
-    num = torch.einsum("nhk,nkd->nhd", p.double(), keys.double()).float()
+    num = torch.einsum("nhk,nkd->nhd", nx.to_bf16(p).double(), keys.double()).float()
     return (num / denom).bfloat16()
 
 

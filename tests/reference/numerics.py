@@ -16,6 +16,9 @@ Conventions
   indexer top-k, candidate blocks, router -- is `stable_topk`: the highest score wins, and among
   equal scores the LOWEST index (position / block / expert id) wins.  torch.topk does not guarantee
   any tie order, so it is never used.
+- Rounding points inside two ops follow the official model (spec §3.6): sparse attention rounds its
+  probabilities to bf16 before P.V (max and denominator fp32), and index scores are bf16
+  arithmetic (the q.k dot, each weighted head term and the head sum each rounded to bf16).
 """
 from __future__ import annotations
 
@@ -41,6 +44,11 @@ def mm32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def bf16_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """A "bf16 GEMM" of the spec: bf16 operands, fp32 accumulation, bf16 output."""
     return mm32(x.float(), w.float()).bfloat16()
+
+
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """An fp32 result rounded to bf16, kept in fp32 for the arithmetic that follows."""
+    return x.float().bfloat16().float()
 
 
 def rsqrt32(x: torch.Tensor) -> torch.Tensor:
