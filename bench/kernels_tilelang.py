@@ -253,8 +253,14 @@ def grouped_linear_case(label, M, G, NG, KG, config=None):
 
 
 def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, ratio=2, PE=64, config=None,
-                   block=5):
-    """seqs: list of (start position, rows) per sequence of the step."""
+                   block=5, rope=0):
+    """seqs: list of (start position, rows) per sequence of the step. rope: the op's rope_dim
+    (fuse_attention_rope: q's RoPE and the output's inverse inside the kernel), at the medium
+    model's YaRN constants."""
+    from deepinfer.codegen.library.tilelang_host import rope_frequencies
+    from deepinfer.ir.ops.attention import rotate_tail
+
+    rope_attrs = dict(rope_dim=rope, rope_theta=10000.0, rope_yarn=(16, 65536, 32, 1)) if rope else {}
     n = sum(r for _, r in seqs)
     nseq = len(seqs)
     op = {"sparse": "sparse_attn", "window": "window_attn", "dspark": "dspark_block_attn"}[mode]
@@ -312,10 +318,11 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         sp = c["splits"]
         opart = torch.empty((sp, n, H, D) if sp > 1 else (1, 1, 1, 1), device=DEV)
         ml = torch.empty((sp, n, H, 2) if sp > 1 else (1, 1, 1, 2), device=DEV)
+        freq = rope_frequencies(rope_attrs, DEV)
         k[0](x["q"], x["kv"], x["kvs"], x["ring"], x["rings"], x["ckv"], x["ckvs"], x["top"], x["sink"], x["pos"],
-             x["tseq"], x["slots"], x["bt"], out, opart, ml)
+             x["tseq"], x["slots"], x["bt"], out, opart, ml, freq)
         if sp > 1:
-            k[1](opart, ml, x["sink"], out)
+            k[1](opart, ml, x["sink"], out, x["pos"], freq)
         return out
 
     def ref(x):
@@ -324,8 +331,14 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         meta = (cpu["pos"], cpu["tseq"], cpu["slots"])
         if mode == "sparse":
             return get_op(op).ref(cpu["q"], kv, ring, QTensor(cpu["ckv"], cpu["ckvs"]), cpu["top"], cpu["sink"], *meta,
-                                  cpu["bt"], window=window, ratio=ratio, topk=topk).float()
-        return get_op(op).ref(cpu["q"], kv, ring, cpu["sink"], *meta, window=window).float()
+                                  cpu["bt"], window=window, ratio=ratio, topk=topk, **rope_attrs).float()
+        return get_op(op).ref(cpu["q"], kv, ring, cpu["sink"], *meta, window=window, **rope_attrs).float()
+
+    def rotated(v, pos, inverse=False):
+        """The op's rotation of v's tail (on the CPU, where rotate_tail makes its constants)."""
+        if not rope:
+            return v
+        return rotate_tail(v.cpu(), pos.cpu().long(), rope, 10000.0, (16, 65536, 32, 1), inverse).to(v.device)
 
     def ref_gpu(x):
         """The same semantics as the op's reference (window keys from the step or the ring, top-k
@@ -338,6 +351,7 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         ringf = q.dequant_fp8_32(QTensor(x["ring"], x["rings"])).double()
         ckvf = q.dequant_fp4_e4m3(QTensor(x["ckv"], x["ckvs"])).double() if mode == "sparse" else None
         out = torch.empty(n, H, D, device=DEV)
+        qr = rotated(x["q"], pos)
         for a in range(0, n, 512):
             t = torch.arange(a, min(n, a + 512), device=DEV)
             p = pos[t].unsqueeze(1)
@@ -352,13 +366,15 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
                 page = x["bt"].long()[ts[t].unsqueeze(1), c.clamp_min(0) // PE]
                 keys = torch.cat([keys, ckvf[page, c.clamp_min(0) % PE]], 1)
                 valid = torch.cat([valid, c >= 0], 1)
-            s = torch.einsum("rhd,rkd->rhk", x["q"][t].double(), keys) * D ** -0.5
+            s = torch.einsum("rhd,rkd->rhk", qr[t].double(), keys) * D ** -0.5
             s = s.masked_fill(~valid.unsqueeze(1), float("-inf"))
             m = s.amax(-1, keepdim=True)
             pr = torch.exp(s - m)
             den = pr.sum(-1, keepdim=True) + torch.exp(x["sink"].double().view(1, -1, 1) - m)
-            out[t] = (torch.einsum("rhk,rkd->rhd", pr, keys) / den).float()
-        return out
+            # the probabilities rounded to bf16 before P.V, the denominator of the unrounded ones (the op's)
+            pv = pr.float().bfloat16().double()
+            out[t] = (torch.einsum("rhk,rkd->rhd", pv, keys) / den).float()
+        return rotated(out.bfloat16(), pos, inverse=True).float() if rope else out
 
     nkeys = window + (topk if mode == "sparse" else (block if mode == "dspark" else 0))
     key_bytes = window * (D + D // 32) + (topk * (D // 2 + D // 16) if mode == "sparse" else 0)
@@ -366,10 +382,11 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         key_bytes_total = n * D * 33 / 32 + n * topk * (D // 2 + D // 16)
     else:
         key_bytes_total = n * key_bytes
-    progs = lambda: ([tla.attention_program(mode, **dims, **c)]  # noqa: E731  rebuilt per call
-                     + ([tla.combine_program(n, H, D, c["splits"])] if c["splits"] > 1 else []))
+    progs = lambda: ([tla.attention_program(mode, **dims, **c, rope=rope)]  # noqa: E731  rebuilt per call
+                     + ([tla.combine_program(n, H, D, c["splits"], rope=rope)] if c["splits"] > 1 else []))
     use_gpu_ref = mode == "sparse" and n > 256
-    return dict(name=f"{op} {label}", template=f"tilelang_{op}", shape=f"rows={n} seqs={nseq} H={H} D={D}",
+    return dict(name=f"{op} {label}" + (" rope" if rope else ""), template=f"tilelang_{op}",
+                shape=f"rows={n} seqs={nseq} H={H} D={D}",
                 pass_configs=getattr(tla, "ATTN_PASS_CONFIGS", None),
                 config=c, program=progs, inputs=inputs, run=run, ref=ref_gpu if use_gpu_ref else ref,
                 ref_gpu=ref_gpu if mode != "dspark" else None,
@@ -487,6 +504,16 @@ def tiny_cases():
         attention_case("tiny pipelined", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=192, ratio=2,
                        PE=16, config={"splits": 1, "stages": 2}),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70),
+        # the RoPEs folded in: split rows (the combine de-rotates), unsplit and pipelined (the
+        # attention program does), every mode; positions past 65536 reach angles of ~1e5 rad
+        attention_case("tiny", "sparse", [(70000, 3), (40, 2)], D=128, window=64, R=70, topk=64, ratio=2, PE=16,
+                       rope=32),
+        attention_case("tiny pipelined", "sparse", [(200, 3), (40, 2)], D=128, window=64, R=70, topk=192, ratio=2,
+                       PE=16, config={"splits": 1, "stages": 2}, rope=32),
+        attention_case("tiny", "window", [(90, 2), (3, 1)], D=128, window=64, R=70, rope=32),
+        attention_case("tiny unsplit", "window", [(90, 2), (3, 1)], D=128, window=64, R=70, config={"splits": 1},
+                       rope=32),
+        attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70, rope=32),
         indexer_case("tiny", [(300, 2), (50, 1)], PE=32),
         indexer_case("tiny pool", [(300, 2), (50, 1)], PE=32, cand_blocks=8),
     ]
@@ -546,6 +573,12 @@ def real_cases():
                                       config=over))
     out.append(attention_case("prefill 4K", "sparse", [(2048, 4096)]))
     out.append(attention_case("prefill 4K pipelined", "sparse", [(2048, 4096)], config={"stages": 2}))
+    # the RoPEs folded in (fuse_attention_rope): against the programs above in the same run, and
+    # against the two rope kernels they replace (triton_rope's 316 us a 4K call in the profile)
+    for b in (1, 64):
+        out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)], rope=64))
+    out.append(attention_case("prefill 4K", "sparse", [(2048, 4096)], rope=64))
+    out.append(attention_case("prefill 4K pipelined", "sparse", [(2048, 4096)], config={"stages": 2}, rope=64))
     out.append(attention_case("decode b64", "window", [(8000 + 37 * i, 1) for i in range(64)]))
     out.append(attention_case("draft b64", "dspark", [(8000 + 37 * i, 5) for i in range(64)]))
     out.append(indexer_case("decode b64 ctx 8K", [(8000 + 37 * i, 1) for i in range(64)]))

@@ -374,6 +374,42 @@ def fuse_collapse_norm_quant(g: Graph) -> Graph:
     return apply_rules(g, [fuse_collapse_norm_quant_node])
 
 
+# ---- RoPE into the attention ----------------------------------------------------------------------
+
+# where each attention op takes its rows' positions
+ATTENTION_POSITIONS = {"sparse_attn": 6, "window_attn": 4, "dspark_block_attn": 4}
+
+
+def _plain_rope(n, inverse: bool) -> bool:
+    return n is not None and bool(n.attr.get("inverse")) == inverse and not n.attr.get("pos_offset", 0)
+
+
+def fuse_attention_rope_node(ctx: Context, i: int):
+    """q's RoPE and the output's inverse RoPE into the attention between them (its rope_* attrs,
+    rope_around in ir/ops/attention.py): the kernel rotates q's tail as it loads the row's q and
+    de-rotates the output's as it stores it, so neither [rows, heads, D] pass over memory nor its
+    launch remains. Both at the attention's own positions, with one rotation's constants."""
+    out = ctx.g.nodes[i]
+    if out.op != "rope" or not _plain_rope(out, True):
+        return None
+    a, attn = ctx.node_of(out.inputs[0])
+    if attn is None or attn.op not in ATTENTION_POSITIONS or attn.attr.get("rope_dim"):
+        return None
+    r, qrope = ctx.producer_op(attn.inputs[0], "rope")
+    if not _plain_rope(qrope, False) or not (ctx.sole_user(out.inputs[0], i) and ctx.sole_user(attn.inputs[0], a)):
+        return None
+    rot = {k: out.attr.get(k) for k in ("rope_dim", "theta", "yarn")}
+    pos = attn.inputs[ATTENTION_POSITIONS[attn.op]]
+    if rot != {k: qrope.attr.get(k) for k in rot} or not qrope.inputs[1] == out.inputs[1] == pos:
+        return None
+    attrs = attn.attr | {"rope_dim": rot["rope_dim"], "rope_theta": rot["theta"], "rope_yarn": rot["yarn"]}
+    return Rewrite([r, a, i], [Node.make(attn.op, [qrope.inputs[0], *attn.inputs[1:]], out.outputs, attrs)])
+
+
+def fuse_attention_rope(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_attention_rope_node])
+
+
 # ---- decode steps only ----------------------------------------------------------------------------
 
 def fuse_decode_cache_write(ctx: Context, i: int):

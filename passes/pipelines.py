@@ -8,7 +8,8 @@ from functools import partial
 
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
-from .fuse import fuse, fuse_collapse_norm_quant, fuse_decode, fuse_gate_up_gemms, fuse_moe_shared, split_hc_pre
+from .fuse import (fuse, fuse_attention_rope, fuse_collapse_norm_quant, fuse_decode, fuse_gate_up_gemms,
+                   fuse_moe_shared, split_hc_pre)
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
@@ -38,6 +39,7 @@ def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
         "infer_shapes": infer_shapes,
         "legalize_quant": partial(legalize_quant, formats=manifest.operand_formats),
         "fuse": fuse,
+        "fuse_attention_rope": fuse_attention_rope,
         "fuse_decode": fuse_decode,
         "lower_sparse_attention": lower_sparse_attention,
         "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep, dp=dp, redundant=redundant),

@@ -230,6 +230,8 @@ CASES = [
     _rule_case(fz.fuse_indexer, "candidate_mask"),  # a layer scoring only the source's candidates
     _rule_case(fz.fuse_indexer_weight_scale, prep=lambda g: apply_rules(g, [fz.fuse_indexer])),
     _rule_case(fz.fold_cast_into_linear),  # the compressor's f32 copy of its input, read by wkv and wgate
+    _rule_case(fz.fuse_attention_rope_node),  # off in the manifests until timed: variant_plan's +fuse_attention_rope
+    _rule_case(fz.fuse_attention_rope_node, "sparse_attn"),
     Case("fuse_decode_cache_write", "fuse_decode", lambda g: first_match(g, fz.fuse_decode_cache_write),
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("legalize_quant", "legalize_quant",
@@ -289,7 +291,21 @@ def _valid_index_inputs(sub: Graph) -> dict:
             out[n.inputs[3]] = expert_ids  # the combine reads only its row count
         if n.op == "candidate_mask" and n.inputs[1] in sub.inputs:
             out[n.inputs[1]] = candidate_ids(sub.types[n.inputs[0]], n.attr["block_size"])
+        if n.op == "sparse_attn" and n.inputs[4] in sub.inputs:
+            out[n.inputs[4]] = topk_ids(sub.types[n.inputs[3]], sub.types[n.inputs[9]])
     return out
+
+
+def topk_ids(cache_type, table_type):
+    """A top-k list per row as lower_sparse_attention's attention reads it: entries the block
+    table reaches, -1 padded."""
+    def make(t, env, gen):
+        rows, k = sh.evaluate(t.shape, env)
+        reach = sh.evaluate(table_type.shape, env)[1] * sh.evaluate(cache_type.shape, env)[1]
+        ids = torch.randint(0, reach, (rows, k), generator=gen).sort(dim=1).values
+        ids[:, k - 1] = -1
+        return ids.to(t.dtype.storage)
+    return make
 
 
 def _golden(path: Path, text: str):

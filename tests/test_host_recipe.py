@@ -205,6 +205,15 @@ def test_grouped_gemm_and_attention_recipes_match_their_hosts():
                                                                                                   dtype=torch.int32)
     _tilelang_case(th.host_attention, [q, kv, ring, sink, pos, tseq, slots], {}, {"splits": 2}, {},
                    [[1, 2, 1], [1, 1, 1]])
+    # with the RoPEs folded in (fuse_attention_rope): both kernels get the positions and the
+    # frequencies, a constant of the recipe with the op's values
+    rope = {"rope_dim": 16, "rope_theta": 10000.0, "rope_yarn": [16, 65536, 32, 1]}
+    rec = _tilelang_case(th.host_attention, [q, kv, ring, sink, pos, tseq, slots], rope, {"splits": 2}, {},
+                         [[1, 2, 1], [1, 1, 1]])
+    from deepinfer.ir.ops.attention import yarn_freqs
+
+    want = yarn_freqs(16, 10000.0, (16, 65536, 32, 1)).tolist()
+    assert [c["values"] for c in rec["consts"].values() if c["shape"] == [8]] == [want]
 
 
 def test_a_launch_the_instance_did_not_render_is_refused():

@@ -82,7 +82,8 @@ def module_level_imports(path: Path, package: str) -> list[str]:
 def test_import_resolution():
     assert module_level_imports(ROOT / "passes" / "pipelines.py", "deepinfer.passes") == [
         "deepinfer.passes.attention", "deepinfer.passes.attention.lower_sparse_attention",
-        "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_collapse_norm_quant",
+        "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_attention_rope",
+        "deepinfer.passes.fuse.fuse_collapse_norm_quant",
         "deepinfer.passes.fuse.fuse_decode",
         "deepinfer.passes.fuse.fuse_gate_up_gemms", "deepinfer.passes.fuse.fuse_moe_shared",
         "deepinfer.passes.fuse.split_hc_pre",

@@ -136,6 +136,27 @@ def test_collapse_norm_quant_fuses_without_changing_the_logits(tiny):
                for u in users.get(n.outputs[0], []))
 
 
+def test_attention_rope_fuses_without_changing_the_logits(tiny):
+    """fuse_attention_rope (bench/variant_plan.sh +fuse_attention_rope until timed on the H200):
+    every attention of the step graph takes its q's RoPE and its output's inverse RoPE as rope_*
+    attrs, the logits are unchanged bit for bit, two rope calls a layer go, and the key RoPEs (fused
+    with their quantisation) stay. The draft graph's block attentions fuse the same way."""
+    from deepinfer.passes.fuse import ATTENTION_POSITIONS, fuse_attention_rope
+
+    prog = tiny[1]
+    g, f = _cpu_graph_and_rewrite(tiny, fuse_attention_rope, seed=9)
+    attn = [n for n in f.nodes if n.op in ATTENTION_POSITIONS]
+    layers = sum(1 for r in prog.cfg.layers if not r.is_draft)
+    assert len(attn) == layers and all(n.attr["rope_dim"] == prog.cfg.qk_rope_head_dim for n in attn)
+    assert f.op_counts().get("rope", 0) == g.op_counts()["rope"] - 2 * layers
+    assert not any(n.op == "rope" and n.attr.get("inverse") for n in f.nodes)
+    assert {n.attr["rope_theta"] for n in attn} == {float(r.rope_theta) for r in prog.cfg.layers if not r.is_draft}
+    d = fuse_attention_rope(prog.draft)
+    blocks = [n for n in d.nodes if n.op == "dspark_block_attn"]
+    assert blocks and all(n.attr["rope_dim"] for n in blocks)
+    assert not any(n.op == "rope" and n.attr.get("inverse") for n in d.nodes)
+
+
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""

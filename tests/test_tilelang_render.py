@@ -2,6 +2,8 @@
 have the instructions they are meant to use and no register spills (ptxas report)."""
 import shutil
 
+import torch
+
 import pytest
 
 pytest.importorskip("tilelang")
@@ -261,3 +263,54 @@ def test_sparse_attn_prefill_pipeline_is_a_target_default():
         # (the unrolled wgmma descriptors of the loop's prologue and epilogue copies spill: about
         # 0.7 KB of local memory, reloaded from L1; docs/performance.md, twenty-first session)
         assert rep["ok"], rep["log"]
+
+
+def _with_rope(spec):
+    import dataclasses
+
+    return dataclasses.replace(spec, attrs=tuple(sorted(dict(spec.attrs, rope_dim=64, rope_theta=10000.0,
+                                                             rope_yarn=(16, 65536, 32, 1)).items())))
+
+
+def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_store():
+    """rope_dim (fuse_attention_rope): q's last 64 dims are rotated as the row's q goes into shared
+    memory, the output's de-rotated as it is stored (the unsplit program) or in the combine (split
+    decode rows), each at the row's position with the frequencies the host passes (FREQ); the
+    angles are reduced mod 2 pi in fp64. Both programs and the pipelined prefill one build without
+    new spills."""
+    import dataclasses
+
+    from deepinfer.codegen.library.tilelang_host import rope_frequencies
+    from deepinfer.ir.ops.attention import yarn_freqs
+
+    sm90 = get_target("sm90")
+    piped_on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_attention=dict(
+        sm90.defaults["tilelang_attention"], prefill_stages=2)))
+    for n, target in ((64, sm90), (4096, sm90), (4096, piped_on)):
+        spec = attn_spec(n, slots=1 if n > 64 else 64, pages=64, maxp=64)
+        rope = _with_rope(spec)
+        tpl = select(target, rope)
+        cfg = tpl.default_config(target, rope)
+        plain, src = tpl.render(target, spec, cfg), tpl.render(target, rope, cfg)
+        assert "FREQ" in [p for p, _ in src.meta["params"]]
+        assert "__cosf" not in plain.text and src.text.count("floor(") >= (4 if cfg["splits"] == 1 else 2)
+        if cfg["splits"] > 1:
+            comb = src.meta["combine"]
+            assert "__cosf" in comb["text"] and {"POS", "FREQ"} <= {p for p, _ in comb["params"]}
+            assert "__cosf" not in plain.meta["combine"]["text"]
+        if shutil.which("nvcc"):
+            from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+            for a, b in [(plain.text, src.text)] + ([(plain.meta["combine"]["text"], src.meta["combine"]["text"])]
+                                                    if cfg["splits"] > 1 else []):
+                ra, rb = nvcc_report(a, target.arch), nvcc_report(b, target.arch)
+                assert rb["ok"], rb["log"]
+                # the pipelined program (at 255 registers already) spills a quarter KB more: about
+                # 8 more spill stores and loads a 1930-instruction block step, L1 hits; the others none
+                extra = 256 if cfg["stages"] > 1 else 0
+                assert rb["spill_bytes"] <= ra["spill_bytes"] + extra and rb["stack_bytes"] <= ra["stack_bytes"] + extra, \
+                    rb["log"]
+    attrs = dict(_with_rope(attn_spec(1)).attrs)
+    freq = rope_frequencies(attrs, torch.device("cpu"))
+    assert torch.equal(freq, yarn_freqs(64, 10000.0, (16, 65536, 32, 1)))
+    assert rope_frequencies({}, torch.device("cpu")).shape == (1,)

@@ -207,6 +207,8 @@ def _attention_source(mode: str, n: int, H: int, D: int, slots: int, R: int, win
 
 
 def _supports(target, spec: KernelSpec) -> bool:
+    if spec.attr.get("rope_dim"):  # the RoPEs folded in (fuse_attention_rope) are not written here
+        return False
     if not all(isinstance(x, int) for t in spec.in_types for x in getattr(t, "data", t).shape):
         return False
     d = attention_dims(spec)

@@ -50,16 +50,33 @@ def fp4_f16_value(T, nib):
     return T.Cast("float32", T.reinterpret(T.Cast("uint16", h), "float16"))
 
 
+def rotated(T, re, im, ang, part: int):
+    """Part 0 or 1 of the pair (re, im) rotated by the fp32 angle `ang` as the `rope` op does
+    (ir/ops/attention.py rotate_tail): the angle reduced mod 2 pi in fp64 (rows reach positions
+    whose angles lose fp32's sin and cos), products in fp32, rounded to bf16. An expression of the
+    operands, not a value: callers read the pair from another buffer than the one they write.
+    The reduced angle is within pi, where the fast sine and cosine are within 2^-21 (far inside a
+    bf16 step of the product) and cosf's large-argument path, with its stack frame, never runs."""
+    a = T.Cast("float64", ang)
+    k = T.floor(a * T.float64(0.15915494309189535) + T.float64(0.5))
+    r = T.Cast("float32", (a - k * T.float64(6.283185307179586)) - k * T.float64(2.4492935982947064e-16))
+    cos, sin = T.call_extern("float32", "__cosf", r), T.call_extern("float32", "__sinf", r)
+    re, im = T.Cast("float32", re), T.Cast("float32", im)
+    if part == 0:
+        return T.Cast("bfloat16", re * cos - im * sin)
+    return T.Cast("bfloat16", re * sin + im * cos)
+
+
 def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
                       pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
-                      block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1):
+                      block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1, rope: int = 0):
     """The attention kernel (and, when splits > 1, the partial-output layout the combine reads).
     `stages` 2 (mode "sparse", one split: prefill): the top-k blocks in a software pipeline, the
     packed rows of block b + 1 copied asynchronously while block b is widened and multiplied,
     instead of each gather waiting on memory with nothing else in flight."""
     _, T = _tl()
     assert mode in ("sparse", "window", "dspark")
-    assert window % block_I == 0 and H == 64 and D % 64 == 0
+    assert window % block_I == 0 and H == 64 and D % 64 == 0 and rope % 2 == 0 and rope <= D
     NW = window // block_I
     NX = {"sparse": ceil_div(topk, block_I), "window": 0, "dspark": ceil_div(max_block, block_I)}[mode]
     NB = NW + NX
@@ -110,13 +127,16 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
              SINK: T.Tensor((H,), "float32"), POS: T.Tensor((n,), "int64"), TSEQ: T.Tensor((n,), "int32"),
              SLOTS: T.Tensor((nseq,), "int32"), BT: T.Tensor((nseq, maxp), "int32"),
              O: T.Tensor((n, H, D), "bfloat16"), OP: T.Tensor(op_shape, "float32"),
-             ML: T.Tensor(ml_shape, "float32")):
+             ML: T.Tensor(ml_shape, "float32"), FREQ: T.Tensor((max(rope // 2, 1),), "float32")):
         with T.Kernel(n, splits, threads=threads) as (t, sp):
             Q_s = T.alloc_shared((H, D), "bfloat16")
             K_s = T.alloc_shared((BI, D), "bfloat16")
             P_s = T.alloc_shared((H, BI), "bfloat16")
             C_s = T.alloc_shared((BI, D // 2) if mode == "sparse" else (1, 1), "uint8")
             CS_s = T.alloc_shared((BI, D // 16) if mode == "sparse" else (1, 1), "float8_e4m3")
+            # the frequencies in shared memory: reloaded after the key loop's barriers, not held in
+            # registers across it from q's rotation (which spilled in the pipelined loop)
+            f_s = T.alloc_shared((max(rope // 2, 1),), "float32")
             kvalid = T.alloc_shared((BI,), "int32")
             ksrc = T.alloc_shared((BI,), "int32")  # 0: step row, 1: ring, 2: compressed
             krow = T.alloc_shared((BI,), "int32")  # step row / ring row (slot * R + idx) / page * PE + row
@@ -144,7 +164,17 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                             r0 = t - i
             wend = T.Cast("int32", POS[r0]) - 1 if mode == "dspark" else p  # newest window position
 
-            T.copy(Q[t, 0, 0], Q_s)
+            if rope:  # q's RoPE (rope_around): its tail rotated at the row's position on the way in
+                for j in T.Parallel(rope // 2):
+                    f_s[j] = FREQ[j]
+                for h, d in T.Parallel(H, D - rope):
+                    Q_s[h, d] = Q[t, h, d]
+                for h, j in T.Parallel(H, rope // 2):
+                    c = D - rope + 2 * j
+                    Q_s[h, c] = rotated(T, Q[t, h, c], Q[t, h, c + 1], T.Cast("float32", POS[t]) * f_s[j], 0)
+                    Q_s[h, c + 1] = rotated(T, Q[t, h, c], Q[t, h, c + 1], T.Cast("float32", POS[t]) * f_s[j], 1)
+            else:
+                T.copy(Q[t, 0, 0], Q_s)
             if piped:  # (ahead of the accumulators' first use: its index math holds no registers of theirs)
                 for j in T.Parallel(NX * BI):
                     cc = T.max(TOP[t, T.min(j, topk - 1)], 0)
@@ -214,7 +244,16 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                     l[h] = l[h] + T.exp2(SINK[h] * LOG2E - m[h])
                 for h, d in T.Parallel(H, D):
                     acc_o[h, d] = acc_o[h, d] / l[h]
-                T.copy(acc_o, O[t, 0, 0])
+                if rope:  # the output rounded to bf16 (into q's buffer, read by no MMA now), de-rotated
+                    T.copy(acc_o, Q_s)
+                    for h, d in T.Parallel(H, D - rope):
+                        O[t, h, d] = Q_s[h, d]
+                    for h, j in T.Parallel(H, rope // 2):
+                        c = D - rope + 2 * j
+                        O[t, h, c] = rotated(T, Q_s[h, c], Q_s[h, c + 1], -(T.Cast("float32", POS[t]) * f_s[j]), 0)
+                        O[t, h, c + 1] = rotated(T, Q_s[h, c], Q_s[h, c + 1], -(T.Cast("float32", POS[t]) * f_s[j]), 1)
+                else:
+                    T.copy(acc_o, O[t, 0, 0])
             else:
                 T.copy(acc_o, OP[sp, t, 0, 0])
                 for h in T.Parallel(H):
@@ -224,18 +263,21 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     return attn
 
 
-def combine_program(n: int, H: int, D: int, splits: int, *, threads: int = 128):
+def combine_program(n: int, H: int, D: int, splits: int, *, threads: int = 128, rope: int = 0):
     """O[t, h] = sum_s OP[s] 2^(m_s - M) / (sum_s l_s 2^(m_s - M) + 2^(sink' - M)), M = max(m_s, sink')
-    (every m here is in the exp2 domain, sink' = sink * log2 e)."""
+    (every m here is in the exp2 domain, sink' = sink * log2 e); with `rope`, its tail de-rotated
+    at the row's position after the bf16 rounding."""
     _, T = _tl()
     HB = 8  # heads per CTA
 
     @T.prim_func
     def combine(OP: T.Tensor((splits, n, H, D), "float32"), ML: T.Tensor((splits, n, H, 2), "float32"),
-                SINK: T.Tensor((H,), "float32"), O: T.Tensor((n, H, D), "bfloat16")):
+                SINK: T.Tensor((H,), "float32"), O: T.Tensor((n, H, D), "bfloat16"),
+                POS: T.Tensor((n,), "int64"), FREQ: T.Tensor((max(rope // 2, 1),), "float32")):
         with T.Kernel(n, H // HB, threads=threads) as (t, hb):
             w = T.alloc_shared((splits, HB), "float32")
             inv = T.alloc_shared((HB,), "float32")
+            o_s = T.alloc_shared((HB, D) if rope else (1, 1), "bfloat16")
             acc = T.alloc_fragment((HB, D), "float32")
             for h in T.Parallel(HB):
                 mx = T.alloc_var("float32")
@@ -252,8 +294,19 @@ def combine_program(n: int, H: int, D: int, splits: int, *, threads: int = 128):
             for s in T.serial(splits):
                 for h, d in T.Parallel(HB, D):
                     acc[h, d] += OP[s, t, hb * HB + h, d] * w[s, h]
-            for h, d in T.Parallel(HB, D):
-                O[t, hb * HB + h, d] = acc[h, d] * inv[h]
+            if rope:
+                for h, d in T.Parallel(HB, D):
+                    o_s[h, d] = T.Cast("bfloat16", acc[h, d] * inv[h])
+                for h, d in T.Parallel(HB, D - rope):
+                    O[t, hb * HB + h, d] = o_s[h, d]
+                for h, j in T.Parallel(HB, rope // 2):
+                    c = D - rope + 2 * j
+                    ang = -(T.Cast("float32", POS[t]) * FREQ[j])
+                    O[t, hb * HB + h, c] = rotated(T, o_s[h, c], o_s[h, c + 1], ang, 0)
+                    O[t, hb * HB + h, c + 1] = rotated(T, o_s[h, c], o_s[h, c + 1], ang, 1)
+            else:
+                for h, d in T.Parallel(HB, D):
+                    O[t, hb * HB + h, d] = acc[h, d] * inv[h]
 
     return combine
 
@@ -265,7 +318,7 @@ def attention_dims(spec: KernelSpec) -> dict:
     a = spec.attr
     q, ring = ins[0], ins[2]
     d = {"n": int(q.shape[0]), "H": int(q.shape[1]), "D": int(q.shape[2]), "slots": int(ring.shape[0]),
-         "R": int(ring.shape[1]), "window": int(a["window"])}
+         "R": int(ring.shape[1]), "window": int(a["window"]), "rope": int(a.get("rope_dim") or 0)}
     if spec.op == "sparse_attn":
         ckv, top, bt = ins[3], ins[4], ins[9]
         d.update(topk=int(top.shape[1]), pages=int(ckv.shape[0]), PE=int(ckv.shape[1]), nseq=int(bt.shape[0]),
@@ -311,7 +364,7 @@ def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]
     r = lower(func, target.arch, ATTN_PASS_CONFIGS)
     meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d, "params": r["params"]}
     if c["splits"] > 1:
-        comb = lower(combine_program(d["n"], d["H"], d["D"], c["splits"]), target.arch)
+        comb = lower(combine_program(d["n"], d["H"], d["D"], c["splits"], rope=d["rope"]), target.arch)
         meta["combine"] = {"entry": comb["entry"], "text": comb["src"], "grid": comb["grid"], "block": comb["block"],
                            "smem_bytes": comb["smem"], "params": comb["params"]}
     return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
@@ -320,7 +373,7 @@ def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]
 
 def _supports(target: Target, spec: KernelSpec) -> bool:
     d = attention_dims(spec)
-    return d["H"] == 64 and d["D"] % 64 == 0 and d["window"] % 64 == 0
+    return d["H"] == 64 and d["D"] % 64 == 0 and d["window"] % 64 == 0 and d["rope"] % 2 == 0 and d["rope"] <= d["D"]
 
 
 for _op in MODES:

@@ -123,8 +123,22 @@ def host_attention(launch, inputs, attrs, config, meta):
     o = torch.empty(n, h, d, dtype=torch.bfloat16, device=q.device)
     op = torch.empty((sp, n, h, d) if sp > 1 else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
     ml = torch.empty((sp, n, h, 2) if sp > 1 else (1, 1, 1, 2), dtype=torch.float32, device=q.device)
+    freq = rope_frequencies(attrs, q.device)
     launch(0, Q=q.contiguous(), KV=kv.data, KVS=kv.scale, RING=ring.data, RINGS=ring.scale, CKV=ckv_d, CKVS=ckv_s,
-           TOP=top, SINK=sink, POS=pos, TSEQ=tseq, SLOTS=slots, BT=bt, O=o, OP=op, ML=ml)
+           TOP=top, SINK=sink, POS=pos, TSEQ=tseq, SLOTS=slots, BT=bt, O=o, OP=op, ML=ml, FREQ=freq)
     if sp > 1:
-        launch(1, OP=op, ML=ml, SINK=sink, O=o)
+        launch(1, OP=op, ML=ml, SINK=sink, O=o, POS=pos, FREQ=freq)
     return o
+
+
+def rope_frequencies(attrs, device) -> torch.Tensor:
+    """The RoPE frequencies of an attention call with its rotations folded in (rope_dim > 0:
+    fuse_attention_rope), a constant of the recipe; a 1-element placeholder otherwise."""
+    if not attrs.get("rope_dim"):
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    from ...ir.ops.attention import yarn_freqs
+
+    yarn = attrs.get("rope_yarn")
+    with torch.device("cpu"):  # real values (a constant of the recipe), whatever device context the host runs under
+        freq = yarn_freqs(attrs["rope_dim"], attrs["rope_theta"], tuple(yarn) if yarn else None)
+    return freq.to(device)

@@ -226,11 +226,27 @@ def _attn_flops(ins, outs, a):
     return 4 * outs[0].numel * keys
 
 
-@op("window_attn", infer=_window_attn_rule, flops=_attn_flops, attrs={"window": REQUIRED}, n_inputs=7)
-def window_attn(q, kv, ring, sink, positions, token_seq, seq_slots, *, window):
+# the attention ops' optional RoPE around them (passes/fuse.py fuse_attention_rope): q's tail
+# rotated at each row's position on the way in, the output's de-rotated on the way out
+ROPE_ATTRS = {"rope_dim": 0, "rope_theta": 0.0, "rope_yarn": None}
+
+
+def rope_around(q, positions, rope_dim, rope_theta, rope_yarn, attend):
+    """attend(q) between the `rope` op of q and the inverse `rope` op of the output, with the
+    same functions (rotate_tail), so a fused graph computes the same bits as the unfused one."""
+    if not rope_dim:
+        return attend(q)
+    pos = positions.long()
+    o = attend(rotate_tail(q, pos, rope_dim, rope_theta, rope_yarn))
+    return rotate_tail(o, pos, rope_dim, rope_theta, rope_yarn, inverse=True)
+
+
+@op("window_attn", infer=_window_attn_rule, flops=_attn_flops, attrs={"window": REQUIRED, **ROPE_ATTRS}, n_inputs=7)
+def window_attn(q, kv, ring, sink, positions, token_seq, seq_slots, *, window, rope_dim=0, rope_theta=0.0,
+                rope_yarn=None):
     """Attention over the last `window` keys only (ratio-0 layers), with the sink."""
     return sparse_attn(q, kv, ring, None, None, sink, positions, token_seq, seq_slots, None,
-                       window=window, ratio=0, topk=0)
+                       window=window, ratio=0, topk=0, rope_dim=rope_dim, rope_theta=rope_theta, rope_yarn=rope_yarn)
 
 
 # ---- compressors --------------------------------------------------------------------------------
@@ -470,13 +486,20 @@ def _sparse_attn_rule(ins, a):
 
 
 @op("sparse_attn", infer=_sparse_attn_rule, flops=_attn_flops,
-    attrs={"window": REQUIRED, "ratio": REQUIRED, "topk": REQUIRED}, n_inputs=10)
+    attrs={"window": REQUIRED, "ratio": REQUIRED, "topk": REQUIRED, **ROPE_ATTRS}, n_inputs=10)
 def sparse_attn(q, kv, ring, ckv, top, sink, positions, token_seq, seq_slots, block_table, *, window, ratio, topk,
-                chunk: int = 64):
+                rope_dim=0, rope_theta=0.0, rope_yarn=None, chunk: int = 64):
     """Attention of each row over its window keys and the compressed entries of its top-k list
     (not de-duplicated), K = V, the sink in the denominator only, scale D^-1/2 (spec §4.4f).
     `kv` holds this step's window keys; `ring` is the ring as earlier steps left it. Rows are
-    independent: they are taken `chunk` at a time (bounded memory), with no host work."""
+    independent: they are taken `chunk` at a time (bounded memory), with no host work. With
+    `rope_dim`, q's tail is rotated first and the output's de-rotated last (rope_around)."""
+    return rope_around(q, positions, rope_dim, rope_theta, rope_yarn,
+                       lambda q: _sparse_attn(q, kv, ring, ckv, top, sink, positions, token_seq, seq_slots,
+                                              block_table, window, chunk))
+
+
+def _sparse_attn(q, kv, ring, ckv, top, sink, positions, token_seq, seq_slots, block_table, window, chunk):
     n, heads, d = q.shape
     out = torch.zeros(n, heads, d, device=q.device)
     kv_step = dequant_value(kv)
@@ -511,11 +534,18 @@ def _block_attn_rule(ins, a):
     return [q]
 
 
-@op("dspark_block_attn", infer=_block_attn_rule, flops=_attn_flops, attrs={"window": REQUIRED}, n_inputs=7)
-def dspark_block_attn(q, kv, ring, sink, positions, token_seq, seq_slots, *, window):
+@op("dspark_block_attn", infer=_block_attn_rule, flops=_attn_flops, attrs={"window": REQUIRED, **ROPE_ATTRS},
+    n_inputs=7)
+def dspark_block_attn(q, kv, ring, sink, positions, token_seq, seq_slots, *, window, rope_dim=0, rope_theta=0.0,
+                      rope_yarn=None):
     """Draft-block attention (spec §5.3): every row of a sequence's block sees the valid ring
     entries (the newest `window` main keys, positions <= P = first block position - 1) and all
-    keys of its own block (bidirectional inside the block)."""
+    keys of its own block (bidirectional inside the block); `rope_dim` as sparse_attn's."""
+    return rope_around(q, positions, rope_dim, rope_theta, rope_yarn,
+                       lambda q: _dspark_block_attn(q, kv, ring, sink, positions, token_seq, seq_slots, window))
+
+
+def _dspark_block_attn(q, kv, ring, sink, positions, token_seq, seq_slots, window):
     n, heads, d = q.shape
     out = torch.zeros(n, heads, d)
     block_keys = dequant_value(kv)
