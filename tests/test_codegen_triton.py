@@ -488,3 +488,31 @@ def test_a_target_sets_the_prefill_moe_tiles():
     assert select(tuned, pre).default_config(tuned, pre) == dict(triton_ops.MOE_PREFILL, BK=32)
     dec = moe(384)
     assert select(tuned, dec).name == select(t, dec).name
+
+
+def test_a_ring_write_whose_rows_fit_the_ring_launches_no_newest_position_kernel():
+    """A step with at most ring-length rows (every decode bucket at the window rings) keeps every
+    row, so its ring write is one launch (KEEP_ALL); more rows than the ring (prefill) first find
+    each sequence's newest position, which decides the rows a ring keeps."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+
+    t = get_target("sm90")
+    spec = _spec_from_tiny("swa_write")
+    ring_len = spec.in_types[0].data.shape[1]
+    tpl = select(t, spec)
+
+    def rows(n):
+        kv = spec.in_types[1]
+        ins = list(spec.in_types)
+        ins[1] = dataclasses.replace(kv, data=dataclasses.replace(kv.data, shape=(n, kv.data.shape[1])),
+                                     scale=dataclasses.replace(kv.scale, shape=(n, kv.scale.shape[1])))
+        ins[2:4] = [dataclasses.replace(x, shape=(n,)) for x in ins[2:4]]
+        s = dataclasses.replace(spec, in_types=tuple(ins))
+        return [(k["entry"], k["constexprs"].get("KEEP_ALL")) for k in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
+
+    assert 8 <= ring_len and rows(8) == [("ring_write_kernel", 1)]
+    assert rows(ring_len) == [("ring_write_kernel", 1)]
+    assert rows(ring_len + 1) == [("seq_newest_kernel", None), ("ring_write_kernel", 0)]

@@ -276,6 +276,14 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         if op == "rope_quant_fp8":
             return [rn(n, D), pos], dict(rope, block=32)
         return [rn(n, dims["heads"], dims["index_dim"]), pos], dict(rope, block=32, scale="ue8m0")
+    if op == "rope_quant_fp8_cache_write":  # decode rows (each sequence's fit its ring), positions past 2^16
+        seqs = min(3, n)
+        positions, token_seq, seq_slots = _meta(n, seqs, device, start=(70000, 9, 200))
+        from deepinfer.ir.quant import quant_fp8_32
+
+        ring = quant_fp8_32(torch.randn(max(dims["slots"], seqs), dims["ring"], D, generator=g))
+        return [rn(n, D), positions, QTensor(ring.data.to(device), ring.scale.to(device)), token_seq, seq_slots], \
+            {"rope_dim": dims["rope"], "theta": 160000.0, "yarn": YARN, "pos_offset": 0, "block": 32}
     if op == "rope_quant_fp4_e4m3":
         pos = torch.randint(0, 1 << 20, (n,), generator=g, dtype=torch.int32).to(device)
         return [rn(n, D), pos], {"rope_dim": dims["rope"], "theta": 160000.0, "yarn": YARN, "pos_offset": -1,
@@ -384,15 +392,17 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
             return grouped_fp4_inputs(spans_counts(E), n_out, k_in, device, seed, lead=2, tail=3), {}
         tokens = 1 if op == "grouped_gemm_fp4_one_token" else n
         return grouped_fp4_inputs(routed_counts(tokens, E, k, g), n_out, k_in, device, seed), {}
-    if op in ("swa_write", "compress_state_write", "compressed_write", "engram_hist_write"):
+    if op in ("swa_write", "swa_write_long", "compress_state_write", "compressed_write", "engram_hist_write"):
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device)
         slots = max(dims["slots"], seqs)
         seq_slots = torch.tensor(list(reversed(range(seqs))), dtype=torch.int32, device=device)
-        if op == "swa_write":
+        if op.startswith("swa_write"):
             from deepinfer.ir.quant import quant_fp8_32
 
-            ring = quant_fp8_32(torch.randn(slots, dims["ring"], D, generator=g))
+            # _long: a one-entry ring, shorter than the step's rows, so the kernel takes the path
+            # that reads the sequences' newest positions (the plain case's rows fit its ring)
+            ring = quant_fp8_32(torch.randn(slots, 1 if op == "swa_write_long" else dims["ring"], D, generator=g))
             kv = quant_fp8_32(torch.randn(n, D, generator=g))
             return [QTensor(ring.data.to(device), ring.scale.to(device)), QTensor(kv.data.to(device), kv.scale.to(device)),
                     positions, token_seq, seq_slots], {}
@@ -708,6 +718,9 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
         return compare_router(got, want, cpu_ins[0], bias)
     if kind == "quant":
         return compare_quant(tuple(got), tuple(want))
+    if kind == "quant_ring":  # a quantised output and the ring it was written into (data, scale each)
+        return (compare_quant((got[0], got[1]), tuple(want[0]), "output 0")
+                or compare_quant((got[2], got[3]), tuple(want[1]), "ring"))
     if kind == "rounded_quant":  # a bf16 output and its quantisation (the launcher: x, data, scale)
         return (compare_rounded(got[0], want[0], "output 0", INNER_ROUNDINGS.get(ref_op, {}).get(0, 0))
                 or compare_quant((got[1], got[2]), tuple(want[1]), "output 1"))
@@ -728,7 +741,8 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
 
 OUTPUT_KINDS = {
     "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
-    "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "hc_pre": "rounded", "hc_expand": "rounded",
+    "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "rope_quant_fp8_cache_write": "quant_ring",
+    "hc_pre": "rounded", "hc_expand": "rounded",
     "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
     "swiglu_weighted_quant_fp8": "quant",
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
@@ -747,6 +761,7 @@ VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
             "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
             "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "indexer_topk_twins": "indexer_topk",
+            "swa_write_long": "swa_write",
             "linear_bf16": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 

@@ -166,14 +166,11 @@ def quant_fp8_kernel(x_ptr, q_ptr, s_ptr, N: tl.constexpr, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
-                HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
-                MODE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
-    """One vector of D per program (row r = token * HEADS + head). Elements are held as even/odd
-    pairs in tiles [NB, BLK/2] (NB blocks of BLK elements), so a quantisation block is one tile
-    row and an fp4 byte is one pair. MODE 0: rotated vector in x's dtype; 1: fp8 per-32 ue8m0;
-    2: fp4 per-32 ue8m0; 3: fp4 per-16 e4m3 scale."""
-    r = tl.program_id(0).to(tl.int64)
+def _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+               INVERSE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
+    """Vector r (row r // HEADS) with its last ROPE elements rotated, as its even and odd elements
+    in tiles [NB, BLK/2] (NB blocks of BLK elements), rounded to x's dtype: a quantisation block is
+    one tile row and an fp4 byte is one pair."""
     tok = r // HEADS
     HP: tl.constexpr = BLK // 2
     pair = tl.arange(0, NB)[:, None] * HP + tl.arange(0, HP)[None, :]  # pair index i
@@ -194,22 +191,43 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
     im = xo.to(tl.float32)
     ye = tl.where(rot, _round_like(re * c - im * s, xe.dtype), re)
     yo = tl.where(rot, _round_like(re * s + im * c, xe.dtype), im)
+    return ye, yo
+
+
+@triton.jit
+def _fp8_tile(ye, yo, NB: tl.constexpr, BLK: tl.constexpr):
+    """The pair tiles quantised to fp8 per BLK (ue8m0 scales): (bytes [NB, BLK], scale bytes [NB])."""
+    amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))
+    byte, inv = _pow2_ceil_scale(tl.math.div_rn(tl.maximum(amax, 1e-4), tl.full(amax.shape, 448.0, tl.float32)))
+    qe = _e4m3_bits(tl.clamp(ye * inv[:, None], -448.0, 448.0))
+    qo = _e4m3_bits(tl.clamp(yo * inv[:, None], -448.0, 448.0))
+    return tl.reshape(tl.join(qe.to(tl.uint8), qo.to(tl.uint8)), [NB, BLK]), byte
+
+
+@triton.jit
+def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
+                HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
+                MODE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
+    """One vector of D per program (row r = token * HEADS + head), rotated by _rope_tile. MODE 0:
+    rotated vector in x's dtype; 1: fp8 per-32 ue8m0; 2: fp4 per-32 ue8m0; 3: fp4 per-16 e4m3 scale."""
+    r = tl.program_id(0).to(tl.int64)
+    ye, yo = _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, HEADS, D, ROPE, INVERSE, BLK, NB)
+    HP: tl.constexpr = BLK // 2
+    pair = tl.arange(0, NB)[:, None] * HP + tl.arange(0, HP)[None, :]
+    m = pair < D // 2
+    cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
     if MODE == 0:
         y = tl.reshape(tl.join(ye.to(y_ptr.dtype.element_ty), yo.to(y_ptr.dtype.element_ty)), [NB, BLK])
         tl.store(y_ptr + r * D + cols, y, mask=cols < D)
     else:
-        amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))
         bidx = tl.arange(0, NB)
         bm = bidx < D // BLK
         if MODE == 1:
-            byte, inv = _pow2_ceil_scale(tl.math.div_rn(tl.maximum(amax, 1e-4),
-                                                        tl.full(amax.shape, 448.0, tl.float32)))
-            qe = _e4m3_bits(tl.clamp(ye * inv[:, None], -448.0, 448.0))
-            qo = _e4m3_bits(tl.clamp(yo * inv[:, None], -448.0, 448.0))
-            tl.store(q_ptr + r * D + cols, tl.reshape(tl.join(qe.to(tl.uint8), qo.to(tl.uint8)), [NB, BLK]),
-                     mask=cols < D)
+            q, byte = _fp8_tile(ye, yo, NB, BLK)
+            tl.store(q_ptr + r * D + cols, q, mask=cols < D)
             tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
         else:
+            amax = tl.maximum(tl.max(tl.abs(ye), axis=1), tl.max(tl.abs(yo), axis=1))
             if MODE == 2:
                 # floor 6 * 2^-126 (spec §3.4)
                 byte, inv = _pow2_ceil_scale(tl.math.div_rn(tl.maximum(amax, 7.052966104933725e-38),
@@ -225,6 +243,25 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
                 byte = sb
             tl.store(q_ptr + r * (D // 2) + pair, (ce | (co << 4)).to(tl.uint8), mask=m)
             tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
+
+
+@triton.jit
+def rope_fp8_ring_kernel(x_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_ptr, ring_ptr, rings_ptr, pos_offset,
+                         D: tl.constexpr, ROPE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr, L: tl.constexpr):
+    """rope_kernel's MODE 1 for a window key row, whose fp8 bytes and scales also go to its
+    sequence's ring entry (slot, pos mod L): the decode steps' RoPE + quantisation + ring write
+    (rope_quant_fp8_cache_write), where a sequence's rows never outnumber the ring."""
+    r = tl.program_id(0).to(tl.int64)
+    ye, yo = _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, 1, D, ROPE, 0, BLK, NB)
+    q, byte = _fp8_tile(ye, yo, NB, BLK)
+    cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    bidx = tl.arange(0, NB)
+    bm = bidx < D // BLK
+    entry = tl.load(slots_ptr + tl.load(seq_ptr + r)).to(tl.int64) * L + tl.load(pos_ptr + r).to(tl.int64) % L
+    tl.store(q_ptr + r * D + cols, q, mask=cols < D)
+    tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
+    tl.store(ring_ptr + entry * D + cols, q, mask=cols < D)
+    tl.store(rings_ptr + entry * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
 
 
 # ---- mHC ----------------------------------------------------------------------------------------
@@ -614,14 +651,18 @@ def seq_newest_kernel(pos_ptr, seq_ptr, newest_ptr, n, BLOCK: tl.constexpr):
 def ring_write_kernel(a_ptr, b_ptr, pos_ptr, seq_ptr, slots_ptr, newest_ptr, da_ptr, db_ptr,
                       L: tl.constexpr, WA: tl.constexpr, WB: tl.constexpr,
                       A_STRIDE: tl.constexpr, A_OFF: tl.constexpr, B_STRIDE: tl.constexpr, B_OFF: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      BLOCK: tl.constexpr, KEEP_ALL: tl.constexpr = 0):
     """Row t of A (WA elements) and of B (WB) into ring entry (slot, pos mod L) of its sequence,
     at element offset (slot * L + idx) * STRIDE + OFF, only for the newest L positions of the
-    sequence (a chunk longer than the ring keeps its last rows, as ring_keep does)."""
+    sequence (a chunk longer than the ring keeps its last rows, as ring_keep does). KEEP_ALL: the
+    step has at most L rows, so no sequence has more and every row is kept; newest_ptr is unread."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     seq = tl.load(seq_ptr + t).to(tl.int64)
-    keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    if KEEP_ALL:
+        keep = True
+    else:
+        keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
     if keep:
         entry = tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
         for c0 in tl.static_range(0, WA, BLOCK):

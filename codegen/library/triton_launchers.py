@@ -20,7 +20,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
                              seq_first_kernel)
-from .triton_kernels import gather_row_pairs_kernel
+from .triton_kernels import gather_row_pairs_kernel, rope_fp8_ring_kernel
 from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
@@ -163,6 +163,22 @@ def launch_rope(x, positions, *, rope_dim, theta, yarn, inverse=False, pos_offse
     s = torch.empty(x.shape[:-1] + (d // blk,), dtype=sdt, device=x.device)
     _k(rope_kernel)[grid](x, positions, f, x, q, _u8(s), pos_offset, **kw)
     return q, s
+
+
+def launch_rope_fp8_ring(x, positions, ring, token_seq, seq_slots, *, rope_dim, theta, yarn, pos_offset=0, block=32,
+                         cfg):
+    """RoPE + fp8 quantisation of window key rows, also written into the ring in place (its
+    output aliases input 2): the key (bytes, scales) and the ring (data, scales)."""
+    data, scale = ring
+    n, d = x.shape
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((n, d // block), dtype=torch.uint8, device=x.device)
+    if n:
+        f = rope_freqs(rope_dim, theta, yarn, x.device)
+        _k(rope_fp8_ring_kernel)[(n,)](x, positions, f, _u8(q), s, token_seq, seq_slots, _u8(data), _u8(scale),
+                                   pos_offset, D=d, ROPE=rope_dim, BLK=block, NB=_p2(triton.cdiv(d, block)),
+                                   L=data.shape[1], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return q, s, data, scale
 
 
 def _hc_mix_partials(r, fn, cfg, unused, pre_in=None, x=None):
@@ -308,11 +324,15 @@ def launch_engram_gather(cols, table, *, cfg):
     return d.reshape(n, -1), s.reshape(n, -1)
 
 
-def _newest(positions, token_seq):
+def _newest(positions, token_seq, ring_len):
+    """(newest position per sequence, KEEP_ALL) for ring_write_kernel: a step with at most
+    ring_len rows keeps every row, so the positions stand in for the unread newest buffer."""
     n = positions.shape[0]
+    if n <= ring_len:
+        return positions, 1
     newest = torch.full((n,), -1, dtype=torch.int32, device=positions.device)
     _k(seq_newest_kernel)[(triton.cdiv(n, 1024),)](positions, token_seq, newest, n, BLOCK=1024)
-    return newest
+    return newest, 0
 
 
 def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
@@ -320,20 +340,22 @@ def launch_swa_write(ring, kv, positions, token_seq, seq_slots, *, cfg):
     data, scale = ring
     n, d = kv.data.shape
     if n:
+        newest, keep_all = _newest(positions, token_seq, data.shape[1])
         _k(ring_write_kernel)[(n,)](_u8(kv.data), _u8(kv.scale), positions, token_seq, seq_slots,
-                                _newest(positions, token_seq), _u8(data), _u8(scale), L=data.shape[1], WA=d,
+                                newest, _u8(data), _u8(scale), L=data.shape[1], WA=d,
                                 WB=kv.scale.shape[1], A_STRIDE=d, A_OFF=0, B_STRIDE=kv.scale.shape[1], B_OFF=0,
-                                BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+                                BLOCK=cfg["BLOCK"], KEEP_ALL=keep_all, num_warps=cfg["num_warps"])
     return ring
 
 
 def launch_compress_state_write(state, l, s, positions, token_seq, seq_slots, *, cfg):
     n, d = l.shape
     if n:
+        newest, keep_all = _newest(positions, token_seq, state.shape[1])
         _k(ring_write_kernel)[(n,)](l.float().contiguous(), s.float().contiguous(), positions, token_seq, seq_slots,
-                                _newest(positions, token_seq), state, state, L=state.shape[1], WA=d, WB=d,
+                                newest, state, state, L=state.shape[1], WA=d, WB=d,
                                 A_STRIDE=2 * d, A_OFF=0, B_STRIDE=2 * d, B_OFF=d, BLOCK=cfg["BLOCK"],
-                                num_warps=cfg["num_warps"])
+                                KEEP_ALL=keep_all, num_warps=cfg["num_warps"])
     return state
 
 
@@ -341,9 +363,10 @@ def launch_engram_hist_write(hist, cids, positions, token_seq, seq_slots, *, cfg
     n = cids.shape[0]
     if n:
         c = cids.long().contiguous()
-        _k(ring_write_kernel)[(n,)](c, c, positions, token_seq, seq_slots, _newest(positions, token_seq), hist, hist,
+        newest, keep_all = _newest(positions, token_seq, hist.shape[1])
+        _k(ring_write_kernel)[(n,)](c, c, positions, token_seq, seq_slots, newest, hist, hist,
                                 L=hist.shape[1], WA=1, WB=0, A_STRIDE=1, A_OFF=0, B_STRIDE=1, B_OFF=0,
-                                BLOCK=32, num_warps=1)
+                                BLOCK=32, KEEP_ALL=keep_all, num_warps=1)
     return hist
 
 

@@ -135,6 +135,16 @@ def _l_rope(spec, cfg):
     return [_launch("rope_kernel", args, ce, (shape[0] * heads,), cfg)]
 
 
+def _l_rope_ring(spec, cfg):
+    x, pos, ring, seq, slots = spec.in_types
+    n, d = _ints(x.shape)
+    blk = spec.attr["block"]
+    args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
+            "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots), "ring_ptr": "*u8", "rings_ptr": "*u8", "pos_offset": "i32"}
+    ce = {"D": d, "ROPE": spec.attr["rope_dim"], "BLK": blk, "NB": _p2(_cdiv(d, blk)), "L": _ints(ring.shape)[1]}
+    return [_launch("rope_fp8_ring_kernel", args, ce, (n,), cfg)]
+
+
 def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
     """An mHC entry's launches: with SPLIT > 1, hc_mix_split_kernel's partials first (and, with
     `pre_in`, hc_pre's collapse into its output)."""
@@ -273,9 +283,13 @@ def _newest_launch(pos, seq, n):
 
 
 def _ring_launch(a, b, pos, seq, slots, da, db, n, ce, cfg):
+    """The ring write, after the sequences' newest positions unless the step's rows fit the ring
+    (decode steps): then no sequence has more rows than the ring and every row is kept."""
+    keep_all = n <= ce["L"]
     args = {"a_ptr": a, "b_ptr": b, "pos_ptr": _ptr(pos), "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots),
-            "newest_ptr": "*i32", "da_ptr": da, "db_ptr": db}
-    return [_newest_launch(pos, seq, n), _launch("ring_write_kernel", args, ce, (n,), cfg)]
+            "newest_ptr": _ptr(pos) if keep_all else "*i32", "da_ptr": da, "db_ptr": db}
+    write = _launch("ring_write_kernel", args, dict(ce, KEEP_ALL=int(keep_all)), (n,), cfg)
+    return [write] if keep_all else [_newest_launch(pos, seq, n), write]
 
 
 def _l_swa_write(spec, cfg):
@@ -902,6 +916,8 @@ OPS = [
     _Op("rope", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope"), _rope_supports),
     _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
         _rope_supports),
+    _Op("rope_quant_fp8_cache_write", "launch_rope_fp8_ring", _l_rope_ring, ROW, dict(num_warps=2, num_stages=1),
+        lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_supports),
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
