@@ -100,7 +100,7 @@ def host_indexer_scores(launch, inputs, attrs, config, meta):
     s = torch.empty(qi.data.shape[0], bt.shape[1] * ik.data.shape[1], dtype=torch.float32, device=w.device)
     # CAND: the candidate pool is a separate op here (this template renders without it)
     launch(0, QI=qi.data, QS=qi.scale, W=w, IK=ik.data, IKS=ik.scale, POS=pos, TSEQ=tseq, BT=bt,
-           CAND=torch.zeros(qi.data.shape[0], 1, dtype=torch.int32, device=w.device), S=s)
+           CAND=_placeholder((qi.data.shape[0], 1), torch.int32, w.device), S=s)
     return s
 
 
@@ -112,12 +112,11 @@ def host_attention(launch, inputs, attrs, config, meta):
         ckv_d, ckv_s = ckv.data, ckv.scale
     else:
         q, kv, ring, sink, pos, tseq, slots = inputs
-        dev = q.device
         d = q.shape[-1]
-        ckv_d = torch.zeros(1, 1, d // 2, dtype=torch.uint8, device=dev)
-        ckv_s = torch.zeros(1, 1, d // 16, dtype=torch.uint8, device=dev)
-        top = torch.zeros(q.shape[0], 1, dtype=torch.int32, device=dev)
-        bt = torch.zeros(slots.shape[0], 1, dtype=torch.int32, device=dev)
+        ckv_d = _placeholder((1, 1, d // 2), torch.uint8, q.device)
+        ckv_s = _placeholder((1, 1, d // 16), torch.uint8, q.device)
+        top = _placeholder((q.shape[0], 1), torch.int32, q.device)
+        bt = _placeholder((slots.shape[0], 1), torch.int32, q.device)
     n, h, d = q.shape
     sp = config["splits"]
     o = torch.empty(n, h, d, dtype=torch.bfloat16, device=q.device)
@@ -131,11 +130,18 @@ def host_attention(launch, inputs, attrs, config, meta):
     return o
 
 
+def _placeholder(shape, dtype, device) -> torch.Tensor:
+    """Zeros for a buffer the kernel declares but never reads, made on the host and copied: a
+    constant of the recipe, placed once at load, not a fill launched every call."""
+    with torch.device("cpu"):
+        return torch.zeros(shape, dtype=dtype).to(device)
+
+
 def rope_frequencies(attrs, device) -> torch.Tensor:
     """The RoPE frequencies of an attention call with its rotations folded in (rope_dim > 0:
     fuse_attention_rope), a constant of the recipe; a 1-element placeholder otherwise."""
     if not attrs.get("rope_dim"):
-        return torch.zeros(1, dtype=torch.float32, device=device)
+        return _placeholder((1,), torch.float32, device)
     from ...ir.ops.attention import yarn_freqs
 
     yarn = attrs.get("rope_yarn")
