@@ -516,3 +516,33 @@ def test_a_ring_write_whose_rows_fit_the_ring_launches_no_newest_position_kernel
     assert 8 <= ring_len and rows(8) == [("ring_write_kernel", 1)]
     assert rows(ring_len) == [("ring_write_kernel", 1)]
     assert rows(ring_len + 1) == [("seq_newest_kernel", None), ("ring_write_kernel", 0)]
+
+
+def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch():
+    """moe_combine(_shared) calls of at most COMBINE_SCAN_MAX pairs (decode and verify) search the
+    pairs for each token's in the combine program itself: one launch; prefill-sized calls read the
+    inverse permutation a first kernel writes."""
+    import dataclasses
+
+    from deepinfer.codegen.library.triton_ops import COMBINE_SCAN_MAX
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+
+    t = get_target("sm90")
+    spec = _spec_from_tiny("moe_combine_shared")
+    tpl = select(t, spec)
+    k = spec.attr["k"]
+
+    def launches(tokens):
+        y, pairs = spec.in_types[:2]
+        ins = list(spec.in_types)
+        ins[0] = dataclasses.replace(y, shape=(tokens * k, y.shape[1]))
+        ins[1] = dataclasses.replace(pairs, shape=(tokens * k,))
+        ins[3:] = [dataclasses.replace(x, shape=(tokens, x.shape[1])) for x in ins[3:]]
+        s = dataclasses.replace(spec, in_types=tuple(ins))
+        return [(x["entry"], x["constexprs"].get("SCAN")) for x in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
+
+    for tokens in (1, 8, 64):
+        assert launches(tokens) == [("moe_combine_kernel", 1 << (tokens * k - 1).bit_length())]
+    big = COMBINE_SCAN_MAX // k + 1
+    assert launches(big) == [("inverse_perm_kernel", None), ("moe_combine_kernel", 0)]

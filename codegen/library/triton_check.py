@@ -345,13 +345,19 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         pairs = torch.randperm(m, generator=g).to(torch.int32).to(device)
         return [rn(m, 2 * dims["F"], scale=4), torch.rand(n, k, generator=g).to(device), pairs], \
             {"limit": 10.0, "k": k, "block": 32}
-    if op in ("moe_combine", "moe_combine_shared"):
+    if op in ("moe_combine", "moe_combine_shared", "moe_combine_shared_long"):
         k, E = dims["k"], dims["E"]
+        # _long: more pairs than a program searches (triton_ops.COMBINE_SCAN_MAX), so the combine
+        # reads the inverse permutation a first kernel writes, as a prefill call does
+        if op == "moe_combine_shared_long":
+            from .triton_ops import COMBINE_SCAN_MAX
+
+            n = COMBINE_SCAN_MAX // k + 1
         sel = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(n)]).to(torch.int32)
         from deepinfer.ir.ops.fused import moe_permute
 
         order, offs = moe_permute(sel, n_experts=E)
-        shared = [rn(n, H).to(torch.bfloat16)] if op == "moe_combine_shared" else []
+        shared = [rn(n, H).to(torch.bfloat16)] if op.startswith("moe_combine_shared") else []
         return [rn(n * k, H), order.to(device), offs.to(device), rn(n, H), *shared], {"k": k}
     if op == "embedding":
         return [torch.randint(0, dims["vocab"], (n,), generator=g).to(device), rn(dims["vocab"], H)], {}
@@ -761,7 +767,7 @@ VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
             "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
             "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "indexer_topk_twins": "indexer_topk",
-            "swa_write_long": "swa_write",
+            "swa_write_long": "swa_write", "moe_combine_shared_long": "moe_combine_shared",
             "linear_bf16": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 

@@ -585,15 +585,23 @@ def inverse_perm_kernel(order_ptr, inv_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def moe_combine_kernel(y_ptr, inv_ptr, sh_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                       BH: tl.constexpr, SHARED: tl.constexpr):
+                       BH: tl.constexpr, SHARED: tl.constexpr, M: tl.constexpr = 0, SCAN: tl.constexpr = 0):
     """out[t] = sum of y rows of t's pairs in ascending expert-order position, from 0 (the
     reference's order exactly: its segments run in ascending expert order); with SHARED, plus the
-    shared expert's bf16 row in fp32, stored as bf16 (moe_combine_shared)."""
+    shared expert's bf16 row in fp32, stored as bf16 (moe_combine_shared). inv_ptr: each pair's
+    position (inverse_perm_kernel's), or with SCAN (a power of two >= the M pairs) the pairs in
+    position order themselves, searched for t's (decode calls: no inverse launch before this one)."""
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
     hm = hh < H
     lane = tl.arange(0, KP)
-    ids = tl.load(inv_ptr + t * K + lane, mask=lane < K, other=2147483647)
+    if SCAN:
+        i = tl.arange(0, SCAN)
+        pv = tl.load(inv_ptr + i, mask=i < M, other=-1)
+        hit = pv[None, :] == (t * K + lane).to(tl.int32)[:, None]
+        ids = tl.min(tl.where(hit & (lane < K)[:, None], i[None, :], 2147483647), axis=1)
+    else:
+        ids = tl.load(inv_ptr + t * K + lane, mask=lane < K, other=2147483647)
     acc = tl.zeros([BH], tl.float32)
     prev = -1
     for _ in tl.static_range(K):

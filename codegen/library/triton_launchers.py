@@ -269,14 +269,21 @@ def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
 
 
 def launch_moe_combine(y, pairs, offsets, like, shared=None, *, k, cfg):
+    from .triton_ops import combine_scan
+
     n = like.shape[0]
     h = y.shape[1]
-    inv = torch.empty(pairs.shape[0], dtype=torch.int32, device=y.device)
-    _k(inverse_perm_kernel)[(triton.cdiv(pairs.shape[0], 1024),)](pairs, inv, pairs.shape[0], BLOCK=1024)
+    m = pairs.shape[0]
+    scan = combine_scan(m)
+    if scan:  # the combine finds each token's pairs itself
+        inv = pairs
+    else:
+        inv = torch.empty(m, dtype=torch.int32, device=y.device)
+        _k(inverse_perm_kernel)[(triton.cdiv(m, 1024),)](pairs, inv, m, BLOCK=1024)
     out = torch.empty(n, h, dtype=torch.float32 if shared is None else torch.bfloat16, device=y.device)
     _k(moe_combine_kernel)[(n, triton.cdiv(h, cfg["BH"]))](
         y, inv, y if shared is None else shared.contiguous(), out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
-        SHARED=shared is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SHARED=shared is not None, M=m, SCAN=scan, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 
 

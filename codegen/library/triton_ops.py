@@ -226,13 +226,26 @@ def _l_combine(spec, cfg):
     m, h = _ints(y.shape)
     n = _ints(like.shape)[0]
     k = spec.attr["k"]
+    scan = combine_scan(m)
+    combine = _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": _ptr(pairs) if scan else "*i32",
+                                             "sh_ptr": _ptr(shared if shared is not None else y),
+                                             "out_ptr": "*bf16" if shared is not None else "*fp32"},
+                      {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None, "M": m,
+                       "SCAN": scan}, (n, _cdiv(h, cfg["BH"])), cfg)
+    if scan:
+        return [combine]
     return [_launch("inverse_perm_kernel", {"order_ptr": _ptr(pairs), "inv_ptr": "*i32", "n": "i32"},
-                    {"BLOCK": 1024}, (_cdiv(m, 1024),), {"num_warps": 4, "num_stages": 1}),
-            _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": "*i32",
-                                           "sh_ptr": _ptr(shared if shared is not None else y),
-                                           "out_ptr": "*bf16" if shared is not None else "*fp32"},
-                    {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None},
-                    (n, _cdiv(h, cfg["BH"])), cfg)]
+                    {"BLOCK": 1024}, (_cdiv(m, 1024),), {"num_warps": 4, "num_stages": 1}), combine]
+
+
+# the pairs a combine program searches for its token's instead of reading an inverse permutation:
+# decode and verify calls (64 sequences of 6 experts: 384), one launch where prefill's 24576 take two
+COMBINE_SCAN_MAX = 1024
+
+
+def combine_scan(pairs: int) -> int:
+    """moe_combine_kernel's SCAN for a call of `pairs` pairs: the power of two it loads, or 0."""
+    return _p2(max(pairs, 1)) if pairs <= COMBINE_SCAN_MAX else 0
 
 
 def _gather_launch(src_ptr, idx_ptr, count, width, div, cfg):
