@@ -157,6 +157,30 @@ def test_attention_rope_fuses_without_changing_the_logits(tiny):
     assert not any(n.op == "rope" and n.attr.get("inverse") for n in d.nodes)
 
 
+def test_attention_rope_fusion_needs_the_same_rotation_at_the_attention_positions(tiny):
+    """The rule folds a q rope and an inverse rope only when both rotate by the same constants at the
+    attention's own positions with no offset: an attention whose q rope differs in theta or carries
+    a pos_offset keeps both rope calls."""
+    from deepinfer.ir.graph import Node
+    from deepinfer.passes.fuse import ATTENTION_POSITIONS, fuse_attention_rope
+
+    g = tiny[1].step
+    for _, fn in pipeline("cpu"):
+        g = fn(g)
+    prod = g.producers()
+    first = next(n for n in g.nodes if n.op in ATTENTION_POSITIONS)
+    i = prod[first.inputs[0]]
+    assert g.nodes[i].op == "rope"
+    for change in ({"theta": g.nodes[i].attr["theta"] * 2}, {"pos_offset": 1}):
+        h = g.copy()
+        q = h.nodes[i]
+        h.nodes[i] = Node.make("rope", q.inputs, q.outputs, q.attr | change)
+        f = fuse_attention_rope(h)
+        attn = [n for n in f.nodes if n.op in ATTENTION_POSITIONS]
+        assert [n.outputs == first.outputs for n in attn if not n.attr.get("rope_dim")] == [True], change
+        assert sum(1 for n in attn if n.attr.get("rope_dim")) == len(attn) - 1, change
+
+
 def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     """The decode graph (ring written before the attention reads it) gives the same logits as the
     builder's graph on decode steps of up to decode_rows_max rows per sequence."""

@@ -171,6 +171,8 @@ def launch_rope_fp8_ring(x, positions, ring, token_seq, seq_slots, *, rope_dim, 
     output aliases input 2): the key (bytes, scales) and the ring (data, scales)."""
     data, scale = ring
     n, d = x.shape
+    if n > data.shape[1]:
+        raise ValueError(f"rope_fp8_ring_kernel: {n} rows for a ring of {data.shape[1]} (decode calls only)")
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((n, d // block), dtype=torch.uint8, device=x.device)
     if n:
@@ -283,7 +285,8 @@ def launch_moe_combine(y, pairs, offsets, like, shared=None, *, k, cfg):
     out = torch.empty(n, h, dtype=torch.float32 if shared is None else torch.bfloat16, device=y.device)
     _k(moe_combine_kernel)[(n, triton.cdiv(h, cfg["BH"]))](
         y, inv, y if shared is None else shared.contiguous(), out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
-        SHARED=shared is not None, M=m, SCAN=scan, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        SHARED=shared is not None, M=m if scan else 0, SCAN=scan, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return out
 
 

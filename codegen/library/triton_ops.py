@@ -230,8 +230,8 @@ def _l_combine(spec, cfg):
     combine = _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": _ptr(pairs) if scan else "*i32",
                                              "sh_ptr": _ptr(shared if shared is not None else y),
                                              "out_ptr": "*bf16" if shared is not None else "*fp32"},
-                      {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None, "M": m,
-                       "SCAN": scan}, (n, _cdiv(h, cfg["BH"])), cfg)
+                      {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None,
+                       "M": m if scan else 0, "SCAN": scan}, (n, _cdiv(h, cfg["BH"])), cfg)
     if scan:
         return [combine]
     return [_launch("inverse_perm_kernel", {"order_ptr": _ptr(pairs), "inv_ptr": "*i32", "n": "i32"},
@@ -918,6 +918,13 @@ def _rope_supports(t, spec):
     return isinstance(d, int) and a["rope_dim"] % 2 == 0 and (spec.op == "rope" or d % a["block"] == 0)
 
 
+def _rope_ring_supports(t, spec):
+    """rope_fp8_ring_kernel writes every row into the ring: only calls of at most ring-length rows,
+    where no sequence has more rows than its ring keeps (decode graphs, which alone have the op)."""
+    rows, ring = spec.in_types[0].shape[0], spec.in_types[2].shape[1]
+    return _rope_supports(t, spec) and isinstance(rows, int) and isinstance(ring, int) and rows <= ring
+
+
 OPS = [
     _Op("rms_norm", "launch_rms_norm", _l_rms_norm, dict(BLOCK_H=(256, 512, 1024, 2048), **ROW),
         dict(BLOCK_H=1024, num_warps=4, num_stages=1)),
@@ -930,7 +937,7 @@ OPS = [
     _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
         _rope_supports),
     _Op("rope_quant_fp8_cache_write", "launch_rope_fp8_ring", _l_rope_ring, ROW, dict(num_warps=2, num_stages=1),
-        lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_supports),
+        lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_ring_supports),
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,

@@ -139,8 +139,9 @@ def window_keys(kv_step: torch.Tensor, ring: QTensor, first: torch.Tensor, slot:
 
 def attend_with_sink(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor, scale: float):
     """o_h = sum_j bf16(exp(s_j - m)) k_j / (sum_j exp(s_j - m) + exp(sink_h - m)), V = K, fp32:
-    the probabilities rounded to bf16 before P.V as the official kernel does, the denominator of
-    the unrounded ones (ir/numerics.py).
+    the probabilities rounded to bf16 before P.V where the official kernel rounds them, the
+    denominator of the unrounded ones; m is the row's max, where that kernel (and ours) round each
+    key block against its running max, which differs by one bf16 rounding of a term (ir/numerics.py).
 
     q [rows, heads, D]; keys [rows, nk, D]; valid [rows, nk]."""
     s = torch.einsum("rhd,rkd->rhk", q.double(), keys.double()).float() * scale
