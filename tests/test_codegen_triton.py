@@ -546,3 +546,38 @@ def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch(
         assert launches(tokens) == [("moe_combine_kernel", 1 << (tokens * k - 1).bit_length())]
     big = COMBINE_SCAN_MAX // k + 1
     assert launches(big) == [("inverse_perm_kernel", None), ("moe_combine_kernel", 0)]
+
+
+def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
+    """rope_quant_fp8_cache_write (fuse_decode, decode graphs): one launch while the call's rows fit
+    the ring, the newest-position kernel first beyond (a 256-sequence decode bucket of the real
+    model's 134-entry rings): never a torch fallback."""
+    import dataclasses
+
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.kernels import kernel_spec
+    from deepinfer.passes.pipelines import pipeline
+
+    g = build_model("v4.1-flash-tiny").step
+    for _, fn in pipeline("sm90", variant="decode"):
+        g = fn(g)
+    n = next(n for n in g.nodes if n.op == "rope_quant_fp8_cache_write")
+    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    t = get_target("sm90")
+    tpl = select(t, spec)
+    ring_len = spec.in_types[2].data.shape[1]
+
+    def launches(rows):
+        ins = list(spec.in_types)
+        ins[0] = dataclasses.replace(ins[0], shape=(rows, ins[0].shape[1]))
+        ins[1] = dataclasses.replace(ins[1], shape=(rows,))
+        ins[3] = dataclasses.replace(ins[3], shape=(rows,))
+        s = dataclasses.replace(spec, in_types=tuple(ins))
+        assert select(t, s).name == "triton_rope_quant_fp8_cache_write"
+        return [(k["entry"], k["constexprs"].get("KEEP_ALL")) for k in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
+
+    assert tpl.name == "triton_rope_quant_fp8_cache_write"
+    assert launches(8) == launches(ring_len) == [("rope_fp8_ring_kernel", 1)]
+    assert launches(ring_len + 1) == [("seq_newest_kernel", None), ("rope_fp8_ring_kernel", 0)]

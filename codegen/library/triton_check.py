@@ -276,12 +276,14 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         if op == "rope_quant_fp8":
             return [rn(n, D), pos], dict(rope, block=32)
         return [rn(n, dims["heads"], dims["index_dim"]), pos], dict(rope, block=32, scale="ue8m0")
-    if op == "rope_quant_fp8_cache_write":  # decode rows (each sequence's fit its ring), positions past 2^16
+    if op in ("rope_quant_fp8_cache_write", "rope_quant_fp8_cache_write_long"):  # positions past 2^16
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device, start=(70000, 9, 200))
         from deepinfer.ir.quant import quant_fp8_32
 
-        ring = quant_fp8_32(torch.randn(max(dims["slots"], seqs), dims["ring"], D, generator=g))
+        # _long: a one-entry ring, shorter than the step's rows (the newest-position path)
+        ring_len = 1 if op.endswith("_long") else dims["ring"]
+        ring = quant_fp8_32(torch.randn(max(dims["slots"], seqs), ring_len, D, generator=g))
         return [rn(n, D), positions, QTensor(ring.data.to(device), ring.scale.to(device)), token_seq, seq_slots], \
             {"rope_dim": dims["rope"], "theta": 160000.0, "yarn": YARN, "pos_offset": 0, "block": 32}
     if op == "rope_quant_fp4_e4m3":
@@ -768,6 +770,7 @@ VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe
             "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
             "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "indexer_topk_twins": "indexer_topk",
             "swa_write_long": "swa_write", "moe_combine_shared_long": "moe_combine_shared",
+            "rope_quant_fp8_cache_write_long": "rope_quant_fp8_cache_write",
             "linear_bf16": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)
 

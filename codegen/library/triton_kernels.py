@@ -246,22 +246,30 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
 
 
 @triton.jit
-def rope_fp8_ring_kernel(x_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_ptr, ring_ptr, rings_ptr, pos_offset,
-                         D: tl.constexpr, ROPE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr, L: tl.constexpr):
+def rope_fp8_ring_kernel(x_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_ptr, newest_ptr, ring_ptr, rings_ptr,
+                         pos_offset, D: tl.constexpr, ROPE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr,
+                         L: tl.constexpr, KEEP_ALL: tl.constexpr):
     """rope_kernel's MODE 1 for a window key row, whose fp8 bytes and scales also go to its
-    sequence's ring entry (slot, pos mod L): the decode steps' RoPE + quantisation + ring write
-    (rope_quant_fp8_cache_write), where a sequence's rows never outnumber the ring."""
+    sequence's ring entry (slot, pos mod L) if the ring keeps the row (ring_write_kernel's rule and
+    KEEP_ALL): the decode steps' RoPE + quantisation + ring write (rope_quant_fp8_cache_write)."""
     r = tl.program_id(0).to(tl.int64)
     ye, yo = _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, 1, D, ROPE, 0, BLK, NB)
     q, byte = _fp8_tile(ye, yo, NB, BLK)
     cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
     bidx = tl.arange(0, NB)
     bm = bidx < D // BLK
-    entry = tl.load(slots_ptr + tl.load(seq_ptr + r)).to(tl.int64) * L + tl.load(pos_ptr + r).to(tl.int64) % L
     tl.store(q_ptr + r * D + cols, q, mask=cols < D)
     tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
-    tl.store(ring_ptr + entry * D + cols, q, mask=cols < D)
-    tl.store(rings_ptr + entry * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
+    pos = tl.load(pos_ptr + r).to(tl.int64)
+    seq = tl.load(seq_ptr + r).to(tl.int64)
+    if KEEP_ALL:
+        keep = True
+    else:
+        keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    if keep:
+        entry = tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
+        tl.store(ring_ptr + entry * D + cols, q, mask=cols < D)
+        tl.store(rings_ptr + entry * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
 
 
 # ---- mHC ----------------------------------------------------------------------------------------

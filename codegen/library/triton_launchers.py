@@ -171,15 +171,15 @@ def launch_rope_fp8_ring(x, positions, ring, token_seq, seq_slots, *, rope_dim, 
     output aliases input 2): the key (bytes, scales) and the ring (data, scales)."""
     data, scale = ring
     n, d = x.shape
-    if n > data.shape[1]:
-        raise ValueError(f"rope_fp8_ring_kernel: {n} rows for a ring of {data.shape[1]} (decode calls only)")
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((n, d // block), dtype=torch.uint8, device=x.device)
     if n:
         f = rope_freqs(rope_dim, theta, yarn, x.device)
-        _k(rope_fp8_ring_kernel)[(n,)](x, positions, f, _u8(q), s, token_seq, seq_slots, _u8(data), _u8(scale),
+        newest, keep_all = _newest(positions, token_seq, data.shape[1])
+        _k(rope_fp8_ring_kernel)[(n,)](x, positions, f, _u8(q), s, token_seq, seq_slots, newest, _u8(data), _u8(scale),
                                    pos_offset, D=d, ROPE=rope_dim, BLK=block, NB=_p2(triton.cdiv(d, block)),
-                                   L=data.shape[1], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                                   L=data.shape[1], KEEP_ALL=keep_all, num_warps=cfg["num_warps"],
+                                   num_stages=cfg["num_stages"])
     return q, s, data, scale
 
 

@@ -136,13 +136,19 @@ def _l_rope(spec, cfg):
 
 
 def _l_rope_ring(spec, cfg):
+    """As _ring_launch: the sequences' newest positions first only when the call has more rows
+    than the ring."""
     x, pos, ring, seq, slots = spec.in_types
     n, d = _ints(x.shape)
-    blk = spec.attr["block"]
+    blk, ring_len = spec.attr["block"], _ints(ring.shape)[1]
+    keep_all = n <= ring_len
     args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
-            "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots), "ring_ptr": "*u8", "rings_ptr": "*u8", "pos_offset": "i32"}
-    ce = {"D": d, "ROPE": spec.attr["rope_dim"], "BLK": blk, "NB": _p2(_cdiv(d, blk)), "L": _ints(ring.shape)[1]}
-    return [_launch("rope_fp8_ring_kernel", args, ce, (n,), cfg)]
+            "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots), "newest_ptr": _ptr(pos) if keep_all else "*i32",
+            "ring_ptr": "*u8", "rings_ptr": "*u8", "pos_offset": "i32"}
+    ce = {"D": d, "ROPE": spec.attr["rope_dim"], "BLK": blk, "NB": _p2(_cdiv(d, blk)), "L": ring_len,
+          "KEEP_ALL": int(keep_all)}
+    write = _launch("rope_fp8_ring_kernel", args, ce, (n,), cfg)
+    return [write] if keep_all else [_newest_launch(pos, seq, n), write]
 
 
 def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
@@ -918,13 +924,6 @@ def _rope_supports(t, spec):
     return isinstance(d, int) and a["rope_dim"] % 2 == 0 and (spec.op == "rope" or d % a["block"] == 0)
 
 
-def _rope_ring_supports(t, spec):
-    """rope_fp8_ring_kernel writes every row into the ring: only calls of at most ring-length rows,
-    where no sequence has more rows than its ring keeps (decode graphs, which alone have the op)."""
-    rows, ring = spec.in_types[0].shape[0], spec.in_types[2].shape[1]
-    return _rope_supports(t, spec) and isinstance(rows, int) and isinstance(ring, int) and rows <= ring
-
-
 OPS = [
     _Op("rms_norm", "launch_rms_norm", _l_rms_norm, dict(BLOCK_H=(256, 512, 1024, 2048), **ROW),
         dict(BLOCK_H=1024, num_warps=4, num_stages=1)),
@@ -937,7 +936,7 @@ OPS = [
     _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
         _rope_supports),
     _Op("rope_quant_fp8_cache_write", "launch_rope_fp8_ring", _l_rope_ring, ROW, dict(num_warps=2, num_stages=1),
-        lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_ring_supports),
+        lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_supports),
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,
