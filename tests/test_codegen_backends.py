@@ -216,14 +216,19 @@ def test_cuda_invalid_build_is_reported_not_cached(cache):
     assert not cache.root.exists() or not any(cache.root.iterdir())
 
 
-def test_swa_write_renders_two_launches():
+def test_swa_write_renders_the_newest_positions_only_for_more_rows_than_the_ring():
     b = get_manifest("sm100")
-    s = spec("swa_write", [quantized("fp8e4m3", (64, 128, 512), "e8m0", (1, 1, 32)),
-                           quantized("fp8e4m3", (64, 512), "e8m0", (1, 32)),
-                           tensor("i32", 64), tensor("i32", 64), tensor("i32", 64)], {})
-    src = render(b.target, "triton_swa_write", s)
-    assert [k["entry"] for k in src.meta["kernels"]] == ["seq_newest_kernel", "ring_write_kernel"]
-    assert src.meta["kernels"][1]["constexprs"]["L"] == 128
+
+    def entries(rows):
+        s = spec("swa_write", [quantized("fp8e4m3", (64, 128, 512), "e8m0", (1, 1, 32)),
+                               quantized("fp8e4m3", (rows, 512), "e8m0", (1, 32)),
+                               tensor("i32", rows), tensor("i32", rows), tensor("i32", 64)], {})
+        src = render(b.target, "triton_swa_write", s)
+        assert src.meta["kernels"][-1]["constexprs"]["L"] == 128
+        return [k["entry"] for k in src.meta["kernels"]]
+
+    assert entries(64) == entries(128) == ["ring_write_kernel"]
+    assert entries(129) == ["seq_newest_kernel", "ring_write_kernel"]
 
 
 def test_ascend_linear_renders_a_cube_gemm_within_capacity():
