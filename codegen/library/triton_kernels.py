@@ -260,14 +260,8 @@ def rope_fp8_ring_kernel(x_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_
     bm = bidx < D // BLK
     tl.store(q_ptr + r * D + cols, q, mask=cols < D)
     tl.store(s_ptr + r * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
-    pos = tl.load(pos_ptr + r).to(tl.int64)
-    seq = tl.load(seq_ptr + r).to(tl.int64)
-    if KEEP_ALL:
-        keep = True
-    else:
-        keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    keep, entry = _ring_entry(pos_ptr, seq_ptr, slots_ptr, newest_ptr, r, L, KEEP_ALL)
     if keep:
-        entry = tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
         tl.store(ring_ptr + entry * D + cols, q, mask=cols < D)
         tl.store(rings_ptr + entry * (D // BLK) + bidx, byte.to(tl.uint8), mask=bm)
 
@@ -664,6 +658,19 @@ def seq_newest_kernel(pos_ptr, seq_ptr, newest_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _ring_entry(pos_ptr, seq_ptr, slots_ptr, newest_ptr, t, L: tl.constexpr, KEEP_ALL: tl.constexpr):
+    """(keep, entry) of row t in its sequence's ring of L: entry slot * L + pos mod L, kept when the
+    position is among the sequence's newest L (ring_keep), or always with KEEP_ALL (newest_ptr unread)."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    seq = tl.load(seq_ptr + t).to(tl.int64)
+    if KEEP_ALL:
+        keep = True
+    else:
+        keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    return keep, tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
+
+
+@triton.jit
 def ring_write_kernel(a_ptr, b_ptr, pos_ptr, seq_ptr, slots_ptr, newest_ptr, da_ptr, db_ptr,
                       L: tl.constexpr, WA: tl.constexpr, WB: tl.constexpr,
                       A_STRIDE: tl.constexpr, A_OFF: tl.constexpr, B_STRIDE: tl.constexpr, B_OFF: tl.constexpr,
@@ -673,14 +680,8 @@ def ring_write_kernel(a_ptr, b_ptr, pos_ptr, seq_ptr, slots_ptr, newest_ptr, da_
     sequence (a chunk longer than the ring keeps its last rows, as ring_keep does). KEEP_ALL: the
     step has at most L rows, so no sequence has more and every row is kept; newest_ptr is unread."""
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    seq = tl.load(seq_ptr + t).to(tl.int64)
-    if KEEP_ALL:
-        keep = True
-    else:
-        keep = pos > tl.load(newest_ptr + seq).to(tl.int64) - L
+    keep, entry = _ring_entry(pos_ptr, seq_ptr, slots_ptr, newest_ptr, t, L, KEEP_ALL)
     if keep:
-        entry = tl.load(slots_ptr + seq).to(tl.int64) * L + pos % L
         for c0 in tl.static_range(0, WA, BLOCK):
             cols = c0 + tl.arange(0, BLOCK)
             m = cols < WA
