@@ -438,3 +438,22 @@ def fuse_decode_cache_write(ctx: Context, i: int):
 
 def fuse_decode(g: Graph) -> Graph:
     return apply_rules(g, [fuse_decode_cache_write])
+
+
+def fuse_decode_norm_node(ctx: Context, i: int):
+    """The window keys' RMSNorm into the fused ring write that alone reads it
+    (norm_rope_quant_fp8_cache_write): at decode the row is short and one program does both, so a
+    launch a layer goes and the normalised row never goes to memory."""
+    w = ctx.g.nodes[i]
+    if w.op != "rope_quant_fp8_cache_write":
+        return None
+    r, norm = ctx.producer_op(w.inputs[0], "rms_norm")
+    if norm is None or not ctx.sole_user(w.inputs[0], i):
+        return None
+    fused = Node.make("norm_rope_quant_fp8_cache_write", [*norm.inputs, *w.inputs[1:]], w.outputs,
+                      w.attr | {"eps": norm.attr["eps"]})
+    return Rewrite([r, i], [fused])
+
+
+def fuse_decode_norm(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_decode_norm_node])

@@ -549,9 +549,9 @@ def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch(
 
 
 def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
-    """rope_quant_fp8_cache_write (fuse_decode, decode graphs): one launch while the call's rows fit
-    the ring, the newest-position kernel first beyond (a 256-sequence decode bucket of the real
-    model's 134-entry rings): never a torch fallback."""
+    """norm_rope_quant_fp8_cache_write (fuse_decode, then fuse_decode_norm: decode graphs): one
+    launch while the call's rows fit the ring, the newest-position kernel first beyond (a
+    256-sequence decode bucket of the real model's 134-entry rings): never a torch fallback."""
     import dataclasses
 
     from deepinfer.codegen.targets import get_target
@@ -563,21 +563,23 @@ def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
     g = build_model("v4.1-flash-tiny").step
     for _, fn in pipeline("sm90", variant="decode"):
         g = fn(g)
-    n = next(n for n in g.nodes if n.op == "rope_quant_fp8_cache_write")
+    n = next(n for n in g.nodes if n.op == "norm_rope_quant_fp8_cache_write")
     spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
     t = get_target("sm90")
     tpl = select(t, spec)
-    ring_len = spec.in_types[2].data.shape[1]
+    ring_len = spec.in_types[3].data.shape[1]
 
     def launches(rows):
         ins = list(spec.in_types)
         ins[0] = dataclasses.replace(ins[0], shape=(rows, ins[0].shape[1]))
-        ins[1] = dataclasses.replace(ins[1], shape=(rows,))
-        ins[3] = dataclasses.replace(ins[3], shape=(rows,))
+        ins[2] = dataclasses.replace(ins[2], shape=(rows,))
+        ins[4] = dataclasses.replace(ins[4], shape=(rows,))
         s = dataclasses.replace(spec, in_types=tuple(ins))
-        assert select(t, s).name == "triton_rope_quant_fp8_cache_write"
+        assert select(t, s).name == "triton_norm_rope_quant_fp8_cache_write"
         return [(k["entry"], k["constexprs"].get("KEEP_ALL")) for k in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
 
-    assert tpl.name == "triton_rope_quant_fp8_cache_write"
+    assert tpl.name == "triton_norm_rope_quant_fp8_cache_write"
+    assert not {"rope_quant_fp8_cache_write", "swa_write"} & set(g.op_counts())
+    assert not any(m.op == "rms_norm" and m.inputs[1].endswith("attn.kv_norm.weight") for m in g.nodes)
     assert launches(8) == launches(ring_len) == [("rope_fp8_ring_kernel", 1)]
     assert launches(ring_len + 1) == [("seq_newest_kernel", None), ("rope_fp8_ring_kernel", 0)]

@@ -234,6 +234,8 @@ CASES = [
     _rule_case(fz.fuse_attention_rope_node, "sparse_attn"),
     Case("fuse_decode_cache_write", "fuse_decode", lambda g: first_match(g, fz.fuse_decode_cache_write),
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),
+    Case("fuse_decode_norm_node", "fuse_decode_norm", lambda g: first_match(g, fz.fuse_decode_norm_node),
+         fz.fuse_decode_norm, variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("legalize_quant", "legalize_quant",
          lambda g: _with_act_producer("gemm_fp8")(g) + _with_act_producer("moe_experts")(g),
          lambda g: legalize_quant(g, get_manifest("sm90").operand_formats), chunks=tuple(SHORT)),
@@ -341,7 +343,7 @@ def test_rule_keeps_the_interpreter_output(case):
 
 # ---- where the rules must not fire --------------------------------------------------------------
 
-FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared")]
+FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared", "fuse_decode_norm")]
 
 
 @pytest.mark.parametrize("case", FUSIONS, ids=lambda c: c.name)

@@ -276,6 +276,9 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         if op == "rope_quant_fp8":
             return [rn(n, D), pos], dict(rope, block=32)
         return [rn(n, dims["heads"], dims["index_dim"]), pos], dict(rope, block=32, scale="ue8m0")
+    if op == "norm_rope_quant_fp8_cache_write":  # the same rows before their RMSNorm, and its weight
+        ins, attrs = make_case("rope_quant_fp8_cache_write", dims, n, device, seed)
+        return [rn(n, D, scale=3), rn(D), *ins[1:]], dict(attrs, eps=1e-20)
     if op in ("rope_quant_fp8_cache_write", "rope_quant_fp8_cache_write_long"):  # positions past 2^16
         seqs = min(3, n)
         positions, token_seq, seq_slots = _meta(n, seqs, device, start=(70000, 9, 200))
@@ -749,7 +752,7 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
 
 OUTPUT_KINDS = {
     "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
-    "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "rope_quant_fp8_cache_write": "quant_ring",
+    "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "rope_quant_fp8_cache_write": "quant_ring", "norm_rope_quant_fp8_cache_write": "quant_ring",
     "hc_pre": "rounded", "hc_expand": "rounded",
     "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
     "swiglu_weighted_quant_fp8": "quant",

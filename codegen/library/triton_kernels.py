@@ -166,19 +166,14 @@ def quant_fp8_kernel(x_ptr, q_ptr, s_ptr, N: tl.constexpr, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-               INVERSE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
-    """Vector r (row r // HEADS) with its last ROPE elements rotated, as its even and odd elements
-    in tiles [NB, BLK/2] (NB blocks of BLK elements), rounded to x's dtype: a quantisation block is
-    one tile row and an fp4 byte is one pair."""
-    tok = r // HEADS
+def _rope_pairs(xe, xo, pos_ptr, freq_ptr, tok, pos_offset, D: tl.constexpr, ROPE: tl.constexpr,
+                INVERSE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
+    """A vector of D given as its even and odd elements in tiles [NB, BLK/2] (NB blocks of BLK
+    elements), its last ROPE elements rotated at token tok's position, rounded to xe's dtype: a
+    quantisation block is one tile row and an fp4 byte is one pair."""
     HP: tl.constexpr = BLK // 2
     pair = tl.arange(0, NB)[:, None] * HP + tl.arange(0, HP)[None, :]  # pair index i
     m = pair < D // 2
-    # the vector read whole and split into its even and odd elements in registers: two loads of
-    # every other element touched each sector twice, at half the width a load can take
-    cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
-    xe, xo = tl.split(tl.reshape(tl.load(x_ptr + r * D + cols, mask=cols < D, other=0.0), [NB, HP, 2]))
     j = pair - (D - ROPE) // 2  # rotated pair j uses f_j
     rot = (j >= 0) & m
     f = tl.load(freq_ptr + tl.where(rot, j, 0), mask=rot, other=0.0)
@@ -192,6 +187,18 @@ def _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, HEADS: tl.constexpr, D: 
     ye = tl.where(rot, _round_like(re * c - im * s, xe.dtype), re)
     yo = tl.where(rot, _round_like(re * s + im * c, xe.dtype), im)
     return ye, yo
+
+
+@triton.jit
+def _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, HEADS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
+               INVERSE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr):
+    """Vector r (row r // HEADS) rotated by _rope_pairs."""
+    HP: tl.constexpr = BLK // 2
+    # the vector read whole and split into its even and odd elements in registers: two loads of
+    # every other element touched each sector twice, at half the width a load can take
+    cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    xe, xo = tl.split(tl.reshape(tl.load(x_ptr + r * D + cols, mask=cols < D, other=0.0), [NB, HP, 2]))
+    return _rope_pairs(xe, xo, pos_ptr, freq_ptr, r // HEADS, pos_offset, D, ROPE, INVERSE, BLK, NB)
 
 
 @triton.jit
@@ -246,16 +253,32 @@ def rope_kernel(x_ptr, pos_ptr, freq_ptr, y_ptr, q_ptr, s_ptr, pos_offset,
 
 
 @triton.jit
-def rope_fp8_ring_kernel(x_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_ptr, newest_ptr, ring_ptr, rings_ptr,
-                         pos_offset, D: tl.constexpr, ROPE: tl.constexpr, BLK: tl.constexpr, NB: tl.constexpr,
-                         L: tl.constexpr, KEEP_ALL: tl.constexpr):
+def rope_fp8_ring_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr, slots_ptr, newest_ptr, ring_ptr,
+                         rings_ptr, pos_offset, eps, D: tl.constexpr, ROPE: tl.constexpr, BLK: tl.constexpr,
+                         NB: tl.constexpr, L: tl.constexpr, KEEP_ALL: tl.constexpr, NORM: tl.constexpr = 0):
     """rope_kernel's MODE 1 for a window key row, whose fp8 bytes and scales also go to its
     sequence's ring entry (slot, pos mod L) if the ring keeps the row (ring_write_kernel's rule and
-    KEEP_ALL): the decode steps' RoPE + quantisation + ring write (rope_quant_fp8_cache_write)."""
+    KEEP_ALL): the decode steps' RoPE + quantisation + ring write (rope_quant_fp8_cache_write).
+    NORM: the row is first its RMSNorm w * (x * rstd) in x's dtype (the whole row is one tile:
+    norm_rope_quant_fp8_cache_write)."""
     r = tl.program_id(0).to(tl.int64)
-    ye, yo = _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, 1, D, ROPE, 0, BLK, NB)
-    q, byte = _fp8_tile(ye, yo, NB, BLK)
     cols = tl.arange(0, NB)[:, None] * BLK + tl.arange(0, BLK)[None, :]
+    if NORM:
+        HP: tl.constexpr = BLK // 2
+        x = tl.load(x_ptr + r * D + cols, mask=cols < D, other=0.0)
+        xf = x.to(tl.float32)
+        # the reference's fp64 mean of squares and fp64 1/sqrt, each rounded to fp32 (numerics
+        # mean_sq32, rsqrt32): one short row a program, so fp64 costs nothing that shows
+        x64 = xf.to(tl.float64)
+        ms = (tl.sum(tl.sum(x64 * x64, axis=1), axis=0) / D).to(tl.float32) + eps
+        rstd = (1.0 / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+        xn = _round_like(w * (xf * rstd), x.dtype).to(x.dtype)  # exact: the rotation rounds to its dtype
+        xe, xo = tl.split(tl.reshape(xn, [NB, HP, 2]))
+        ye, yo = _rope_pairs(xe, xo, pos_ptr, freq_ptr, r, pos_offset, D, ROPE, 0, BLK, NB)
+    else:
+        ye, yo = _rope_tile(x_ptr, pos_ptr, freq_ptr, r, pos_offset, 1, D, ROPE, 0, BLK, NB)
+    q, byte = _fp8_tile(ye, yo, NB, BLK)
     bidx = tl.arange(0, NB)
     bm = bidx < D // BLK
     tl.store(q_ptr + r * D + cols, q, mask=cols < D)

@@ -169,17 +169,29 @@ def launch_rope_fp8_ring(x, positions, ring, token_seq, seq_slots, *, rope_dim, 
                          cfg):
     """RoPE + fp8 quantisation of window key rows, also written into the ring in place (its
     output aliases input 2): the key (bytes, scales) and the ring (data, scales)."""
+    return _rope_fp8_ring(x, None, positions, ring, token_seq, seq_slots, 0.0, rope_dim, theta, yarn, pos_offset,
+                          block, cfg)
+
+
+def launch_norm_rope_fp8_ring(x, w, positions, ring, token_seq, seq_slots, *, eps, rope_dim, theta, yarn,
+                              pos_offset=0, block=32, cfg):
+    """launch_rope_fp8_ring of the rows' RMSNorm (weight w), in the same program."""
+    return _rope_fp8_ring(x, w, positions, ring, token_seq, seq_slots, eps, rope_dim, theta, yarn, pos_offset,
+                          block, cfg)
+
+
+def _rope_fp8_ring(x, w, positions, ring, token_seq, seq_slots, eps, rope_dim, theta, yarn, pos_offset, block, cfg):
     data, scale = ring
     n, d = x.shape
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((n, d // block), dtype=torch.uint8, device=x.device)
     if n:
-        f = rope_freqs(rope_dim, theta, yarn, x.device)
+        f = rope_freqs(rope_dim, theta, yarn, device=x.device)
         newest, keep_all = _newest(positions, token_seq, data.shape[1])
-        _k(rope_fp8_ring_kernel)[(n,)](x, positions, f, _u8(q), s, token_seq, seq_slots, newest, _u8(data), _u8(scale),
-                                   pos_offset, D=d, ROPE=rope_dim, BLK=block, NB=_p2(triton.cdiv(d, block)),
-                                   L=data.shape[1], KEEP_ALL=keep_all, num_warps=cfg["num_warps"],
-                                   num_stages=cfg["num_stages"])
+        _k(rope_fp8_ring_kernel)[(n,)](x, x if w is None else w, positions, f, _u8(q), s, token_seq, seq_slots, newest,
+                                   _u8(data), _u8(scale), pos_offset, eps, D=d, ROPE=rope_dim, BLK=block,
+                                   NB=_p2(triton.cdiv(d, block)), L=data.shape[1], KEEP_ALL=keep_all,
+                                   NORM=int(w is not None), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return q, s, data, scale
 
 

@@ -137,16 +137,20 @@ def _l_rope(spec, cfg):
 
 def _l_rope_ring(spec, cfg):
     """As _ring_launch: the sequences' newest positions first only when the call has more rows
-    than the ring."""
-    x, pos, ring, seq, slots = spec.in_types
+    than the ring. norm_rope_quant_fp8_cache_write: the same kernel with the RMSNorm's weight."""
+    norm = spec.op == "norm_rope_quant_fp8_cache_write"
+    x, *rest = spec.in_types
+    w = rest.pop(0) if norm else x
+    pos, ring, seq, slots = rest
     n, d = _ints(x.shape)
     blk, ring_len = spec.attr["block"], _ints(ring.shape)[1]
     keep_all = n <= ring_len
-    args = {"x_ptr": _ptr(x), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8",
-            "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots), "newest_ptr": _ptr(pos) if keep_all else "*i32",
-            "ring_ptr": "*u8", "rings_ptr": "*u8", "pos_offset": "i32"}
+    args = {"x_ptr": _ptr(x), "w_ptr": _ptr(w), "pos_ptr": _ptr(pos), "freq_ptr": "*fp32", "q_ptr": "*u8",
+            "s_ptr": "*u8", "seq_ptr": _ptr(seq), "slots_ptr": _ptr(slots),
+            "newest_ptr": _ptr(pos) if keep_all else "*i32", "ring_ptr": "*u8", "rings_ptr": "*u8",
+            "pos_offset": "i32", "eps": "fp32"}
     ce = {"D": d, "ROPE": spec.attr["rope_dim"], "BLK": blk, "NB": _p2(_cdiv(d, blk)), "L": ring_len,
-          "KEEP_ALL": int(keep_all)}
+          "KEEP_ALL": int(keep_all), "NORM": int(norm)}
     write = _launch("rope_fp8_ring_kernel", args, ce, (n,), cfg)
     return [write] if keep_all else [_newest_launch(pos, seq, n), write]
 
@@ -937,6 +941,9 @@ OPS = [
         _rope_supports),
     _Op("rope_quant_fp8_cache_write", "launch_rope_fp8_ring", _l_rope_ring, ROW, dict(num_warps=2, num_stages=1),
         lambda a: {k: a[k] for k in ("rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_supports),
+    _Op("norm_rope_quant_fp8_cache_write", "launch_norm_rope_fp8_ring", _l_rope_ring, ROW,
+        dict(num_warps=2, num_stages=1),
+        lambda a: {k: a[k] for k in ("eps", "rope_dim", "theta", "yarn", "pos_offset", "block")}, _rope_supports),
     _Op("rope_quant_fp4", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp4"),
         _rope_supports),
     _Op("hc_pre", "launch_hc_pre", _l_hc_pre,

@@ -403,3 +403,19 @@ def rope_quant_fp8_cache_write(x, positions, ring, token_seq, seq_slots, *, rope
     sequence's few rows cannot evict a key its own queries still read)."""
     kq = rope_quant_fp8(x, positions, rope_dim=rope_dim, theta=theta, yarn=yarn, pos_offset=pos_offset, block=block)
     return kq, at.swa_write(ring, kq, positions, token_seq, seq_slots)
+
+
+def _norm_rope_quant_write_rule(ins, a):
+    (x,) = _infer("rms_norm", ins[:2], {"eps": a["eps"]})
+    return _rope_quant_write_rule([x, *ins[2:]], a)
+
+
+@op("norm_rope_quant_fp8_cache_write", infer=_norm_rope_quant_write_rule, flops=lambda i, o, a: 12 * i[0].numel,
+    attrs={"eps": REQUIRED, "rope_dim": REQUIRED, "theta": REQUIRED, "yarn": None, "pos_offset": 0, "block": 32},
+    inplace={1: 3}, n_inputs=6)
+def norm_rope_quant_fp8_cache_write(x, w, positions, ring, token_seq, seq_slots, *, eps, rope_dim, theta, yarn,
+                                    pos_offset, block):
+    """The window keys' RMSNorm before rope_quant_fp8_cache_write, in the same pass: a decode
+    step's key row is normalised, rotated, quantised and written by one program."""
+    return rope_quant_fp8_cache_write(core.rms_norm(x, w, eps=eps), positions, ring, token_seq, seq_slots,
+                                      rope_dim=rope_dim, theta=theta, yarn=yarn, pos_offset=pos_offset, block=block)
