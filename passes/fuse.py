@@ -457,3 +457,21 @@ def fuse_decode_norm_node(ctx: Context, i: int):
 
 def fuse_decode_norm(g: Graph) -> Graph:
     return apply_rules(g, [fuse_decode_norm_node])
+
+
+def fuse_decode_linear_quant_node(ctx: Context, i: int):
+    """A grouped linear's fp8 quantisation into the linear (grouped_linear_quant_fp8) where the
+    quantisation alone reads its rows: wo_a's K-split sum quantises as it sums, a launch a layer
+    less. Decode graphs only: prefill rows go to the programs the target names for grouped_linear,
+    which write bf16."""
+    qn = ctx.g.nodes[i]
+    if qn.op != "quant_fp8":
+        return None
+    r, lin = ctx.producer_op(qn.inputs[0], "grouped_linear")
+    if lin is None or not ctx.sole_user(qn.inputs[0], i):
+        return None
+    return Rewrite([r, i], [Node.make("grouped_linear_quant_fp8", lin.inputs, qn.outputs, lin.attr | qn.attr)])
+
+
+def fuse_decode_linear_quant(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_decode_linear_quant_node])

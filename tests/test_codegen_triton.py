@@ -583,3 +583,36 @@ def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
     assert not any(m.op == "rms_norm" and m.inputs[1].endswith("attn.kv_norm.weight") for m in g.nodes)
     assert launches(8) == launches(ring_len) == [("rope_fp8_ring_kernel", 1)]
     assert launches(ring_len + 1) == [("seq_newest_kernel", None), ("rope_fp8_ring_kernel", 0)]
+
+
+def test_wo_a_rows_quantised_by_the_k_split_sum():
+    """grouped_linear_quant_fp8 (fuse_decode_linear_quant, decode graphs): with a K split its sum
+    kernel writes the fp8 rows and scales (no quant_fp8 launch left: two launches where the
+    unfused pair made three); unsplit, quant_fp8_kernel follows the linear. Both paths agree with
+    the op's reference on the interpreter."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.kernels import kernel_spec
+    from deepinfer.passes.pipelines import pipeline
+
+    g = build_model("v4.1-flash-tiny").step
+    for _, fn in pipeline("sm90", variant="decode"):
+        g = fn(g)
+    assert "grouped_linear" not in g.op_counts()
+    n = next(n for n in g.nodes if n.op == "grouped_linear_quant_fp8")
+    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    t = get_target("sm90")
+    tpl = select(t, spec)
+    assert tpl.name == "triton_grouped_linear_quant_fp8"
+
+    def entries(**over):
+        return [k["entry"] for k in tpl.render(t, spec, tpl.default_config(t, spec) | over).meta["kernels"]]
+
+    assert entries()[1:] == ["split_sum_quant_kernel"]
+    assert entries(SPLIT=1, WL=0)[1:] == ["quant_fp8_kernel"]
+    dims = dict(triton_check.TINY)
+    for split in (1, 4):
+        res = triton_check.run_interpreted(["grouped_linear_quant_fp8"], dims, dims["n"],
+                                           dict(triton_check.SMALL_BLOCKS, SPLIT=split))
+        assert res["grouped_linear_quant_fp8"] is None, (split, res)

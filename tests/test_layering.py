@@ -85,6 +85,7 @@ def test_import_resolution():
         "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_attention_rope",
         "deepinfer.passes.fuse.fuse_collapse_norm_quant",
         "deepinfer.passes.fuse.fuse_decode",
+        "deepinfer.passes.fuse.fuse_decode_linear_quant",
         "deepinfer.passes.fuse.fuse_decode_norm",
         "deepinfer.passes.fuse.fuse_gate_up_gemms", "deepinfer.passes.fuse.fuse_moe_shared",
         "deepinfer.passes.fuse.split_hc_pre",

@@ -308,6 +308,9 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "moe_router":
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
+    if op == "grouped_linear_quant_fp8":  # wo_a's case, its rows quantised per 32
+        ins, attrs = make_case("grouped_linear", dims, n, device, seed)
+        return ins, dict(attrs, block=32)
     if op == "grouped_linear":  # wo_a: fp8 weight, 32x32 ue8m0 blocks, G groups of the input
         from deepinfer.ir.quant import quant_fp8_weight
 
@@ -562,7 +565,7 @@ def spec_dims(op: str, ts, attrs: dict) -> tuple[str, dict, int]:
         dims["H"] = _shape(ts[0])[1]
     elif op in ("hc_pre", "hc_collapse_norm"):
         n, dims["C"], dims["H"] = _shape(ts[0])
-    elif op == "grouped_linear":
+    elif op in ("grouped_linear", "grouped_linear_quant_fp8"):
         rows, dims["o_in"] = _shape(ts[1])
         dims.update(o_groups=attrs["groups"], o_rank=rows // attrs["groups"])
     elif op == "grouped_gemm_fp4":
@@ -759,7 +762,7 @@ OUTPUT_KINDS = {
     "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
-    "grouped_linear": "rounded", "linear": "rounded", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
+    "grouped_linear": "rounded", "grouped_linear_quant_fp8": "quant", "linear": "rounded", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
     "compress_pool_norm": "rounded", "hc_mix": "rounded", "hc_collapse": "rounded", "hc_collapse_norm": "rounded",
     "hc_collapse_norm_quant_fp8": "rounded_quant",
     "hc_mean": "rounded",

@@ -984,6 +984,22 @@ def split_sum_kernel(part_ptr, y_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.cons
     _store_as(y_ptr + i, acc, m)
 
 
+@triton.jit
+def split_sum_quant_kernel(part_ptr, q_ptr, s_ptr, total, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """split_sum_kernel's bf16 sums quantised to fp8 per 32 as quant_fp8_kernel does (rows a
+    multiple of 32 wide): the bytes to q, the ue8m0 scales to s."""
+    NB: tl.constexpr = BLOCK // 32
+    b = tl.program_id(0).to(tl.int64) * NB + tl.arange(0, NB)
+    i = b[:, None] * 32 + tl.arange(0, 32)[None, :]
+    m = i < total
+    acc = tl.zeros([NB, 32], tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + s * total + i, mask=m, other=0.0)
+    q, sb = _fp8_block_quant(_bf16_rne(acc))
+    tl.store(q_ptr + i, q.to(tl.uint8), mask=m)
+    tl.store(s_ptr + b, sb.to(tl.uint8), mask=b < total // 32)
+
+
 # ---- grouped fp4 GEMM (MoE experts, decode) ----------------------------------------------------
 
 

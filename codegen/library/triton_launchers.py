@@ -16,6 +16,7 @@ import triton
 from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram_hash_kernel, gather_rows_kernel,
                              grouped_gemm_fp4_kernel, grouped_linear_kernel, hc_expand_kernel, hc_mix_split_kernel, hc_pre_kernel,
                              inverse_perm_kernel, moe_combine_kernel, split_sum_kernel, moe_router_kernel, quant_fp8_kernel,
+                             split_sum_quant_kernel,
                              ring_write_kernel, rms_norm_kernel, rope_kernel, seq_newest_kernel, swiglu_quant_kernel)
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
@@ -425,7 +426,9 @@ def launch_engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_
     return out
 
 
-def _block_linear(x, w, groups, out_dtype, cfg):
+def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0):
+    """The block linear's launches; quant_block (32): its bf16 rows quantised to fp8 per 32 as the
+    K split's sum writes them (split_sum_quant_kernel; one split: quant_fp8_kernel after it)."""
     quant = isinstance(w, tuple)
     data = w[0] if quant else w
     xq = isinstance(x, tuple)  # gemm_fp8: fp8 rows and their per-32 scales
@@ -437,8 +440,10 @@ def _block_linear(x, w, groups, out_dtype, cfg):
 
     wl = block_linear_rows(cfg, n, ng, kg, groups)
     split = wl["SPLIT"] if wl else block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
-    y = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
-    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else y
+    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else None
+    # quantised after a K split, the bf16 rows are never written: the main kernel's y is unused
+    y = part if quant_block and part is not None else torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
+    part = y if part is None else part
     tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
     wq, ws = (_u8(data), _u8(w[1])) if quant else (data, data)
     # the MX and WL kernels take the rows (raw fp8 bytes where quantised) and their scales apart
@@ -456,14 +461,30 @@ def _block_linear(x, w, groups, out_dtype, cfg):
                                              F8=block_linear_f8(cfg, xq, quant), **run)
         else:
             _k(grouped_linear_kernel)[grid](x2, wq, ws, y, part, n, **tiles, QUANT=quant, **run)
+    rows = (*xd.shape[:-1], data.shape[0])
+    if quant_block:
+        total = n * data.shape[0]
+        q = torch.empty(rows, dtype=torch.float8_e4m3fn, device=xd.device)
+        sc = torch.empty((*rows[:-1], data.shape[0] // quant_block), dtype=torch.uint8, device=xd.device)
+        if split > 1:
+            _k(split_sum_quant_kernel)[(triton.cdiv(total, 1024),)](part, _u8(q), sc, total, SPLIT=split, BLOCK=1024,
+                                                                   num_warps=4)
+        else:
+            _k(quant_fp8_kernel)[(n, triton.cdiv(data.shape[0], 1024))](y, _u8(q), sc, N=data.shape[0], BLOCK=1024,
+                                                                         BLK=quant_block, num_warps=4)
+        return q, sc
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
                                                              num_warps=4)
-    return y.view(*xd.shape[:-1], data.shape[0])
+    return y.view(rows)
 
 
 def launch_grouped_linear(x, w, *, groups, weight_dtype, cfg):
     return _block_linear(x, w, groups, x.dtype, cfg)
+
+
+def launch_grouped_linear_quant_fp8(x, w, *, groups, weight_dtype, block, cfg):
+    return _block_linear(x, w, groups, x.dtype, cfg, quant_block=block)
 
 
 def launch_linear(x, w, *, out_dtype, compute, cfg):

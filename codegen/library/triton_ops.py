@@ -437,6 +437,8 @@ def _block_linear_rows_by_spec(spec, n: int, tdef: dict | None = None) -> dict:
 
 
 def _l_grouped_linear(spec, cfg):
+    """The block linear's launches; grouped_linear_quant_fp8: its rows quantised by the K split's
+    sum (split_sum_quant_kernel), or by quant_fp8_kernel after an unsplit call (the launcher's)."""
     x, w = spec.in_types
     quant = isinstance(w, QuantType)
     data = w.data if quant else w
@@ -444,35 +446,52 @@ def _l_grouped_linear(spec, cfg):
     g = spec.attr.get("groups", 1)  # linear: one group
     n = _rows(x)
     out = spec.out_types[0]
+    qblock = spec.attr["block"] if spec.op == "grouped_linear_quant_fp8" else 0
+
+    def y_ptr(split):  # quantised: the main kernel writes the partials, or bf16 rows to quantise
+        return ("*fp32" if split > 1 else "*bf16") if qblock else _ptr(out)
+
     ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32)}
     wl = block_linear_rows(cfg, n, rows_w // g, kg, g)
     if wl is not None:
         xq = isinstance(x, QuantType)
         args = {"x_ptr": "*u8" if xq else _ptr(x), "sx_ptr": "*u8" if xq else _ptr(x),
                 "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
-                "y_ptr": _ptr(out), "part_ptr": "*fp32" if wl["SPLIT"] > 1 else _ptr(out), "n": "i32"}
+                "y_ptr": y_ptr(wl["SPLIT"]), "part_ptr": "*fp32" if wl["SPLIT"] > 1 else y_ptr(1), "n": "i32"}
         # F32 (fp32 operands) is the CPU interpreter's: its launcher passes it there
         main = _launch("block_linear_rows_kernel", args, {**ce, "XQ": xq, "WQ": quant, **wl, "F32": False},
                        (g * (rows_w // g) // wl["BN"], wl["SPLIT"]), cfg, aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
-        return [main] + _split_sum(wl["SPLIT"], n * rows_w, out)
+        return [main] + _linear_tail(wl["SPLIT"], n, rows_w, out, qblock)
     split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
     grid = (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split)
     tiles = {"BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT": split}
-    part = "*fp32" if split > 1 else _ptr(out)
+    part = "*fp32" if split > 1 else y_ptr(1)
     if cfg.get("MX", 0):
         xq = isinstance(x, QuantType)  # gemm_fp8: the fp8 activation with its per-32 scales
         args = {"x_ptr": "*u8" if xq else _ptr(x), "sx_ptr": "*u8" if xq else _ptr(x),
                 "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
-                "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
+                "y_ptr": y_ptr(split), "part_ptr": part, "n": "i32"}
         # the weight stream and the launcher's own outputs are whole buffers (256-byte aligned)
         f8 = block_linear_f8(cfg, xq, quant)
         main = _launch("block_linear_mx_kernel", args, {**ce, "XQ": xq, "WQ": quant, **tiles, "F8": f8}, grid, cfg,
                        aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
     else:
         args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
-                "y_ptr": _ptr(out), "part_ptr": part, "n": "i32"}
+                "y_ptr": y_ptr(split), "part_ptr": part, "n": "i32"}
         main = _launch("grouped_linear_kernel", args, {**ce, "QUANT": quant, **tiles}, grid, cfg)
-    return [main] + _split_sum(split, n * rows_w, out)
+    return [main] + _linear_tail(split, n, rows_w, out, qblock)
+
+
+def _linear_tail(split: int, n: int, width: int, out, qblock: int) -> list:
+    """After the main kernel: the K split's sum, quantising where qblock is set (an unsplit call's
+    rows then quantised by quant_fp8_kernel)."""
+    if not qblock:
+        return _split_sum(split, n * width, out)
+    if split > 1:
+        return [_launch("split_sum_quant_kernel", {"part_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8", "total": "i32"},
+                        {"SPLIT": split, "BLOCK": 1024}, (_cdiv(n * width, 1024),), {"num_warps": 4, "num_stages": 1})]
+    return [_launch("quant_fp8_kernel", {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8"},
+                    {"N": width, "BLOCK": 1024, "BLK": qblock}, (n, _cdiv(width, 1024)), {"num_warps": 4, "num_stages": 1})]
 
 
 def _split_sum(split: int, total: int, out) -> list:
@@ -995,6 +1014,13 @@ OPS = [
     # fastest of the SPLIT x BN sweep at batch 1 and 64 for both ops, 128-wide N tiles for wo_a,
     # 32-wide for the fp32-compute linear)
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
+        by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
+        by_spec=_block_linear_rows_by_spec),
+    # wo_a at decode with wo_b's input quantisation (fuse_decode_linear_quant): the same programs,
+    # the K split's sum quantising the rows
+    _Op("grouped_linear_quant_fp8", "launch_grouped_linear_quant_fp8", _l_grouped_linear,
+        dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
         by_spec=_block_linear_rows_by_spec),

@@ -13,7 +13,7 @@ from ..types import TensorType, quantized
 from . import attention as at
 from . import core, mhc, moe
 from .core import want_dims, want_float, want_tensor
-from .quantized import expert_weight, last_dim_block, want_quant
+from .quantized import expert_weight, grouped_linear, last_dim_block, want_quant
 
 
 def _infer(name, ins, attrs):
@@ -419,3 +419,19 @@ def norm_rope_quant_fp8_cache_write(x, w, positions, ring, token_seq, seq_slots,
     step's key row is normalised, rotated, quantised and written by one program."""
     return rope_quant_fp8_cache_write(core.rms_norm(x, w, eps=eps), positions, ring, token_seq, seq_slots,
                                       rope_dim=rope_dim, theta=theta, yarn=yarn, pos_offset=pos_offset, block=block)
+
+
+# ---- decode: the output projection's first half with its quantisation ----------------------------
+
+def _grouped_linear_quant_rule(ins, a):
+    (y,) = _infer("grouped_linear", ins, {"groups": a["groups"], "weight_dtype": a["weight_dtype"]})
+    return [last_dim_block(y, "fp8e4m3", "e8m0", a["block"])]
+
+
+@op("grouped_linear_quant_fp8", infer=_grouped_linear_quant_rule,
+    flops=lambda i, o, a: 2 * o[0].numel * i[1].shape[1] + 3 * o[0].numel,
+    attrs={"groups": REQUIRED, "weight_dtype": "bf16", "block": 32}, n_inputs=2)
+def grouped_linear_quant_fp8(x, w, *, groups, weight_dtype, block):
+    """grouped_linear's bf16 output quantised to fp8 per `block` (wo_a, then wo_b's input): at
+    decode the K split's sum quantises the rows it sums, so the bf16 rows never go to memory."""
+    return q.quant_fp8_32(grouped_linear(x, w, groups=groups, weight_dtype=weight_dtype), block)
