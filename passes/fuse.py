@@ -475,3 +475,20 @@ def fuse_decode_linear_quant_node(ctx: Context, i: int):
 
 def fuse_decode_linear_quant(g: Graph) -> Graph:
     return apply_rules(g, [fuse_decode_linear_quant_node])
+
+
+def fuse_combine_expand_node(ctx: Context, i: int):
+    """The MoE block's combine into the hc_expand that alone reads its output
+    (moe_combine_hc_expand): a launch a layer less, and the block's bf16 rows neither written nor
+    read back."""
+    e = ctx.g.nodes[i]
+    if e.op != "hc_expand":
+        return None
+    c, comb = ctx.producer_op(e.inputs[0], "moe_combine_shared")
+    if comb is None or not ctx.sole_user(e.inputs[0], i):
+        return None
+    return Rewrite([c, i], [Node.make("moe_combine_hc_expand", [*comb.inputs, *e.inputs[1:]], e.outputs, comb.attr)])
+
+
+def fuse_combine_expand(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_combine_expand_node])

@@ -8,8 +8,8 @@ from functools import partial
 
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
-from .fuse import (fuse, fuse_attention_rope, fuse_collapse_norm_quant, fuse_decode, fuse_decode_linear_quant,
-                   fuse_decode_norm, fuse_gate_up_gemms, fuse_moe_shared, split_hc_pre)
+from .fuse import (fuse, fuse_attention_rope, fuse_collapse_norm_quant, fuse_combine_expand, fuse_decode,
+                   fuse_decode_linear_quant, fuse_decode_norm, fuse_gate_up_gemms, fuse_moe_shared, split_hc_pre)
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
@@ -26,7 +26,8 @@ NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write",
                   "fuse_decode_norm": "norm_rope_quant_fp8_cache_write",
                   "fuse_decode_linear_quant": "grouped_linear_quant_fp8", "row_weight_scales": "gemm_fp8",
                   "fuse_moe_shared": "moe_combine_shared", "fuse_gate_up_gemms": "swiglu_gu_quant_fp8",
-                  "split_hc_pre": "hc_collapse_norm", "fuse_collapse_norm_quant": "hc_collapse_norm_quant_fp8"}
+                  "split_hc_pre": "hc_collapse_norm", "fuse_combine_expand": "moe_combine_hc_expand",
+                  "fuse_collapse_norm_quant": "hc_collapse_norm_quant_fp8"}
 
 
 def has_generated_template(target: str, op: str) -> bool:
@@ -52,6 +53,7 @@ def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
         "fuse_gate_up_gemms": fuse_gate_up_gemms,
         "split_hc_pre": split_hc_pre,
         "fuse_collapse_norm_quant": fuse_collapse_norm_quant,
+        "fuse_combine_expand": fuse_combine_expand,
         "row_weight_scales": row_weight_scales,
         "infer_shapes_final": infer_shapes,
         "verify_final": verify,

@@ -519,9 +519,10 @@ def test_a_ring_write_whose_rows_fit_the_ring_launches_no_newest_position_kernel
 
 
 def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch():
-    """moe_combine(_shared) calls of at most COMBINE_SCAN_MAX pairs (decode and verify) search the
-    pairs for each token's in the combine program itself: one launch; prefill-sized calls read the
-    inverse permutation a first kernel writes."""
+    """The MoE combine of at most COMBINE_SCAN_MAX pairs (decode and verify) searches the pairs
+    for each token's in the combine program itself: one launch; prefill-sized calls read the
+    inverse permutation a first kernel writes. On sm90 the combine is expanded into the streams
+    in the same program (fuse_combine_expand: no moe_combine_shared call left)."""
     import dataclasses
 
     from deepinfer.codegen.library.triton_ops import COMBINE_SCAN_MAX
@@ -529,7 +530,7 @@ def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch(
     from deepinfer.codegen.template import select
 
     t = get_target("sm90")
-    spec = _spec_from_tiny("moe_combine_shared")
+    spec = _spec_from_tiny("moe_combine_hc_expand")
     tpl = select(t, spec)
     k = spec.attr["k"]
 
@@ -538,14 +539,14 @@ def test_a_decode_combine_finds_its_pairs_without_an_inverse_permutation_launch(
         ins = list(spec.in_types)
         ins[0] = dataclasses.replace(y, shape=(tokens * k, y.shape[1]))
         ins[1] = dataclasses.replace(pairs, shape=(tokens * k,))
-        ins[3:] = [dataclasses.replace(x, shape=(tokens, x.shape[1])) for x in ins[3:]]
+        ins[3:] = [dataclasses.replace(x, shape=(tokens, *x.shape[1:])) for x in ins[3:]]
         s = dataclasses.replace(spec, in_types=tuple(ins))
         return [(x["entry"], x["constexprs"].get("SCAN")) for x in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
 
     for tokens in (1, 8, 64):
-        assert launches(tokens) == [("moe_combine_kernel", 1 << (tokens * k - 1).bit_length())]
+        assert launches(tokens) == [("moe_combine_expand_kernel", 1 << (tokens * k - 1).bit_length())]
     big = COMBINE_SCAN_MAX // k + 1
-    assert launches(big) == [("inverse_perm_kernel", None), ("moe_combine_kernel", 0)]
+    assert launches(big) == [("inverse_perm_kernel", None), ("moe_combine_expand_kernel", 0)]
 
 
 def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():

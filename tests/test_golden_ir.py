@@ -248,6 +248,8 @@ CASES = [
     Case("row_weight_scales", "infer_shapes_final", _first("gemm_fp8"), row_weight_scales),
     Case("fuse_moe_shared_add", "fuse_moe_shared", lambda g: first_match(g, fz.fuse_moe_shared_add),
          fz.fuse_moe_shared, chunks=tuple(SHORT)),
+    Case("fuse_combine_expand_node", "fuse_combine_expand", lambda g: first_match(g, fz.fuse_combine_expand_node),
+         fz.fuse_combine_expand, chunks=tuple(SHORT)),
 ]
 BY_NAME = {c.name: c for c in CASES}
 
@@ -291,7 +293,7 @@ def _valid_index_inputs(sub: Graph) -> dict:
     for n in sub.nodes:
         if n.op == "moe_experts" and n.inputs[1] in sub.inputs:
             out[n.inputs[1]] = expert_ids
-        if n.op == "moe_combine" and n.inputs[1] in sub.inputs:
+        if n.op in ("moe_combine", "moe_combine_shared") and n.inputs[1] in sub.inputs:
             out[n.inputs[1]], out[n.inputs[2]] = routed_pairs(n.attr["k"])
             out[n.inputs[3]] = expert_ids  # the combine reads only its row count
         if n.op == "candidate_mask" and n.inputs[1] in sub.inputs:
@@ -346,7 +348,8 @@ def test_rule_keeps_the_interpreter_output(case):
 
 # ---- where the rules must not fire --------------------------------------------------------------
 
-FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared", "fuse_decode_norm", "fuse_decode_linear_quant")]
+FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared", "fuse_decode_norm", "fuse_decode_linear_quant",
+                                            "fuse_combine_expand")]
 
 
 @pytest.mark.parametrize("case", FUSIONS, ids=lambda c: c.name)

@@ -84,6 +84,7 @@ def test_import_resolution():
         "deepinfer.passes.attention", "deepinfer.passes.attention.lower_sparse_attention",
         "deepinfer.passes.fuse", "deepinfer.passes.fuse.fuse", "deepinfer.passes.fuse.fuse_attention_rope",
         "deepinfer.passes.fuse.fuse_collapse_norm_quant",
+        "deepinfer.passes.fuse.fuse_combine_expand",
         "deepinfer.passes.fuse.fuse_decode",
         "deepinfer.passes.fuse.fuse_decode_linear_quant",
         "deepinfer.passes.fuse.fuse_decode_norm",

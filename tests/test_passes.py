@@ -229,7 +229,8 @@ def test_fusion_and_lowering_rules_fire_where_the_spec_says():
     # add went into the combine (fuse_moe_shared): no cast is left
     assert "cast" not in ops and sum(x.op == "linear" and g.types[x.inputs[0]].dtype.name == "f32"
                                      for x in g.nodes) == 0
-    assert ops["moe_combine_shared"] == n and "moe_combine" not in ops
+    # and the combine into the hc_expand that reads it (fuse_combine_expand)
+    assert ops["moe_combine_hc_expand"] == n and not {"moe_combine", "moe_combine_shared"} & set(ops)
     assert ops["rope_quant_fp8"] == n + 3  # window keys of every layer and the DSpark context keys
     assert ops["grouped_gemm_fp4"] == 2 * n and "moe_experts" not in ops
     assert ops["concat"] == 2 * n + 1  # w13 per layer and the shared expert's (load time) + the DSpark taps

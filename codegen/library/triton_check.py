@@ -353,6 +353,11 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
         pairs = torch.randperm(m, generator=g).to(torch.int32).to(device)
         return [rn(m, 2 * dims["F"], scale=4), torch.rand(n, k, generator=g).to(device), pairs], \
             {"limit": 10.0, "k": k, "block": 32}
+    if op in ("moe_combine_hc_expand", "moe_combine_hc_expand_long"):  # the combine's case, then hc_expand's streams
+        ins, attrs = make_case("moe_combine_shared" + op[len("moe_combine_hc_expand"):], dims, n, device, seed)
+        rows = ins[3].shape[0]
+        mix = torch.rand(rows, C, C, generator=g).to(device)
+        return [*ins, rn(rows, C, H), torch.rand(rows, C, generator=g).to(device) * 2, mix], attrs
     if op in ("moe_combine", "moe_combine_shared", "moe_combine_shared_long"):
         k, E = dims["k"], dims["E"]
         # _long: more pairs than a program searches (triton_ops.COMBINE_SCAN_MAX), so the combine
@@ -759,7 +764,7 @@ OUTPUT_KINDS = {
     "hc_pre": "rounded", "hc_expand": "rounded",
     "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
     "swiglu_weighted_quant_fp8": "quant",
-    "moe_combine": "f32", "moe_combine_shared": "exact", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
+    "moe_combine": "f32", "moe_combine_shared": "exact", "moe_combine_hc_expand": "rounded", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
     "compress_state_write": "exact", "compressed_write": "exact", "engram_hist_write": "exact",
     "grouped_linear": "rounded", "grouped_linear_quant_fp8": "quant", "linear": "rounded", "grouped_gemm_fp4": "rounded", "moe_permute": "exact",
@@ -775,7 +780,7 @@ VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
             "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
             "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "indexer_topk_twins": "indexer_topk",
-            "swa_write_long": "swa_write", "moe_combine_shared_long": "moe_combine_shared",
+            "swa_write_long": "swa_write", "moe_combine_shared_long": "moe_combine_shared", "moe_combine_hc_expand_long": "moe_combine_hc_expand",
             "rope_quant_fp8_cache_write_long": "rope_quant_fp8_cache_write",
             "linear_bf16": "linear"}
 CASES = sorted(OUTPUT_KINDS) + sorted(VARIANTS)

@@ -517,13 +517,8 @@ def hc_pre_kernel(r_ptr, fn_ptr, scale_ptr, base_ptr, prein_ptr, nw_ptr,
 
 
 @triton.jit
-def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr,
-                     BH: tl.constexpr):
-    """out[j] = post[j] * y + sum_i M[i, j] * R[i]; program (row, chunk of H)."""
-    row = tl.program_id(0).to(tl.int64)
-    hh = tl.program_id(1) * BH + tl.arange(0, BH)
-    hm = hh < H
-    y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
+def _expand_rows(y, r_ptr, post_ptr, m_ptr, out_ptr, row, hh, hm, C: tl.constexpr, H: tl.constexpr, BH: tl.constexpr):
+    """Row `row`'s streams out[j] = post[j] * y + sum_i M[i, j] * R[i] over the chunk hh (y fp32)."""
     for j in tl.static_range(C):
         mixed = tl.zeros([BH], tl.float32)
         for i in tl.static_range(C):
@@ -532,6 +527,17 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
             mixed += mij * ri
         pj = tl.load(post_ptr + row * C + j)
         _store_as(out_ptr + row * C * H + j * H + hh, pj * y + mixed, hm)
+
+
+@triton.jit
+def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H: tl.constexpr,
+                     BH: tl.constexpr):
+    """out[j] = post[j] * y + sum_i M[i, j] * R[i]; program (row, chunk of H)."""
+    row = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    y = tl.load(y_ptr + row * H + hh, mask=hm, other=0.0).to(tl.float32)
+    _expand_rows(y, r_ptr, post_ptr, m_ptr, out_ptr, row, hh, hm, C, H, BH)
 
 
 # ---- MoE ----------------------------------------------------------------------------------------
@@ -609,16 +615,12 @@ def inverse_perm_kernel(order_ptr, inv_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def moe_combine_kernel(y_ptr, inv_ptr, sh_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                       BH: tl.constexpr, SHARED: tl.constexpr, M: tl.constexpr = 0, SCAN: tl.constexpr = 0):
-    """out[t] = sum of y rows of t's pairs in ascending expert-order position, from 0 (the
-    reference's order exactly: its segments run in ascending expert order); with SHARED, plus the
-    shared expert's bf16 row in fp32, stored as bf16 (moe_combine_shared). inv_ptr: each pair's
-    position (inverse_perm_kernel's), or with SCAN (a power of two >= the M pairs) the pairs in
-    position order themselves, searched for t's (decode calls: no inverse launch before this one)."""
-    t = tl.program_id(0).to(tl.int64)
-    hh = tl.program_id(1) * BH + tl.arange(0, BH)
-    hm = hh < H
+def _combine_acc(y_ptr, inv_ptr, t, hh, hm, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr,
+                 M: tl.constexpr, SCAN: tl.constexpr):
+    """The fp32 sum over chunk hh of token t's K pair rows of y, in ascending expert-order
+    position from 0 (the reference's order exactly: its segments run in ascending expert order).
+    inv_ptr: each pair's position (inverse_perm_kernel's), or with SCAN (a power of two >= the M
+    pairs) the pairs in position order themselves, searched for t's."""
     lane = tl.arange(0, KP)
     if SCAN:
         i = tl.arange(0, SCAN)
@@ -633,11 +635,37 @@ def moe_combine_kernel(y_ptr, inv_ptr, sh_ptr, out_ptr, H: tl.constexpr, K: tl.c
         cur = tl.min(tl.where(ids > prev, ids, 2147483647), axis=0)
         acc += tl.load(y_ptr + cur.to(tl.int64) * H + hh, mask=hm, other=0.0).to(tl.float32)
         prev = cur
+    return acc
+
+
+@triton.jit
+def moe_combine_kernel(y_ptr, inv_ptr, sh_ptr, out_ptr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                       BH: tl.constexpr, SHARED: tl.constexpr, M: tl.constexpr = 0, SCAN: tl.constexpr = 0):
+    """out[t] = _combine_acc's sum of t's pair rows; with SHARED, plus the shared expert's bf16 row
+    in fp32, stored as bf16 (moe_combine_shared). Decode calls SCAN: no inverse launch first."""
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    acc = _combine_acc(y_ptr, inv_ptr, t, hh, hm, H, K, KP, BH, M, SCAN)
     if SHARED:
         acc += tl.load(sh_ptr + t * H + hh, mask=hm, other=0.0).to(tl.float32)
         _store_as(out_ptr + t * H + hh, acc, hm)
     else:
         tl.store(out_ptr + t * H + hh, acc, mask=hm)
+
+
+@triton.jit
+def moe_combine_expand_kernel(y_ptr, inv_ptr, sh_ptr, r_ptr, post_ptr, m_ptr, out_ptr, H: tl.constexpr,
+                              K: tl.constexpr, KP: tl.constexpr, BH: tl.constexpr, C: tl.constexpr,
+                              M: tl.constexpr = 0, SCAN: tl.constexpr = 0):
+    """moe_combine_kernel's SHARED row, rounded to bf16 as it would be stored, expanded into the
+    residual streams by hc_expand_kernel's rule in the same program (moe_combine_hc_expand)."""
+    t = tl.program_id(0).to(tl.int64)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    acc = _combine_acc(y_ptr, inv_ptr, t, hh, hm, H, K, KP, BH, M, SCAN)
+    acc += tl.load(sh_ptr + t * H + hh, mask=hm, other=0.0).to(tl.float32)
+    _expand_rows(_bf16_rne(acc), r_ptr, post_ptr, m_ptr, out_ptr, t, hh, hm, C, H, BH)
 
 
 # ---- gathers and cache writes -------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .triton_kernels import (compressed_write_kernel, engram_gate_kernel, engram
 from .triton_kernels import (compress_pool_norm_kernel, copy_cols_kernel, engram_ngram_ids_kernel, hc_mix_kernel,
                              hc_collapse_norm_kernel, hc_reduce_kernel, lookup_kernel, repeat_rows_kernel,
                              seq_first_kernel)
-from .triton_kernels import gather_row_pairs_kernel, rope_fp8_ring_kernel
+from .triton_kernels import gather_row_pairs_kernel, moe_combine_expand_kernel, rope_fp8_ring_kernel
 from .triton_kernels import HC_PART, block_linear_mx_kernel, block_linear_rows_kernel
 from .triton_kernels import moe_permute_count_kernel, moe_permute_kernel, moe_permute_scan_kernel
 from .triton_kernels import indexer_block_map_kernel, indexer_score_kernel, indexer_select_kernel
@@ -284,23 +284,41 @@ def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
 
 
 def launch_moe_combine(y, pairs, offsets, like, shared=None, *, k, cfg):
-    from .triton_ops import combine_scan
-
     n = like.shape[0]
     h = y.shape[1]
-    m = pairs.shape[0]
-    scan = combine_scan(m)
-    if scan:  # the combine finds each token's pairs itself
-        inv = pairs
-    else:
-        inv = torch.empty(m, dtype=torch.int32, device=y.device)
-        _k(inverse_perm_kernel)[(triton.cdiv(m, 1024),)](pairs, inv, m, BLOCK=1024)
+    m, inv, scan = _combine_positions(pairs, y.device)
     out = torch.empty(n, h, dtype=torch.float32 if shared is None else torch.bfloat16, device=y.device)
     _k(moe_combine_kernel)[(n, triton.cdiv(h, cfg["BH"]))](
         y, inv, y if shared is None else shared.contiguous(), out, H=h, K=k, KP=_p2(k), BH=cfg["BH"],
         SHARED=shared is not None, M=m if scan else 0, SCAN=scan, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     return out
+
+
+def launch_moe_combine_hc_expand(y, pairs, offsets, like, shared, r, post, m_mix, *, k, cfg):
+    """The MoE block's combine (moe_combine_shared's bf16 row) expanded into the residual streams
+    in the same program (moe_combine_expand_kernel)."""
+    n, c, h = r.shape
+    m, inv, scan = _combine_positions(pairs, y.device)
+    out = torch.empty_like(r)
+    _k(moe_combine_expand_kernel)[(n, triton.cdiv(h, cfg["BH"]))](
+        y, inv, shared.contiguous(), r, post, m_mix, out, H=h, K=k, KP=_p2(k), BH=cfg["BH"], C=c,
+        M=m if scan else 0, SCAN=scan, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def _combine_positions(pairs, device):
+    """(pairs, what the combine reads for them, SCAN): a call of few pairs searches the pairs
+    themselves; a larger one reads their inverse permutation, made by a first kernel."""
+    from .triton_ops import combine_scan
+
+    m = pairs.shape[0]
+    scan = combine_scan(m)
+    if scan:  # the combine finds each token's pairs itself
+        return m, pairs, scan
+    inv = torch.empty(m, dtype=torch.int32, device=device)
+    _k(inverse_perm_kernel)[(triton.cdiv(m, 1024),)](pairs, inv, m, BLOCK=1024)
+    return m, inv, scan
 
 
 def _gather(src2d, idx, div, cfg):

@@ -231,17 +231,25 @@ def _l_swiglu_w(spec, cfg):
 
 
 def _l_combine(spec, cfg):
+    """moe_combine(_shared), and moe_combine_hc_expand (the same sums expanded into the streams)."""
     y, pairs, offsets, like = spec.in_types[:4]
     shared = spec.in_types[4] if len(spec.in_types) > 4 else None
     m, h = _ints(y.shape)
     n = _ints(like.shape)[0]
     k = spec.attr["k"]
     scan = combine_scan(m)
-    combine = _launch("moe_combine_kernel", {"y_ptr": _ptr(y), "inv_ptr": _ptr(pairs) if scan else "*i32",
-                                             "sh_ptr": _ptr(shared if shared is not None else y),
-                                             "out_ptr": "*bf16" if shared is not None else "*fp32"},
-                      {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"], "SHARED": shared is not None,
-                       "M": m if scan else 0, "SCAN": scan}, (n, _cdiv(h, cfg["BH"])), cfg)
+    ce = {"H": h, "K": k, "KP": _p2(k), "BH": cfg["BH"]}
+    inv = {"y_ptr": _ptr(y), "inv_ptr": _ptr(pairs) if scan else "*i32",
+           "sh_ptr": _ptr(shared if shared is not None else y)}
+    if spec.op == "moe_combine_hc_expand":
+        r, post, mix = spec.in_types[5:]
+        args = inv | {"r_ptr": _ptr(r), "post_ptr": _ptr(post), "m_ptr": _ptr(mix), "out_ptr": _ptr(r)}
+        combine = _launch("moe_combine_expand_kernel", args, ce | {"C": _ints(r.shape)[1], "M": m if scan else 0,
+                                                                    "SCAN": scan}, (n, _cdiv(h, cfg["BH"])), cfg)
+    else:
+        combine = _launch("moe_combine_kernel", inv | {"out_ptr": "*bf16" if shared is not None else "*fp32"},
+                          ce | {"SHARED": shared is not None, "M": m if scan else 0, "SCAN": scan},
+                          (n, _cdiv(h, cfg["BH"])), cfg)
     if scan:
         return [combine]
     return [_launch("inverse_perm_kernel", {"order_ptr": _ptr(pairs), "inv_ptr": "*i32", "n": "i32"},
@@ -991,6 +999,9 @@ OPS = [
         dict(BH=512, num_warps=4, num_stages=1)),
     # the shared expert's add and the bf16 rounding at the MoE block's end, in the combine
     _Op("moe_combine_shared", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
+        dict(BH=512, num_warps=4, num_stages=1)),
+    # and the residual streams' expansion of that row (fuse_combine_expand)
+    _Op("moe_combine_hc_expand", "launch_moe_combine_hc_expand", _l_combine, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=512, num_warps=4, num_stages=1)),
     _Op("embedding", "launch_embedding", _l_embedding, dict(BLOCK=(512, 1024, 2048), **ROW),
         dict(BLOCK=1024, num_warps=4, num_stages=1)),

@@ -55,6 +55,7 @@ PASSES = (
     "fuse_gate_up_gemms",  # the shared expert's w1 and w3 GEMMs as one; after fuse makes swiglu_quant_fp8
     "split_hc_pre",  # mHC mixes apart from the normalised input, for the runtime's second stream; after fuse
     "fuse_collapse_norm_quant",  # that input and its fp8 quantisation in one call; after split_hc_pre makes it
+    "fuse_combine_expand",  # the MoE combine into the hc_expand reading it; after fuse_moe_shared makes that combine
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",
     "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats

@@ -435,3 +435,19 @@ def grouped_linear_quant_fp8(x, w, *, groups, weight_dtype, block):
     """grouped_linear's bf16 output quantised to fp8 per `block` (wo_a, then wo_b's input): at
     decode the K split's sum quantises the rows it sums, so the bf16 rows never go to memory."""
     return q.quant_fp8_32(grouped_linear(x, w, groups=groups, weight_dtype=weight_dtype), block)
+
+
+# ---- the MoE block's end: the combine and the stream expansion in one pass ------------------------
+
+def _combine_expand_rule(ins, a):
+    (y,) = _infer("moe_combine_shared", ins[:5], {"k": a["k"]})
+    return _infer("hc_expand", [y, *ins[5:]], {})
+
+
+@op("moe_combine_hc_expand", infer=_combine_expand_rule,
+    flops=lambda i, o, a: i[0].numel + 2 * o[0].numel * (o[0].shape[1] + 1), attrs={"k": REQUIRED}, n_inputs=8)
+def moe_combine_hc_expand(y, pairs, offsets, like, shared, r, post, m, *, k):
+    """hc_expand of the MoE block's output (moe_combine_shared, bf16) into the residual streams:
+    one program per row chunk sums the row's experts and the shared expert, rounds the sum to
+    bf16 and writes the streams, so the block's output row never goes to memory."""
+    return mhc.hc_expand(moe_combine_shared(y, pairs, offsets, like, shared, k=k), r, post, m)
