@@ -444,12 +444,10 @@ def fuse_decode_norm_node(ctx: Context, i: int):
     """The window keys' RMSNorm into the fused ring write that alone reads it
     (norm_rope_quant_fp8_cache_write): at decode the row is short and one program does both, so a
     launch a layer goes and the normalised row never goes to memory."""
+    r, norm = _chain_end(ctx, i, "rope_quant_fp8_cache_write", "rms_norm")
+    if norm is None:
+        return None
     w = ctx.g.nodes[i]
-    if w.op != "rope_quant_fp8_cache_write":
-        return None
-    r, norm = ctx.producer_op(w.inputs[0], "rms_norm")
-    if norm is None or not ctx.sole_user(w.inputs[0], i):
-        return None
     fused = Node.make("norm_rope_quant_fp8_cache_write", [*norm.inputs, *w.inputs[1:]], w.outputs,
                       w.attr | {"eps": norm.attr["eps"]})
     return Rewrite([r, i], [fused])
@@ -464,12 +462,10 @@ def fuse_decode_linear_quant_node(ctx: Context, i: int):
     quantisation alone reads its rows: wo_a's K-split sum quantises as it sums, a launch a layer
     less. Decode graphs only: prefill rows go to the programs the target names for grouped_linear,
     which write bf16."""
+    r, lin = _chain_end(ctx, i, "quant_fp8", "grouped_linear")
+    if lin is None:
+        return None
     qn = ctx.g.nodes[i]
-    if qn.op != "quant_fp8":
-        return None
-    r, lin = ctx.producer_op(qn.inputs[0], "grouped_linear")
-    if lin is None or not ctx.sole_user(qn.inputs[0], i):
-        return None
     return Rewrite([r, i], [Node.make("grouped_linear_quant_fp8", lin.inputs, qn.outputs, lin.attr | qn.attr)])
 
 
@@ -481,12 +477,10 @@ def fuse_combine_expand_node(ctx: Context, i: int):
     """The MoE block's combine into the hc_expand that alone reads its output
     (moe_combine_hc_expand): a launch a layer less, and the block's bf16 rows neither written nor
     read back."""
+    c, comb = _chain_end(ctx, i, "hc_expand", "moe_combine_shared")
+    if comb is None:
+        return None
     e = ctx.g.nodes[i]
-    if e.op != "hc_expand":
-        return None
-    c, comb = ctx.producer_op(e.inputs[0], "moe_combine_shared")
-    if comb is None or not ctx.sole_user(e.inputs[0], i):
-        return None
     return Rewrite([c, i], [Node.make("moe_combine_hc_expand", [*comb.inputs, *e.inputs[1:]], e.outputs, comb.attr)])
 
 
