@@ -486,3 +486,19 @@ def fuse_combine_expand_node(ctx: Context, i: int):
 
 def fuse_combine_expand(g: Graph) -> Graph:
     return apply_rules(g, [fuse_combine_expand_node])
+
+
+def fuse_decode_router_linear_node(ctx: Context, i: int):
+    """The gate's logits GEMM into the router that alone reads its logits (linear_moe_router): at
+    decode the router kernel sums the GEMM's K split, a launch a layer less. Decode graphs only:
+    a prefill call's GEMM splits no K, and its router reads the logits as before."""
+    r, lin = _chain_end(ctx, i, "moe_router", "linear")
+    if lin is None:
+        return None
+    rt = ctx.g.nodes[i]
+    return Rewrite([r, i], [Node.make("linear_moe_router", [*lin.inputs, *rt.inputs[1:]], rt.outputs,
+                                      lin.attr | rt.attr)])
+
+
+def fuse_decode_router_linear(g: Graph) -> Graph:
+    return apply_rules(g, [fuse_decode_router_linear_node])

@@ -9,7 +9,8 @@ from functools import partial
 from ..ir.verify import verify
 from .attention import lower_sparse_attention
 from .fuse import (fuse, fuse_attention_rope, fuse_collapse_norm_quant, fuse_combine_expand, fuse_decode,
-                   fuse_decode_linear_quant, fuse_decode_norm, fuse_gate_up_gemms, fuse_moe_shared, split_hc_pre)
+                   fuse_decode_linear_quant, fuse_decode_norm, fuse_decode_router_linear, fuse_gate_up_gemms,
+                   fuse_moe_shared, split_hc_pre)
 from .kernels import select_kernels
 from .moe import lower_moe_dispatch, shard_tables
 from .quant import legalize_quant, row_weight_scales
@@ -17,14 +18,15 @@ from .shapes import infer_shapes
 
 VARIANTS = ("prefill", "decode")
 # rules valid only with few rows per sequence: they join the graph of decode buckets alone
-DECODE_ONLY = {"fuse_decode", "fuse_decode_norm", "fuse_decode_linear_quant"}
+DECODE_ONLY = {"fuse_decode", "fuse_decode_norm", "fuse_decode_linear_quant", "fuse_decode_router_linear"}
 MULTI_RANK_ONLY = {"shard_tables"}  # one rank holds every table row: nothing to do, no stage to dump
 # a rule whose output op has no template but the torch fallback on a device target would trade
 # kernels for a slower path: it joins a pipeline only once a generated template of that op exists
 # (row_weight_scales: the per-row scales are what the block-scaled fp8 GEMM template reads)
 NEEDS_TEMPLATE = {"fuse_decode": "rope_quant_fp8_cache_write",
                   "fuse_decode_norm": "norm_rope_quant_fp8_cache_write",
-                  "fuse_decode_linear_quant": "grouped_linear_quant_fp8", "row_weight_scales": "gemm_fp8",
+                  "fuse_decode_linear_quant": "grouped_linear_quant_fp8",
+                  "fuse_decode_router_linear": "linear_moe_router", "row_weight_scales": "gemm_fp8",
                   "fuse_moe_shared": "moe_combine_shared", "fuse_gate_up_gemms": "swiglu_gu_quant_fp8",
                   "split_hc_pre": "hc_collapse_norm", "fuse_combine_expand": "moe_combine_hc_expand",
                   "fuse_collapse_norm_quant": "hc_collapse_norm_quant_fp8"}
@@ -46,6 +48,7 @@ def _passes(manifest, ep: int, dp: int, redundant: int) -> dict:
         "fuse_decode": fuse_decode,
         "fuse_decode_norm": fuse_decode_norm,
         "fuse_decode_linear_quant": fuse_decode_linear_quant,
+        "fuse_decode_router_linear": fuse_decode_router_linear,
         "lower_sparse_attention": lower_sparse_attention,
         "lower_moe_dispatch": partial(lower_moe_dispatch, ep=ep, dp=dp, redundant=redundant),
         "shard_tables": partial(shard_tables, ep=ep),

@@ -617,3 +617,38 @@ def test_wo_a_rows_quantised_by_the_k_split_sum():
         res = triton_check.run_interpreted(["grouped_linear_quant_fp8"], dims, dims["n"],
                                            dict(triton_check.SMALL_BLOCKS, SPLIT=split))
         assert res["grouped_linear_quant_fp8"] is None, (split, res)
+
+
+def test_the_router_sums_its_logits_gemms_k_split():
+    """linear_moe_router (fuse_decode_router_linear, decode graphs): with a K split the router
+    kernel reads the GEMM's partials and sums them in split order (two launches where the linear's
+    sum made three); unsplit, it reads the logits. Both agree with the reference on the
+    interpreter, near ties aside as for moe_router."""
+    from deepinfer.codegen.targets import get_target
+    from deepinfer.codegen.template import select
+    from deepinfer.models.deepseek_v41 import build_model
+    from deepinfer.passes.kernels import kernel_spec
+    from deepinfer.passes.pipelines import pipeline
+
+    g = build_model("v4.1-flash-tiny").step
+    for _, fn in pipeline("sm90", variant="decode"):
+        g = fn(g)
+    assert "moe_router" not in g.op_counts()
+    n = next(n for n in g.nodes if n.op == "linear_moe_router")
+    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    t = get_target("sm90")
+    tpl = select(t, spec)
+    assert tpl.name == "triton_linear_moe_router"
+
+    def launches(**over):
+        meta = tpl.render(t, spec, tpl.default_config(t, spec) | over).meta["kernels"]
+        return [(k["entry"], k["constexprs"].get("PARTS")) for k in meta]
+
+    split = launches()[1][1]
+    assert split > 1 and [e for e, _ in launches()] == ["block_linear_mx_kernel", "moe_router_kernel"]
+    assert launches(SPLIT=1, WL=0)[1:] == [("moe_router_kernel", 1)]
+    dims = dict(triton_check.TINY)
+    for s in (1, 3):
+        res = triton_check.run_interpreted(["linear_moe_router"], dims, dims["n"],
+                                           dict(triton_check.SMALL_BLOCKS, SPLIT=s))
+        assert res["linear_moe_router"] is None, (s, res)

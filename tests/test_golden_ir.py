@@ -236,6 +236,9 @@ CASES = [
          fz.fuse_decode, variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("fuse_decode_norm_node", "fuse_decode_norm", lambda g: first_match(g, fz.fuse_decode_norm_node),
          fz.fuse_decode_norm, variant="decode", target="cpu", chunks=tuple(DECODE)),
+    Case("fuse_decode_router_linear_node", "fuse_decode_router_linear",
+         lambda g: first_match(g, fz.fuse_decode_router_linear_node), fz.fuse_decode_router_linear,
+         variant="decode", target="cpu", chunks=tuple(DECODE)),
     Case("fuse_decode_linear_quant_node", "fuse_decode_linear_quant",
          lambda g: first_match(g, fz.fuse_decode_linear_quant_node), fz.fuse_decode_linear_quant, variant="decode",
          target="cpu", chunks=tuple(DECODE)),
@@ -349,7 +352,7 @@ def test_rule_keeps_the_interpreter_output(case):
 # ---- where the rules must not fire --------------------------------------------------------------
 
 FUSIONS = [c for c in CASES if c.stage in ("fuse", "fuse_moe_shared", "fuse_decode_norm", "fuse_decode_linear_quant",
-                                            "fuse_combine_expand")]
+                                            "fuse_decode_router_linear", "fuse_combine_expand")]
 
 
 @pytest.mark.parametrize("case", FUSIONS, ids=lambda c: c.name)

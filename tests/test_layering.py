@@ -88,6 +88,7 @@ def test_import_resolution():
         "deepinfer.passes.fuse.fuse_decode",
         "deepinfer.passes.fuse.fuse_decode_linear_quant",
         "deepinfer.passes.fuse.fuse_decode_norm",
+        "deepinfer.passes.fuse.fuse_decode_router_linear",
         "deepinfer.passes.fuse.fuse_gate_up_gemms", "deepinfer.passes.fuse.fuse_moe_shared",
         "deepinfer.passes.fuse.split_hc_pre",
         "deepinfer.passes.kernels", "deepinfer.passes.kernels.select_kernels",

@@ -305,6 +305,14 @@ def make_case(op: str, dims: dict, n: int, device="cpu", seed=0):
     if op == "hc_expand":
         m = torch.rand(n, C, C, generator=g).to(device)
         return [rn(n, H), rn(n, C, H), torch.rand(n, C, generator=g).to(device) * 2, m], {}
+    if op in ("linear_moe_router", "linear_moe_router_image_bias"):  # logits from a bf16 gate GEMM
+        gemm = [rn(n, H), rn(dims["E"], H, scale=2 / H ** 0.5)]
+        attrs = {"out_dtype": "f32", "compute": "f32"}
+        if op.endswith("_image_bias"):
+            ins, a = make_case("moe_router_image_bias", dims, n, device, seed)
+            return [*gemm, *ins[1:]], dict(a, **attrs)
+        return [*gemm, rn(dims["E"], scale=0.1, dtype=torch.float32)], \
+            dict(attrs, k=dims["k"], scale=2.5, renorm=True)
     if op == "moe_router":
         return [rn(n, dims["E"], scale=2, dtype=torch.float32), rn(dims["E"], scale=0.1, dtype=torch.float32)], \
             {"k": dims["k"], "scale": 1.5, "renorm": True}
@@ -731,10 +739,13 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     got = launch(*[clone_value(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
-        bias = cpu_ins[1]
-        if len(cpu_ins) == 4:  # the bias each row selected with
-            bias = get_op("route_bias").ref(cpu_ins[3], cpu_ins[1], cpu_ins[2], image_token_id=attrs["image_token_id"])
-        return compare_router(got, want, cpu_ins[0], bias)
+        logits, *rest = cpu_ins
+        if ref_op == "linear_moe_router":  # the reference's logits, for its near ties
+            logits = get_op("linear").ref(logits, rest.pop(0), out_dtype=attrs["out_dtype"], compute=attrs["compute"])
+        bias = rest[0]
+        if len(rest) == 3:  # the bias each row selected with
+            bias = get_op("route_bias").ref(rest[2], rest[0], rest[1], image_token_id=attrs["image_token_id"])
+        return compare_router(got, want, logits, bias)
     if kind == "quant":
         return compare_quant(tuple(got), tuple(want))
     if kind == "quant_ring":  # a quantised output and the ring it was written into (data, scale each)
@@ -762,7 +773,7 @@ OUTPUT_KINDS = {
     "rms_norm": "rounded", "rms_norm_quant_fp8": "quant", "quant_fp8": "quant", "rope": "rounded",
     "rope_quant_fp8": "quant", "rope_quant_fp4": "quant", "rope_quant_fp8_cache_write": "quant_ring", "norm_rope_quant_fp8_cache_write": "quant_ring",
     "hc_pre": "rounded", "hc_expand": "rounded",
-    "moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
+    "moe_router": "router", "linear_moe_router": "router", "swiglu_quant_fp8": "quant", "swiglu_gu_quant_fp8": "quant",
     "swiglu_weighted_quant_fp8": "quant",
     "moe_combine": "f32", "moe_combine_shared": "exact", "moe_combine_hc_expand": "rounded", "embedding": "exact", "gather_rows": "exact", "moe_gather_rows": "exact",
     "engram_gather": "exact", "engram_hash": "exact", "engram_gate": "rounded", "swa_write": "exact",
@@ -778,7 +789,8 @@ OUTPUT_KINDS = {
 VARIANTS = {"rope_quant_fp4_e4m3": "rope_quant_fp4", "moe_router_row_bias": "moe_router",
             "engram_gate_ids": "engram_gate", "grouped_gemm_fp4_w2": "grouped_gemm_fp4",
             "grouped_gemm_fp4_one_token": "grouped_gemm_fp4", "grouped_gemm_fp4_spans": "grouped_gemm_fp4",
-            "moe_router_image_bias": "moe_router", "moe_permute_skewed": "moe_permute",
+            "moe_router_image_bias": "moe_router", "linear_moe_router_image_bias": "linear_moe_router",
+            "moe_permute_skewed": "moe_permute",
             "indexer_topk_pool": "indexer_topk", "indexer_topk_cand": "indexer_topk", "indexer_topk_twins": "indexer_topk",
             "swa_write_long": "swa_write", "moe_combine_shared_long": "moe_combine_shared", "moe_combine_hc_expand_long": "moe_combine_hc_expand",
             "rope_quant_fp8_cache_write_long": "rope_quant_fp8_cache_write",

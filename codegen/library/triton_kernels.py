@@ -546,15 +546,23 @@ def hc_expand_kernel(y_ptr, r_ptr, post_ptr, m_ptr, out_ptr, C: tl.constexpr, H:
 @triton.jit
 def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, vl_ptr, ids_ptr, image_id, E: tl.constexpr,
                       K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr, RENORM: tl.constexpr,
-                      BIAS_ROWS: tl.constexpr, IDS: tl.constexpr):
+                      BIAS_ROWS: tl.constexpr, IDS: tl.constexpr, PARTS: tl.constexpr = 1):
     """s = sqrt(softplus(l)); k rounds of argmax of s + bias (lowest id on ties); weights from s.
     The bias is one row for all tokens, or one row per token (BIAS_ROWS), or (IDS) the row of
     bias_vl for an image token and of bias for any other (route_bias, read here rather than
-    written out as [n, E])."""
+    written out as [n, E]). PARTS > 1: logit_ptr holds the logits GEMM's K-split partials
+    [PARTS, rows, E], summed here in split order as split_sum_kernel sums them
+    (linear_moe_router)."""
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     em = e < E
-    x = tl.load(logit_ptr + row * E + e, mask=em, other=0.0)
+    if PARTS > 1:
+        total = tl.num_programs(0).to(tl.int64) * E
+        x = tl.zeros([BLOCK_E], tl.float32)
+        for p in tl.static_range(PARTS):
+            x += tl.load(logit_ptr + p * total + row * E + e, mask=em, other=0.0)
+    else:
+        x = tl.load(logit_ptr + row * E + e, mask=em, other=0.0)
     # softplus = max(x, 0) + log1p(exp(-|x|)), log1p by Kahan's (1+z) trick (no libdevice in the
     # interpreter); torch's threshold (x > 20 -> x) agrees in fp32
     z = tl.exp(-tl.abs(x))

@@ -237,13 +237,28 @@ def launch_hc_expand(y, r, post, m, *, cfg):
 
 
 def launch_moe_router(logits, bias, bias_vl=None, ids=None, *, k, scale, renorm, image_token_id=None, cfg):
-    n, e = logits.shape
+    return _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg)
+
+
+def launch_linear_moe_router(x, w, bias, bias_vl=None, ids=None, *, out_dtype, compute, k, scale, renorm,
+                             image_token_id=None, cfg):
+    """The gate's logits GEMM, its K-split partials summed by the router kernel (linear_moe_router)."""
+    from .triton_ops import ROUTER_CONFIG
+
+    logits = _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg, partials=True)
+    return _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, ROUTER_CONFIG)
+
+
+def _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg):
+    """moe_router_kernel on [n, E] logits, or on a K split's [parts, n, E] partials."""
+    parts = logits.shape[0] if logits.dim() == 3 else 1
+    n, e = logits.shape[-2:]
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)
     with_ids = ids is not None
     _k(moe_router_kernel)[(n,)](logits, bias, sel, w, scale, bias_vl if with_ids else bias, ids if with_ids else sel,
                             int(image_token_id) if with_ids else 0, E=e, K=k, KP=_p2(k), BLOCK_E=_p2(e),
-                            RENORM=bool(renorm and k > 1), BIAS_ROWS=bias.dim() == 2, IDS=with_ids,
+                            RENORM=bool(renorm and k > 1), BIAS_ROWS=bias.dim() == 2, IDS=with_ids, PARTS=parts,
                             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return sel, w
 
@@ -444,9 +459,10 @@ def launch_engram_gate(r, kv, q_weight, k_weight, ids=None, *, eps, image_token_
     return out
 
 
-def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0):
+def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0, partials=False):
     """The block linear's launches; quant_block (32): its bf16 rows quantised to fp8 per 32 as the
-    K split's sum writes them (split_sum_quant_kernel; one split: quant_fp8_kernel after it)."""
+    K split's sum writes them (split_sum_quant_kernel; one split: quant_fp8_kernel after it);
+    partials: a K split's [split, rows, N] fp32 partials returned unsummed (their reader sums)."""
     quant = isinstance(w, tuple)
     data = w[0] if quant else w
     xq = isinstance(x, tuple)  # gemm_fp8: fp8 rows and their per-32 scales
@@ -459,8 +475,10 @@ def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0):
     wl = block_linear_rows(cfg, n, ng, kg, groups)
     split = wl["SPLIT"] if wl else block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
     part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else None
-    # quantised after a K split, the bf16 rows are never written: the main kernel's y is unused
-    y = part if quant_block and part is not None else torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
+    # quantised or left to their reader after a K split, the rows are never summed here: the main
+    # kernel's y is unused
+    y = part if (quant_block or partials) and part is not None else torch.empty(n, data.shape[0], dtype=out_dtype,
+                                                                                device=xd.device)
     part = y if part is None else part
     tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
     wq, ws = (_u8(data), _u8(w[1])) if quant else (data, data)
@@ -491,6 +509,8 @@ def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0):
             _k(quant_fp8_kernel)[(n, triton.cdiv(data.shape[0], 1024))](y, _u8(q), sc, N=data.shape[0], BLOCK=1024,
                                                                          BLK=quant_block, num_warps=4)
         return q, sc
+    if split > 1 and partials:
+        return part
     if split > 1:
         _k(split_sum_kernel)[(triton.cdiv(y.numel(), 1024),)](part, y, y.numel(), SPLIT=split, BLOCK=1024,
                                                              num_warps=4)

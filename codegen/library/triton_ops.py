@@ -193,14 +193,31 @@ def _l_hc_expand(spec, cfg):
 
 
 def _l_router(spec, cfg):
-    logits, bias, *vl = spec.in_types  # with route_bias folded in: bias_vl and the token ids
-    n, e = _ints(logits.shape)
+    return _router_launches(spec, 1, cfg)
+
+
+# the router kernel's launch settings where it follows the logits GEMM in one instance
+# (linear_moe_router: the instance's config is the GEMM's)
+ROUTER_CONFIG = {"num_warps": 4, "num_stages": 1}
+
+
+def _router_launches(spec, parts: int, cfg=ROUTER_CONFIG) -> list:
+    """moe_router_kernel for moe_router's spec, or for linear_moe_router's after its GEMM (the
+    logits as `parts` K-split partials when parts > 1)."""
+    if spec.op == "linear_moe_router":
+        x, w, bias, *vl = spec.in_types
+        n, e = _rows(x), _ints(w.shape)[0]
+        logits = "*fp32"
+    else:
+        lt, bias, *vl = spec.in_types  # with route_bias folded in: bias_vl and the token ids
+        (n, e), logits = _ints(lt.shape), _ptr(lt)
     k = spec.attr["k"]
-    args = {"logit_ptr": _ptr(logits), "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32",
+    args = {"logit_ptr": logits, "bias_ptr": _ptr(bias), "sel_ptr": "*i32", "w_ptr": "*fp32", "scale": "fp32",
             "vl_ptr": _ptr(vl[0]) if vl else _ptr(bias), "ids_ptr": _ptr(vl[1]) if vl else "*i32", "image_id": "i32"}
     return [_launch("moe_router_kernel", args, {"E": e, "K": k, "KP": _p2(k), "BLOCK_E": _p2(e),
                                                 "RENORM": bool(spec.attr["renorm"] and k > 1),
-                                                "BIAS_ROWS": bias.rank == 2, "IDS": bool(vl)}, (n,), cfg)]
+                                                "BIAS_ROWS": bias.rank == 2, "IDS": bool(vl), "PARTS": parts},
+                    (n,), cfg)]
 
 
 def _l_swiglu(spec, cfg):
@@ -447,7 +464,7 @@ def _block_linear_rows_by_spec(spec, n: int, tdef: dict | None = None) -> dict:
 def _l_grouped_linear(spec, cfg):
     """The block linear's launches; grouped_linear_quant_fp8: its rows quantised by the K split's
     sum (split_sum_quant_kernel), or by quant_fp8_kernel after an unsplit call (the launcher's)."""
-    x, w = spec.in_types
+    x, w = spec.in_types[:2]
     quant = isinstance(w, QuantType)
     data = w.data if quant else w
     rows_w, kg = _ints(data.shape)
@@ -455,9 +472,14 @@ def _l_grouped_linear(spec, cfg):
     n = _rows(x)
     out = spec.out_types[0]
     qblock = spec.attr["block"] if spec.op == "grouped_linear_quant_fp8" else 0
+    partials = spec.op == "linear_moe_router"  # the router sums the K split
+    if partials:
+        out = _router_gemm(spec).out_types[0]
 
     def y_ptr(split):  # quantised: the main kernel writes the partials, or bf16 rows to quantise
-        return ("*fp32" if split > 1 else "*bf16") if qblock else _ptr(out)
+        if qblock:
+            return "*fp32" if split > 1 else "*bf16"
+        return "*fp32" if partials and split > 1 else _ptr(out)
 
     ce = {"G": g, "KG": kg, "NG": rows_w // g, "SK": _cdiv(kg, 32)}
     wl = block_linear_rows(cfg, n, rows_w // g, kg, g)
@@ -469,7 +491,7 @@ def _l_grouped_linear(spec, cfg):
         # F32 (fp32 operands) is the CPU interpreter's: its launcher passes it there
         main = _launch("block_linear_rows_kernel", args, {**ce, "XQ": xq, "WQ": quant, **wl, "F32": False},
                        (g * (rows_w // g) // wl["BN"], wl["SPLIT"]), cfg, aligned=("w_ptr", "s_ptr", "y_ptr", "part_ptr"))
-        return [main] + _linear_tail(wl["SPLIT"], n, rows_w, out, qblock)
+        return [main] + _linear_tail(wl["SPLIT"], n, rows_w, out, qblock, spec if partials else None)
     split = block_linear_split(cfg, g * _cdiv(rows_w // g, cfg["BN"]), kg)
     grid = (_cdiv(n, cfg["BM"]), g * _cdiv(rows_w // g, cfg["BN"]), split)
     tiles = {"BM": cfg["BM"], "BN": cfg["BN"], "BK": cfg["BK"], "SPLIT": split}
@@ -487,12 +509,15 @@ def _l_grouped_linear(spec, cfg):
         args = {"x_ptr": _ptr(x), "w_ptr": "*u8" if quant else _ptr(w), "s_ptr": "*u8" if quant else _ptr(w),
                 "y_ptr": y_ptr(split), "part_ptr": part, "n": "i32"}
         main = _launch("grouped_linear_kernel", args, {**ce, "QUANT": quant, **tiles}, grid, cfg)
-    return [main] + _linear_tail(split, n, rows_w, out, qblock)
+    return [main] + _linear_tail(split, n, rows_w, out, qblock, spec if partials else None)
 
 
-def _linear_tail(split: int, n: int, width: int, out, qblock: int) -> list:
+def _linear_tail(split: int, n: int, width: int, out, qblock: int, router=None) -> list:
     """After the main kernel: the K split's sum, quantising where qblock is set (an unsplit call's
-    rows then quantised by quant_fp8_kernel)."""
+    rows then quantised by quant_fp8_kernel), or (router: linear_moe_router's spec) the router
+    kernel summing the split itself."""
+    if router is not None:
+        return _router_launches(router, split)
     if not qblock:
         return _split_sum(split, n * width, out)
     if split > 1:
@@ -675,6 +700,14 @@ def _linear_supports(t, spec):
 
 
 DECODE_LINEAR_ROWS = 64  # the largest decode bucket's rows: one row tile, the K split in order
+
+
+def _router_gemm(spec) -> KernelSpec:
+    """linear_moe_router's logits GEMM as the linear it is (the router's inputs and attrs off)."""
+    x, w = spec.in_types[:2]
+    a = spec.attr
+    out = TensorType(dt.dtype(a["out_dtype"]) if a["out_dtype"] else x.dtype, (_rows(x), _ints(w.shape)[0]))
+    return KernelSpec("linear", (("compute", a["compute"]), ("out_dtype", a["out_dtype"])), (x, w), (out,))
 
 
 def _decode_row_tile(n: int) -> int:
@@ -1035,6 +1068,12 @@ OPS = [
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
         by_spec=_block_linear_rows_by_spec),
+    # the router's logits GEMM at decode with the router reading its K split (fuse_decode_router_linear)
+    _Op("linear_moe_router", "launch_linear_moe_router", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
+        supports=lambda t, s: _linear_supports(t, _router_gemm(s)),
+        by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
+        by_spec=lambda s, n, tdef=None: _block_linear_rows_by_spec(_router_gemm(s), n, tdef)),
     _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
         supports=_linear_supports,

@@ -48,6 +48,7 @@ PASSES = (
     "fuse_decode",  # decode graphs: window keys written before attention reads them; after fuse makes rope+quant
     "fuse_decode_norm",  # decode graphs: the keys' RMSNorm into that write; after fuse_decode makes it
     "fuse_decode_linear_quant",  # decode graphs: wo_a's quantisation into its K-split sum; after legalize_quant
+    "fuse_decode_router_linear",  # decode graphs: the gate GEMM's K-split sum in the router; after fuse makes it
     "lower_sparse_attention",  # shares top-k buffers (REUSE layers), checks attentions against their indexers
     "lower_moe_dispatch",  # after fuse (router outputs feed it), before selection (needs the grouped GEMMs)
     "shard_tables",  # with ep > 1: Engram tables split by rows over the ranks (no-op otherwise)

@@ -451,3 +451,24 @@ def moe_combine_hc_expand(y, pairs, offsets, like, shared, r, post, m, *, k):
     one program per row chunk sums the row's experts and the shared expert, rounds the sum to
     bf16 and writes the streams, so the block's output row never goes to memory."""
     return mhc.hc_expand(moe_combine_shared(y, pairs, offsets, like, shared, k=k), r, post, m)
+
+
+# ---- decode: the router's logits GEMM with the router ---------------------------------------------
+
+def _linear_router_rule(ins, a):
+    if len(ins) not in (3, 5):
+        raise ShapeError("linear_moe_router takes x, the gate weight, bias [, bias_vl, token ids]")
+    (logits,) = _infer("linear", ins[:2], {"out_dtype": a["out_dtype"], "compute": a["compute"]})
+    return _router_rule([logits, *ins[2:]], a)
+
+
+@op("linear_moe_router", infer=_linear_router_rule,
+    flops=lambda i, o, a: 2 * i[0].numel * i[1].shape[0] + 8 * i[0].shape[0] * i[1].shape[0],
+    attrs={"out_dtype": None, "compute": "f32", "k": REQUIRED, "scale": REQUIRED, "renorm": True,
+           "image_token_id": None})
+def linear_moe_router(x, w, bias, bias_vl=None, ids=None, *, out_dtype, compute, k, scale, renorm,
+                      image_token_id=None):
+    """moe_router of the gate's logits (linear): at decode the router sums the logits GEMM's K
+    split itself, in the split's order, so the logits are never summed by a kernel of their own."""
+    logits = core.linear(x, w, out_dtype=out_dtype, compute=compute)
+    return moe_router(logits, bias, bias_vl, ids, k=k, scale=scale, renorm=renorm, image_token_id=image_token_id)
