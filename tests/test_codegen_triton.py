@@ -313,16 +313,18 @@ def test_moe_permute_launches_by_pair_count():
 DECODE_ENV = {"num_tokens": 8, "num_seqs": 2, "num_samples": 2, "max_pages": 8, "num_slots": 4, "num_pages": 16}
 
 
-def _spec_from_tiny(op):
-    """The first `op` call of the tiny sm90 graph at an 8-row decode bucket."""
+def _spec_from_tiny(op, variant="prefill", absent=()):
+    """The first `op` call of the tiny sm90 graph (`variant`: the pipeline's, "decode" with the
+    decode-only fusions) at an 8-row decode bucket; `absent`: ops the fusions must have left none of."""
     from deepinfer.models.deepseek_v41 import build_model
     from deepinfer.passes.kernels import kernel_spec
     from deepinfer.passes.pipelines import pipeline
 
     g = build_model("v4.1-flash-tiny").step
-    for name, fn in pipeline("sm90"):
+    for name, fn in pipeline("sm90", variant=variant):
         if not (op == "hc_pre" and name == "split_hc_pre"):  # sm90 splits it (for its second stream)
             g = fn(g)
+    assert not set(absent) & set(g.op_counts()), set(absent) & set(g.op_counts())
     n = next(n for n in g.nodes if n.op == op)
     return kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
 
@@ -557,15 +559,8 @@ def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
 
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import select
-    from deepinfer.models.deepseek_v41 import build_model
-    from deepinfer.passes.kernels import kernel_spec
-    from deepinfer.passes.pipelines import pipeline
 
-    g = build_model("v4.1-flash-tiny").step
-    for _, fn in pipeline("sm90", variant="decode"):
-        g = fn(g)
-    n = next(n for n in g.nodes if n.op == "norm_rope_quant_fp8_cache_write")
-    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    spec = _spec_from_tiny("norm_rope_quant_fp8_cache_write", "decode", absent=("rope_quant_fp8_cache_write", "swa_write"))
     t = get_target("sm90")
     tpl = select(t, spec)
     ring_len = spec.in_types[3].data.shape[1]
@@ -580,8 +575,6 @@ def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
         return [(k["entry"], k["constexprs"].get("KEEP_ALL")) for k in tpl.render(t, s, tpl.default_config(t, s)).meta["kernels"]]
 
     assert tpl.name == "triton_norm_rope_quant_fp8_cache_write"
-    assert not {"rope_quant_fp8_cache_write", "swa_write"} & set(g.op_counts())
-    assert not any(m.op == "rms_norm" and m.inputs[1].endswith("attn.kv_norm.weight") for m in g.nodes)
     assert launches(8) == launches(ring_len) == [("rope_fp8_ring_kernel", 1)]
     assert launches(ring_len + 1) == [("seq_newest_kernel", None), ("rope_fp8_ring_kernel", 0)]
 
@@ -593,16 +586,8 @@ def test_wo_a_rows_quantised_by_the_k_split_sum():
     the op's reference on the interpreter."""
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import select
-    from deepinfer.models.deepseek_v41 import build_model
-    from deepinfer.passes.kernels import kernel_spec
-    from deepinfer.passes.pipelines import pipeline
 
-    g = build_model("v4.1-flash-tiny").step
-    for _, fn in pipeline("sm90", variant="decode"):
-        g = fn(g)
-    assert "grouped_linear" not in g.op_counts()
-    n = next(n for n in g.nodes if n.op == "grouped_linear_quant_fp8")
-    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    spec = _spec_from_tiny("grouped_linear_quant_fp8", "decode", absent=("grouped_linear",))
     t = get_target("sm90")
     tpl = select(t, spec)
     assert tpl.name == "triton_grouped_linear_quant_fp8"
@@ -626,16 +611,8 @@ def test_the_router_sums_its_logits_gemms_k_split():
     interpreter, near ties aside as for moe_router."""
     from deepinfer.codegen.targets import get_target
     from deepinfer.codegen.template import select
-    from deepinfer.models.deepseek_v41 import build_model
-    from deepinfer.passes.kernels import kernel_spec
-    from deepinfer.passes.pipelines import pipeline
 
-    g = build_model("v4.1-flash-tiny").step
-    for _, fn in pipeline("sm90", variant="decode"):
-        g = fn(g)
-    assert "moe_router" not in g.op_counts()
-    n = next(n for n in g.nodes if n.op == "linear_moe_router")
-    spec = kernel_spec(g, n, {v: g.types[v].subs(DECODE_ENV) for v in (*n.inputs, *n.outputs)})
+    spec = _spec_from_tiny("linear_moe_router", "decode", absent=("moe_router",))
     t = get_target("sm90")
     tpl = select(t, spec)
     assert tpl.name == "triton_linear_moe_router"
