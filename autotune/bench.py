@@ -57,7 +57,7 @@ class Bench:
         with torch.device(self.device):
             ref = get_op(spec.op).ref(*[_clone(v) for v in self.check_inputs], **self.attrs)
         self.ref = _cpu(ref)
-        self.ref_inputs = [_cpu(v) for v in self.check_inputs[:2]]
+        self.ref_inputs = [_cpu(v) for v in self.check_inputs[:3]]
         # fresh inputs per repeat set: no timing leans on one draw of data-dependent work (routing,
         # top-k lists, positions) or on values left in a cache
         self.sets = [spec_case(spec.op, spec.in_types, spec.attr, self.device, seed=1 + i)[0]
@@ -97,7 +97,7 @@ class Bench:
         recipe = cand.get("recipe")
         got = fn(*as_recorded([_clone(v) for v in self.check_inputs], recipe))
         self._sync()
-        ok, why = judge(self.op, self.template, _cpu(got), self.ref, self.ref_inputs)
+        ok, why = judge(self.op, self.template, _cpu(got), self.ref, self.ref_inputs, self.attrs)
         if not ok:
             return {"status": "wrong", "why": why}
         us = []

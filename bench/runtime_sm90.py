@@ -142,7 +142,8 @@ def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_
                 ref = op.ref(*xs_ref, **op.check_attrs(call["attrs"]))
             if ref_device == "cpu":
                 ref = tuple(_cpu(r) for r in ref) if isinstance(ref, tuple) and not isinstance(ref, QTensor) else _cpu(ref)
-            ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, [_cpu(x) for x in xs_ref[:2]])
+            ok, what = judge(call["op"], tmpl, res if len(res) > 1 else res[0], ref, [_cpu(x) for x in xs_ref[:3]],
+                             op.check_attrs(call["attrs"]))
             row = per_template.setdefault(tmpl, {"calls": 0, "pass": 0, "worst": ""})
             row["calls"] += 1
             done = sum(r["calls"] for r in per_template.values())

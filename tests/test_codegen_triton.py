@@ -629,3 +629,20 @@ def test_the_router_sums_its_logits_gemms_k_split():
         res = triton_check.run_interpreted(["linear_moe_router"], dims, dims["n"],
                                            dict(triton_check.SMALL_BLOCKS, SPLIT=s))
         assert res["linear_moe_router"] is None, (s, res)
+
+
+def test_the_per_call_check_takes_the_routers_logits_from_its_gate_gemm():
+    """judge (the GPU per-call check, the tuner's check) on linear_moe_router: the near-tie rule
+    reads the logits the gate GEMM's reference makes from x and the weight, and the bias third;
+    the reference's own output passes, a row with another expert selected fails."""
+    from deepinfer.ir.registry import get_op
+
+    dims = dict(triton_check.TINY)
+    ins, attrs = triton_check.make_case("linear_moe_router", dims, dims["n"])
+    sel, w = get_op("linear_moe_router").ref(*ins, **attrs)
+    ok, why = triton_check.judge("linear_moe_router", "triton_linear_moe_router", (sel, w), (sel, w), ins[:3], attrs)
+    assert ok, why
+    bad = sel.clone()
+    bad[0, 0] = next(e for e in range(dims["E"]) if e not in sel[0].tolist())
+    ok, why = triton_check.judge("linear_moe_router", "triton_linear_moe_router", (bad, w), (sel, w), ins[:3], attrs)
+    assert not ok, why

@@ -156,6 +156,18 @@ def compare_exact(got, ref, what="output"):
     return None
 
 
+def router_logits_bias(op: str, ins, attrs: dict):
+    """(the reference's logits, the bias) of a router call, for compare_router's near ties:
+    linear_moe_router's logits from its x and gate weight by the linear's reference."""
+    if op == "linear_moe_router":
+        from deepinfer.ir.registry import get_op
+
+        logits = get_op("linear").ref(ins[0], ins[1], out_dtype=attrs.get("out_dtype", "f32"),
+                                      compute=attrs.get("compute", "f32"))
+        return logits, ins[2]
+    return ins[0], ins[1]
+
+
 def compare_router(got, ref, logits, bias):
     sel, w = got[0].cpu().long(), got[1].cpu()
     rsel, rw = ref[0].cpu().long(), ref[1].cpu()
@@ -195,9 +207,10 @@ def max_rel(got, ref) -> float:
     return float((g[fin] - r[fin]).abs().max() / r[fin].abs().max().clamp_min(1e-30))
 
 
-def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
-    """One call's output against its op's reference on the same inputs (`ins`: its first two
-    inputs, which the router's rule reads): Triton templates by the per-output rules above,
+def judge(op: str, template: str | None, got, ref, ins, attrs: dict | None = None) -> tuple[bool, str]:
+    """One call's output against its op's reference on the same inputs (`ins`: its first three
+    inputs, which the router's rule reads: the logits, or linear_moe_router's x and gate weight,
+    whose logits `attrs` make, then the bias): Triton templates by the per-output rules above,
     TileLang ones by max relative error, torch references run on both sides by the f32 / exact
     rules. (ok, the reason or the max relative error)."""
     got_t = got if isinstance(got, tuple) and not isinstance(got, QTensor) else (got,)
@@ -207,7 +220,7 @@ def judge(op: str, template: str | None, got, ref, ins) -> tuple[bool, str]:
         return r <= TILELANG_TOLERANCE[template], f"max rel {r:.2e}"
     kind = OUTPUT_KINDS.get(op) if template and template.startswith("triton_") else None
     if kind == "router":
-        m = compare_router(got_t, ref_t, ins[0], ins[1])
+        m = compare_router(got_t, ref_t, *router_logits_bias(op, ins, attrs or {}))
     else:
         m = None
         for i, (a, b) in enumerate(zip(got_t, ref_t)):
@@ -739,12 +752,10 @@ def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     got = launch(*[clone_value(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
-        logits, *rest = cpu_ins
-        if ref_op == "linear_moe_router":  # the reference's logits, for its near ties
-            logits = get_op("linear").ref(logits, rest.pop(0), out_dtype=attrs["out_dtype"], compute=attrs["compute"])
-        bias = rest[0]
-        if len(rest) == 3:  # the bias each row selected with
-            bias = get_op("route_bias").ref(rest[2], rest[0], rest[1], image_token_id=attrs["image_token_id"])
+        logits, bias = router_logits_bias(ref_op, cpu_ins, attrs)
+        rest = cpu_ins[3 if ref_op == "linear_moe_router" else 2:]
+        if rest:  # the bias each row selected with
+            bias = get_op("route_bias").ref(rest[1], bias, rest[0], image_token_id=attrs["image_token_id"])
         return compare_router(got, want, logits, bias)
     if kind == "quant":
         return compare_quant(tuple(got), tuple(want))
