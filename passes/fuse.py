@@ -463,9 +463,9 @@ def fuse_decode_linear_quant_node(ctx: Context, i: int):
     less. Decode graphs only: prefill rows go to the programs the target names for grouped_linear,
     which write bf16."""
     r, lin = _chain_end(ctx, i, "quant_fp8", "grouped_linear")
-    if lin is None:
-        return None
     qn = ctx.g.nodes[i]
+    if lin is None or qn.attr.get("block", 32) != 32:  # the split's sum quantises per 32
+        return None
     return Rewrite([r, i], [Node.make("grouped_linear_quant_fp8", lin.inputs, qn.outputs, lin.attr | qn.attr)])
 
 
@@ -493,7 +493,7 @@ def fuse_decode_router_linear_node(ctx: Context, i: int):
     decode the router kernel sums the GEMM's K split, a launch a layer less. Decode graphs only:
     a prefill call's GEMM splits no K, and its router reads the logits as before."""
     r, lin = _chain_end(ctx, i, "moe_router", "linear")
-    if lin is None:
+    if lin is None or lin.attr.get("out_dtype") != "f32":  # the router sums fp32 partials or reads fp32 logits
         return None
     rt = ctx.g.nodes[i]
     return Rewrite([r, i], [Node.make("linear_moe_router", [*lin.inputs, *rt.inputs[1:]], rt.outputs,

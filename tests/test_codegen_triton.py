@@ -646,3 +646,36 @@ def test_the_per_call_check_takes_the_routers_logits_from_its_gate_gemm():
     bad[0, 0] = next(e for e in range(dims["E"]) if e not in sel[0].tolist())
     ok, why = triton_check.judge("linear_moe_router", "triton_linear_moe_router", (bad, w), (sel, w), ins[:3], attrs)
     assert not ok, why
+
+
+FUSED_NORM_AGREES = """
+import torch
+from deepinfer.codegen.library import triton_check as tc, triton_launchers as L, triton_ops as ops
+dims = dict(tc.TINY)
+ins, attrs = tc.make_case("norm_rope_quant_fp8_cache_write", dict(dims, slots=64), 64)
+def cl(v):
+    return v.clone() if isinstance(v, torch.Tensor) else type(v)(v.data.clone(), v.scale.clone())
+cfg = ops.default_config("norm_rope_quant_fp8_cache_write", 64)
+fused = L.launch_norm_rope_fp8_ring(*[cl(v) for v in ins], **ops.launch_attrs("norm_rope_quant_fp8_cache_write", attrs),
+                                    cfg=cfg)
+xn = L.launch_rms_norm(ins[0], ins[1], eps=attrs["eps"], cfg=dict(ops.default_config("rms_norm", 64), BLOCK_H=64))
+rest = {k: v for k, v in attrs.items() if k != "eps"}
+plain = L.launch_rope_fp8_ring(xn, *[cl(v) for v in ins[2:]], **ops.launch_attrs("rope_quant_fp8_cache_write", rest),
+                               cfg=cfg)
+print("SAME" if all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(fused, plain)) else "DIFF")
+"""
+
+
+def test_the_fused_key_norm_agrees_with_rms_norm_kernel_bit_for_bit():
+    """The decode graph's fused key write and the prefill graph's rms_norm_kernel + ring write take
+    the same rstd (triton_kernels._rstd: fp64 statistics), so a key is the same bytes whichever
+    graph writes it (chunked prefill, batch-invariant plans), though rms_norm_kernel sums in
+    64-wide chunks here and the fused kernel over the whole row."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", FUSED_NORM_AGREES], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().endswith("SAME"), r.stdout[-500:]

@@ -119,6 +119,17 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _rstd(ss, H: tl.constexpr, eps):
+    """1 / sqrt(mean(x^2) + eps) from fp64 sums of squares `ss`, as the reference computes it
+    (numerics mean_sq32, rsqrt32): the mean in fp64 rounded to fp32, eps added in fp32, 1/sqrt in
+    fp64 rounded to fp32. The squares of bf16 values are exact in fp64 and so, at a row's range of
+    magnitudes, is their sum: every kernel that normalises a row (rms_norm_kernel, the fused key
+    write) gets the same rstd whatever its tile order, so decode and prefill graphs agree."""
+    ms = (tl.sum(tl.sum(ss, axis=1), axis=0) / H).to(tl.float32) + eps
+    return (1.0 / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
+
+
+@triton.jit
 def rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, eps, H: tl.constexpr, BLOCK_H: tl.constexpr,
                     QUANT: tl.constexpr):
     """One row per program; pass 1 sums squares, pass 2 writes w * (x * rstd) in x's dtype, or
@@ -126,12 +137,12 @@ def rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, eps, H: tl.constexpr, BLO
     row = tl.program_id(0).to(tl.int64)
     NB: tl.constexpr = BLOCK_H // 32
     cols = tl.arange(0, NB)[:, None] * 32 + tl.arange(0, 32)[None, :]
-    ss = tl.zeros([NB, 32], tl.float32)
+    ss = tl.zeros([NB, 32], tl.float64)
     for c0 in range(0, H, BLOCK_H):
         m = (c0 + cols) < H
-        x = tl.load(x_ptr + row * H + c0 + cols, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * H + c0 + cols, mask=m, other=0.0).to(tl.float64)
         ss += x * x
-    rstd = tl.math.rsqrt(tl.sum(tl.sum(ss, axis=1), axis=0) / H + eps)
+    rstd = _rstd(ss, H, eps)
     for c0 in range(0, H, BLOCK_H):
         m = (c0 + cols) < H
         x = tl.load(x_ptr + row * H + c0 + cols, mask=m, other=0.0)
@@ -267,11 +278,8 @@ def rope_fp8_ring_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, q_ptr, s_ptr, seq_ptr,
         HP: tl.constexpr = BLK // 2
         x = tl.load(x_ptr + r * D + cols, mask=cols < D, other=0.0)
         xf = x.to(tl.float32)
-        # the reference's fp64 mean of squares and fp64 1/sqrt, each rounded to fp32 (numerics
-        # mean_sq32, rsqrt32): one short row a program, so fp64 costs nothing that shows
         x64 = xf.to(tl.float64)
-        ms = (tl.sum(tl.sum(x64 * x64, axis=1), axis=0) / D).to(tl.float32) + eps
-        rstd = (1.0 / tl.sqrt(ms.to(tl.float64))).to(tl.float32)
+        rstd = _rstd(x64 * x64, D, eps)  # rms_norm_kernel's, so the prefill graph's keys agree
         w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
         xn = _round_like(w * (xf * rstd), x.dtype).to(x.dtype)  # exact: the rotation rounds to its dtype
         xe, xo = tl.split(tl.reshape(xn, [NB, HP, 2]))

@@ -237,7 +237,7 @@ def launch_hc_expand(y, r, post, m, *, cfg):
 
 
 def launch_moe_router(logits, bias, bias_vl=None, ids=None, *, k, scale, renorm, image_token_id=None, cfg):
-    return _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg)
+    return _router(logits, 1, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg)
 
 
 def launch_linear_moe_router(x, w, bias, bias_vl=None, ids=None, *, out_dtype, compute, k, scale, renorm,
@@ -246,12 +246,12 @@ def launch_linear_moe_router(x, w, bias, bias_vl=None, ids=None, *, out_dtype, c
     from .triton_ops import ROUTER_CONFIG
 
     logits = _block_linear(x, w, 1, _TORCH_DTYPES[out_dtype] if out_dtype else x.dtype, cfg, partials=True)
-    return _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, ROUTER_CONFIG)
+    parts = logits.shape[0] if logits.dim() == 3 else 1  # _block_linear's partials: [split, rows, E]
+    return _router(logits, parts, bias, bias_vl, ids, k, scale, renorm, image_token_id, ROUTER_CONFIG)
 
 
-def _router(logits, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg):
-    """moe_router_kernel on [n, E] logits, or on a K split's [parts, n, E] partials."""
-    parts = logits.shape[0] if logits.dim() == 3 else 1
+def _router(logits, parts, bias, bias_vl, ids, k, scale, renorm, image_token_id, cfg):
+    """moe_router_kernel on [n, E] logits, or (parts > 1) on a K split's [parts, n, E] partials."""
     n, e = logits.shape[-2:]
     sel = torch.empty(n, k, dtype=torch.int32, device=logits.device)
     w = torch.empty(n, k, dtype=torch.float32, device=logits.device)

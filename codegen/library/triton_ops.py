@@ -1065,13 +1065,14 @@ OPS = [
     # the K split's sum quantising the rows
     _Op("grouped_linear_quant_fp8", "launch_grouped_linear_quant_fp8", _l_grouped_linear,
         dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
-        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
+        dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
+        supports=lambda t, s: _grouped_linear_supports(t, s) and s.attr["block"] == 32,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
         by_spec=_block_linear_rows_by_spec),
     # the router's logits GEMM at decode with the router reading its K split (fuse_decode_router_linear)
     _Op("linear_moe_router", "launch_linear_moe_router", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
-        supports=lambda t, s: _linear_supports(t, _router_gemm(s)),
+        supports=lambda t, s: _linear_supports(t, _router_gemm(s)) and s.attr["out_dtype"] == "f32",
         by_rows=lambda n: {"SPLIT": 8, "BN": 32} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
         by_spec=lambda s, n, tdef=None: _block_linear_rows_by_spec(_router_gemm(s), n, tdef)),
     _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
