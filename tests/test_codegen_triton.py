@@ -579,6 +579,14 @@ def test_the_fused_decode_ring_write_takes_the_ring_writes_rule():
     assert launches(ring_len + 1) == [("seq_newest_kernel", None), ("rope_fp8_ring_kernel", 0)]
 
 
+def _interpreted_at_splits(op, splits):
+    """`op`'s check case on the interpreter at each K split: every one agrees with the reference."""
+    dims = dict(triton_check.TINY)
+    for split in splits:
+        res = triton_check.run_interpreted([op], dims, dims["n"], dict(triton_check.SMALL_BLOCKS, SPLIT=split))
+        assert res[op] is None, (split, res)
+
+
 def test_wo_a_rows_quantised_by_the_k_split_sum():
     """grouped_linear_quant_fp8 (fuse_decode_linear_quant, decode graphs): with a K split its sum
     kernel writes the fp8 rows and scales (no quant_fp8 launch left: two launches where the
@@ -597,11 +605,7 @@ def test_wo_a_rows_quantised_by_the_k_split_sum():
 
     assert entries()[1:] == ["split_sum_quant_kernel"]
     assert entries(SPLIT=1, WL=0)[1:] == ["quant_fp8_kernel"]
-    dims = dict(triton_check.TINY)
-    for split in (1, 4):
-        res = triton_check.run_interpreted(["grouped_linear_quant_fp8"], dims, dims["n"],
-                                           dict(triton_check.SMALL_BLOCKS, SPLIT=split))
-        assert res["grouped_linear_quant_fp8"] is None, (split, res)
+    _interpreted_at_splits("grouped_linear_quant_fp8", (1, 4))
 
 
 def test_the_router_sums_its_logits_gemms_k_split():
@@ -624,11 +628,7 @@ def test_the_router_sums_its_logits_gemms_k_split():
     split = launches()[1][1]
     assert split > 1 and [e for e, _ in launches()] == ["block_linear_mx_kernel", "moe_router_kernel"]
     assert launches(SPLIT=1, WL=0)[1:] == [("moe_router_kernel", 1)]
-    dims = dict(triton_check.TINY)
-    for s in (1, 3):
-        res = triton_check.run_interpreted(["linear_moe_router"], dims, dims["n"],
-                                           dict(triton_check.SMALL_BLOCKS, SPLIT=s))
-        assert res["linear_moe_router"] is None, (s, res)
+    _interpreted_at_splits("linear_moe_router", (1, 3))
 
 
 def test_the_per_call_check_takes_the_routers_logits_from_its_gate_gemm():

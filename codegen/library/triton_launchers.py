@@ -474,12 +474,12 @@ def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0, partials=False):
 
     wl = block_linear_rows(cfg, n, ng, kg, groups)
     split = wl["SPLIT"] if wl else block_linear_split(cfg, groups * triton.cdiv(ng, cfg["BN"]), kg)
-    part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device) if split > 1 else None
-    # quantised or left to their reader after a K split, the rows are never summed here: the main
-    # kernel's y is unused
-    y = part if (quant_block or partials) and part is not None else torch.empty(n, data.shape[0], dtype=out_dtype,
-                                                                                device=xd.device)
-    part = y if part is None else part
+    if split == 1:
+        y = part = torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
+    else:
+        part = torch.empty(split, n, data.shape[0], dtype=torch.float32, device=xd.device)
+        # quantised or left to their reader, the split's rows are never summed here: no y
+        y = part if quant_block or partials else torch.empty(n, data.shape[0], dtype=out_dtype, device=xd.device)
     tiles = dict(G=groups, KG=kg, NG=ng, SK=triton.cdiv(kg, 32))
     wq, ws = (_u8(data), _u8(w[1])) if quant else (data, data)
     # the MX and WL kernels take the rows (raw fp8 bytes where quantised) and their scales apart
