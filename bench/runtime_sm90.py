@@ -315,6 +315,59 @@ def prefill_tflop(cfg, tokens: int) -> float:
     return 2 * macs / 1e12
 
 
+def time_prefill(ex, cfg, tokens: int, g: torch.Generator, page_tokens: int = 128) -> dict:
+    """One prompt of `tokens` random tokens prefilled in one step (warmed up once, then timed)."""
+    prompt = torch.randint(3, cfg.vocab_size, (tokens,), generator=g).tolist()
+    pre = [SeqChunk(0, 0, prompt, list(range(-(-tokens // page_tokens))))]
+    ex.step(pre)
+    w, d = _timed(ex, pre, 1)
+    tf = prefill_tflop(cfg, tokens)
+    print(f"prefill {tokens}: {w * 1e3:.1f} ms wall, {tokens / w:.0f} tok/s, {tf / w:.0f} TFLOP/s on {tf:.1f} "
+          "activated TFLOP (modelled)", flush=True)
+    return {"wall_s": w, "device_s": d, "tok_per_s": tokens / w, "activated_tflop": tf, "tflop_per_s": tf / w}
+
+
+def time_decode(ex, cfg, b: int, g: torch.Generator, pages: int = 9, page_tokens: int = 128) -> dict:
+    """A decode step of b sequences at position (pages - 1) * page_tokens (1024 with the default 9
+    pages), with CUDA graphs (and eagerly unless BENCH_GRAPH_ONLY): wall, device and GPU-busy time,
+    the logits' digest and argmax."""
+    pos = (pages - 1) * page_tokens
+    chunks = [SeqChunk(i, pos, [int(torch.randint(3, cfg.vocab_size, (1,), generator=g))],
+                       list(range(pages * i, pages * i + pages))) for i in range(b)]
+    row = {"position": pos}
+    for mode, reps in (("graph", 10), ("eager", 5))[: 1 if os.environ.get("BENCH_GRAPH_ONLY") else 2]:
+        ex.cuda_graphs = mode == "graph"
+        ex.step(chunks)  # capture / warm-up
+        w, d = _timed(ex, chunks, reps)
+        ex_t = _busy(ex, chunks, 3, top=int(os.environ.get("BENCH_EXPOSED_TOP", "0")) if mode == "graph" else 0)
+        busy = ex_t["busy_us"] / 1e6
+        row[mode] = {"wall_ms": w * 1e3, "device_ms": d * 1e3, "gpu_busy_ms": busy * 1e3,
+                     "idle_ms": (w - busy) * 1e3, "kernel_sum_ms": ex_t["kernel_sum_us"] / 1e3}
+        if ex_t["top"]:
+            row[mode]["exposed_top"] = ex_t["top"]
+        print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms "
+              f"({ex.graph_status.get(f'decode_b{b}', '')[:120]})", flush=True)
+        for r in ex_t["top"]:
+            print(f"  {r['exposed_us']:8.1f} us exposed {r['sum_us']:8.1f} us summed {r['calls']:5.0f}x  {r['name']}",
+                  flush=True)
+    # what the step computed: equal digests mean bit-equal logits (the same plan launched two
+    # ways, e.g. DEEPINFER_PDL=0 against PDL), the argmax what another plan should agree with
+    lg = ex.step(chunks).float()
+    row["logits_sha256"] = hashlib.sha256(lg.contiguous().numpy().tobytes()).hexdigest()[:16]
+    row["argmax"] = lg.argmax(-1).tolist()
+    return row
+
+
+def _loaded(plan: str, seed: int, out: dict):
+    t = time.perf_counter()
+    ex = gpu_executor(plan, seed)
+    torch.cuda.synchronize()
+    out["load_s"] = time.perf_counter() - t
+    out["gpu_mem_gb"] = torch.cuda.memory_allocated() / 1e9
+    print(f"medium loaded in {out['load_s']:.1f} s, {out['gpu_mem_gb']:.1f} GB on the GPU", flush=True)
+    return ex
+
+
 def medium(plan: str, seed: int = 0) -> dict:
     cfg = load_config("v4.1-flash-medium")
     out = {}
@@ -323,48 +376,12 @@ def medium(plan: str, seed: int = 0) -> dict:
 
         cuda_executor._Pending = _PageableLogits
         out["logits_copy"] = "pageable"
-    t = time.perf_counter()
-    ex = gpu_executor(plan, seed)
-    torch.cuda.synchronize()
-    out["load_s"] = time.perf_counter() - t
-    out["gpu_mem_gb"] = torch.cuda.memory_allocated() / 1e9
-    print(f"medium loaded in {out['load_s']:.1f} s, {out['gpu_mem_gb']:.1f} GB on the GPU", flush=True)
+    ex = _loaded(plan, seed, out)
     g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(3, cfg.vocab_size, (4096,), generator=g).tolist()
-    pre = [SeqChunk(0, 0, prompt, list(range(32)))]
-    ex.step(pre)
-    w, d = _timed(ex, pre, 1)
+    out["prefill_4096"] = time_prefill(ex, cfg, 4096, g)
     out["prefill_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-    tf = prefill_tflop(cfg, 4096)
-    out["prefill_4096"] = {"wall_s": w, "device_s": d, "tok_per_s": 4096 / w, "activated_tflop": tf,
-                           "tflop_per_s": tf / w}
-    print(f"prefill 4096: {w * 1e3:.1f} ms wall, {4096 / w:.0f} tok/s, {tf / w:.0f} TFLOP/s on {tf:.1f} "
-          "activated TFLOP (modelled)", flush=True)
     for b in (1, 8, 64):
-        chunks = [SeqChunk(i, 1024, [int(torch.randint(3, cfg.vocab_size, (1,), generator=g))],
-                           list(range(9 * i, 9 * i + 9))) for i in range(b)]  # 1025 tokens: 9 pages
-        row = {}
-        for mode, reps in (("graph", 10), ("eager", 5))[: 1 if os.environ.get("BENCH_GRAPH_ONLY") else 2]:
-            ex.cuda_graphs = mode == "graph"
-            ex.step(chunks)  # capture / warm-up
-            w, d = _timed(ex, chunks, reps)
-            ex_t = _busy(ex, chunks, 3, top=int(os.environ.get("BENCH_EXPOSED_TOP", "0")) if mode == "graph" else 0)
-            busy = ex_t["busy_us"] / 1e6
-            row[mode] = {"wall_ms": w * 1e3, "device_ms": d * 1e3, "gpu_busy_ms": busy * 1e3,
-                         "idle_ms": (w - busy) * 1e3, "kernel_sum_ms": ex_t["kernel_sum_us"] / 1e3}
-            if ex_t["top"]:
-                row[mode]["exposed_top"] = ex_t["top"]
-            print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms "
-                  f"({ex.graph_status.get(f'decode_b{b}', '')[:120]})", flush=True)
-            for r in ex_t["top"]:
-                print(f"  {r['exposed_us']:8.1f} us exposed {r['sum_us']:8.1f} us summed {r['calls']:5.0f}x  {r['name']}",
-                      flush=True)
-        # what the step computed: equal digests mean bit-equal logits (the same plan launched two
-        # ways, e.g. DEEPINFER_PDL=0 against PDL), the argmax what another plan should agree with
-        lg = ex.step(chunks).float()
-        row["logits_sha256"] = hashlib.sha256(lg.contiguous().numpy().tobytes()).hexdigest()[:16]
-        row["argmax"] = lg.argmax(-1).tolist()
-        out[f"decode_b{b}"] = row
+        out[f"decode_b{b}"] = time_decode(ex, cfg, b, g)
     out["graphs"] = ex.graph_status
     return out
 

@@ -28,3 +28,38 @@ def test_exposed_time_charges_each_kernel_past_the_ends_before_it():
     # per step, and two calls of one kernel and grid are one row
     r2 = runtime_sm90.exposed_time(events + [ev("a", 40, 10, [1, 1, 1])], steps=2, top=1)
     assert r2["top"] == [{"name": "a grid=[1, 1, 1]", "exposed_us": 10.0, "sum_us": 10.0, "calls": 1.0}]
+
+
+e2e_medium = pytest.importorskip("e2e_medium")
+plot_performance = pytest.importorskip("plot_performance")
+
+
+def test_e2e_decode_floor_is_issue_19s_byte_floor():
+    # issue #19's floors at the 4.24 TB/s copy ceiling: 2.97 / 8.79 / 18.7 ms at b1 / b8 / b64
+    # (attention + router and shared experts + LM head, routed experts by the share a batch hits)
+    from deepinfer.models.config import load_config
+
+    cfg = load_config("v4.1-flash-medium")
+    ms = {b: e2e_medium.decode_floor_bytes(cfg, b) / 4.24e12 * 1e3 for b in (1, 8, 64, 128)}
+    assert ms[1] == pytest.approx(2.97, abs=0.01) and ms[8] == pytest.approx(8.78, abs=0.02)
+    assert ms[64] == pytest.approx(18.66, abs=0.02) and ms[64] < ms[128] < ms[64] * 1.02
+
+
+def test_e2e_reads_the_plans_buckets_and_tabulates_them():
+    plan = {"buckets": {"step": {"prefill_t16384": {}, "prefill_t4096": {}},
+                        "step_decode": {"decode_b64": {}, "decode_b8": {}, "decode_b1": {}}, "draft": {"draft_b1": {}}}}
+    assert e2e_medium.plan_buckets(plan) == ([4096, 16384], [1, 8, 64])
+    m = {"prefill_4096": {"wall_s": 0.8, "mfu_fp8": 0.14, "tok_per_s": 5120.0},
+         "decode_b1": {"graph": {"wall_ms": 8.0}, "floor_ms": 2.97, "x_floor": 2.69, "mbu": 0.37, "mfu_fp8": 0.001,
+                       "tok_per_s": 125.0}, "graphs": {}}
+    lines = e2e_medium.table(m).splitlines()
+    assert len(lines) == 3 and "800.0 ms" in lines[1] and "2.69" in lines[2]
+
+
+def test_plot_points_come_from_the_results():
+    res = {"medium": {"decode_b8": {"graph": {"wall_ms": 17.0}, "floor_ms": 8.8},
+                      "decode_b1": {"graph": {"wall_ms": 8.0}, "floor_ms": 2.97}, "prefill_4096": {"wall_s": 1.0}}}
+    assert plot_performance.decode_points(res) == [(1, 8.0, 2.97), (8, 17.0, 8.8)]
+    rows = {"rows": [{"name": "gemm", "time_us": 2.0, "bytes": 100, "flops": 1000},
+                     {"name": "untimed", "bytes": 1, "flops": 1}, {"op": "copy", "case": "b1", "time_us": 1.0, "bytes": 8}]}
+    assert plot_performance.roofline_points(rows) == [("gemm", 10.0, 5e8)]

@@ -1,0 +1,106 @@
+"""End to end on the H200: a medium sm90 plan at every bucket it holds (compile it with
+`--decode-batches 1,8,32,64,128 --prefill-tokens 4096,16384`), each decode step against its byte
+floor and each prefill step against the fp8 peak, both ceilings measured in the same run. Not a
+test; run on the device machine (the checkpoint is generated on the GPU):
+
+    python bench/e2e_medium.py --plan PLAN [--out bench/results/e2e_medium.json]
+
+Decode byte floor (issue #19): the weights a step must read once, attention + router and shared
+experts + LM head, plus the routed experts times the share a batch of b rows hits under uniform
+routing, 1 - (1 - k/E)^b; at the copy ceiling. Model-bandwidth utilisation is that floor over the
+step time; model-FLOP utilisation is the activated FLOPs (modelled: runtime_sm90.prefill_tflop for
+prefill, 2 x activated parameters per row for decode) over the step time and the fp8 peak.
+`bench/plot_performance.py` draws the step times against the floors from this file.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ceilings import measure_ceilings  # noqa: E402
+from runtime_sm90 import (_loaded, plan_config, result_header, run_parts, time_decode,  # noqa: E402
+                          time_prefill)
+
+from deepinfer.models.sizes import model_sizes  # noqa: E402
+from deepinfer.runtime.plan_file import load_plan  # noqa: E402
+
+
+def decode_floor_bytes(cfg, rows: int) -> float:
+    """Bytes a decode step of `rows` rows must read once (module docstring)."""
+    s = model_sizes(cfg)
+    share = 1.0 - (1.0 - cfg.num_experts_per_tok / cfg.n_routed_experts) ** rows
+    head = cfg.vocab_size * cfg.hidden_size * 2  # bf16
+    return s["bytes_attention"] + s["bytes_router_shared"] + head + s["bytes_routed_experts"] * share
+
+
+def plan_buckets(plan: dict) -> tuple[list[int], list[int]]:
+    """(prefill token counts, decode batch sizes) of the plan's step buckets."""
+    pre = sorted(int(k.removeprefix("prefill_t")) for k in plan["buckets"].get("step", {}) if k.startswith("prefill_t"))
+    dec = sorted(int(k.removeprefix("decode_b")) for k in plan["buckets"].get("step_decode", {})
+                 if k.startswith("decode_b"))
+    return pre, dec
+
+
+def e2e(plan_dir: str, seed: int = 0) -> dict:
+    import triton
+
+    cfg = plan_config(plan_dir)
+    plan = load_plan(plan_dir)
+    prefills, batches = plan_buckets(plan)
+    ceil = measure_ceilings(lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    print("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s" % (
+        ceil["copy_bytes_per_s"] / 1e12, ceil["bf16_flops"] / 1e12, ceil["fp8_flops"] / 1e12), flush=True)
+    torch.cuda.empty_cache()
+    out = {"ceilings": ceil, "model": plan["model"]["id"]}
+    ex = _loaded(plan_dir, seed, out)
+    g = torch.Generator().manual_seed(seed)
+    for t in prefills:
+        row = time_prefill(ex, cfg, t, g, plan["options"]["page_tokens"])
+        row["mfu_fp8"] = row["tflop_per_s"] * 1e12 / ceil["fp8_flops"]
+        out[f"prefill_{t}"] = row
+    out["prefill_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    act = 2 * model_sizes(cfg)["params_activated"]
+    for b in batches:
+        pages = min(9, plan["options"]["num_pages"] // b)
+        row = time_decode(ex, cfg, b, g, pages, plan["options"]["page_tokens"])
+        fb = decode_floor_bytes(cfg, b)
+        wall = row["graph"]["wall_ms"] * 1e-3
+        row.update(floor_bytes=fb, floor_ms=fb / ceil["copy_bytes_per_s"] * 1e3,
+                   x_floor=wall / (fb / ceil["copy_bytes_per_s"]), mbu=fb / wall / ceil["copy_bytes_per_s"],
+                   mfu_fp8=act * b / wall / ceil["fp8_flops"], tok_per_s=b / wall)
+        out[f"decode_b{b}"] = row
+    out["graphs"] = ex.graph_status
+    return out
+
+
+def table(m: dict) -> str:
+    lines = [f"{'step':<14}{'time':>12}{'floor':>10}{'x floor':>9}{'MBU':>7}{'MFU fp8':>9}{'tok/s':>10}"]
+    for k, v in m.items():
+        if k.startswith("prefill_") and isinstance(v, dict):
+            lines.append(f"{k:<14}{v['wall_s'] * 1e3:>9.1f} ms{'-':>10}{'-':>9}{'-':>7}{v['mfu_fp8']:>9.3f}"
+                         f"{v['tok_per_s']:>10.0f}")
+        elif k.startswith("decode_b") and isinstance(v, dict):
+            lines.append(f"{k:<14}{v['graph']['wall_ms']:>9.2f} ms{v['floor_ms']:>7.2f} ms{v['x_floor']:>9.2f}"
+                         f"{v['mbu']:>7.3f}{v['mfu_fp8']:>9.4f}{v['tok_per_s']:>10.0f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "e2e_medium.json"))
+    a = p.parse_args(argv)
+    res = result_header()
+    run_parts((("medium", e2e, a.plan),), res, a.out)
+    if "ceilings" in res.get("medium", {}):
+        print(table(res["medium"]))
+    return 0 if "error" not in res.get("medium", {}) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
