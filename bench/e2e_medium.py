@@ -10,6 +10,11 @@ experts + LM head, plus the routed experts times the share a batch of b rows hit
 routing, 1 - (1 - k/E)^b; at the copy ceiling. Model-bandwidth utilisation is that floor over the
 step time; model-FLOP utilisation is the activated FLOPs (modelled: runtime_sm90.prefill_tflop for
 prefill, 2 x activated parameters per row for decode) over the step time and the fp8 peak.
+Through the engine (`--engine-batches`): b requests of 128 prompt tokens, 64 greedy tokens each,
+through LLMEngine on the same executor (the loop LLM.generate runs; the medium checkpoint is
+generated on the GPU, so no LLM object can load it from disk): decode tokens/s after every prompt
+has its first token, and the device's idle share of that time (1 - the union of the device
+events' intervals over the wall, from a second, profiled run).
 `bench/plot_performance.py` draws the step times against the floors from this file.
 """
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -46,7 +52,56 @@ def plan_buckets(plan: dict) -> tuple[list[int], list[int]]:
     return pre, dec
 
 
-def e2e(plan_dir: str, seed: int = 0) -> dict:
+def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, tokens: int = 64) -> dict:
+    """Decode through the engine (module docstring): tokens/s and the device's idle share."""
+    from runtime_sm90 import _trace_events, exposed_time
+    from torch.profiler import ProfilerActivity, profile
+
+    from deepinfer.models.tokenizer import Tokenizer
+    from deepinfer.runtime.engine import LLMEngine
+    from deepinfer.runtime.sampling_params import SamplingParams
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
+
+    def run(profiled: bool):
+        eng = LLMEngine(ex, Tokenizer(), max_num_seqs=b, max_num_batched_tokens=4096,
+                        max_model_len=ex.plan["options"]["max_model_len"], seed=0, speculative=0)
+        seqs = [s for p in prompts for s in eng.request_samples(eng.add_request(prompt_token_ids=p, params=sp))]
+        steps = 0
+        while not all(s.output_token_ids for s in seqs):  # the prefills: until every request has a token
+            eng.step()
+        sync()
+        acts = [ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]
+        prof = profile(activities=acts) if profiled else None
+        if prof:
+            prof.__enter__()
+        t = time.perf_counter()
+        while eng.has_unfinished_requests():
+            eng.step()
+            steps += 1
+        sync()
+        wall = time.perf_counter() - t
+        if prof:
+            prof.__exit__(None, None, None)
+        return wall, steps, sum(len(s.output_token_ids) for s in seqs) - b, prof
+
+    wall, steps, toks, _ = run(False)
+    pwall, _, _, prof = run(True)
+    busy = exposed_time(_trace_events(prof), 1, 0)["busy_us"] * 1e-6
+    row = {"requests": b, "decode_tokens": toks, "steps": steps, "wall_s": wall, "tok_per_s": toks / wall,
+           "ms_per_step": wall / steps * 1e3, "profiled_wall_s": pwall, "gpu_busy_s": busy,
+           "idle_share": 1 - busy / pwall}
+    print(f"engine b{b}: {toks} decode tokens in {steps} steps, {wall * 1e3 / steps:.2f} ms a step, "
+          f"{toks / wall:.0f} tok/s; device idle {row['idle_share']:.1%} of the profiled run", flush=True)
+    return row
+
+
+def e2e(plan_dir: str, seed: int = 0, engine_batches: tuple[int, ...] = ()) -> dict:
     import triton
 
     cfg = plan_config(plan_dir)
@@ -75,6 +130,8 @@ def e2e(plan_dir: str, seed: int = 0) -> dict:
                    mfu_fp8=act * b / wall / ceil["fp8_flops"], tok_per_s=b / wall)
         out[f"decode_b{b}"] = row
     out["graphs"] = ex.graph_status
+    for b in engine_batches:
+        out[f"engine_b{b}"] = engine_decode(ex, cfg, b, g)
     return out
 
 
@@ -87,16 +144,21 @@ def table(m: dict) -> str:
         elif k.startswith("decode_b") and isinstance(v, dict):
             lines.append(f"{k:<14}{v['graph']['wall_ms']:>9.2f} ms{v['floor_ms']:>7.2f} ms{v['x_floor']:>9.2f}"
                          f"{v['mbu']:>7.3f}{v['mfu_fp8']:>9.4f}{v['tok_per_s']:>10.0f}")
+        elif k.startswith("engine_b") and isinstance(v, dict):
+            lines.append(f"{k:<14}{v['ms_per_step']:>9.2f} ms{'-':>10}{'-':>9}{'-':>7}{'-':>9}{v['tok_per_s']:>10.0f}"
+                         f"   idle {v['idle_share']:.1%}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--plan", required=True)
+    p.add_argument("--engine-batches", default="", help="comma list: decode through the engine at these batches")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "e2e_medium.json"))
     a = p.parse_args(argv)
     res = result_header()
-    run_parts((("medium", e2e, a.plan),), res, a.out)
+    eb = tuple(int(x) for x in a.engine_batches.split(",") if x)
+    run_parts((("medium", lambda pl: e2e(pl, engine_batches=eb), a.plan),), res, a.out)
     if "ceilings" in res.get("medium", {}):
         print(table(res["medium"]))
     return 0 if "error" not in res.get("medium", {}) else 1
