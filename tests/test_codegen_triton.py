@@ -53,6 +53,27 @@ def test_hc_pre_with_split_k_matches_reference_interpreted(split, bm):
     assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
 
+ROW_KERNEL_OPS = ["swiglu_quant_fp8", "swiglu_gu_quant_fp8", "swiglu_weighted_quant_fp8", "moe_gather_rows", "quant_fp8"]
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+def test_row_kernels_with_several_rows_a_program_match_reference_interpreted(rows):
+    """swiglu_quant_kernel, gather_row_pairs_kernel and quant_fp8_kernel with ROWS rows a program
+    (prefill's default, rows_per_program): 5 rows (15 pairs) leave the last block of rows short."""
+    dims = dict(triton_check.TINY)
+    got = triton_check.run_interpreted(ROW_KERNEL_OPS, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, ROWS=rows))
+    assert got == {op: None for op in ROW_KERNEL_OPS}, got
+
+
+def test_prefill_sized_row_kernels_take_several_rows_a_program():
+    """Decode-sized calls keep one row a program (their kernels and launches as before); a
+    prefill-sized call's grid covers its rows in blocks of rows_per_program."""
+    assert triton_ops.rows_per_program(64) == 1 and triton_ops.rows_per_program(24576) == triton_ops.ROWS_PER_PROGRAM > 1
+    for op in ROW_KERNEL_OPS:
+        assert triton_ops.default_config(op, 64)["ROWS"] == 1
+        assert triton_ops.default_config(op, 4096)["ROWS"] == triton_ops.ROWS_PER_PROGRAM
+
+
 @pytest.mark.parametrize("split", [2, 3])
 def test_block_linear_with_split_k_matches_reference_interpreted(split):
     """The block linear's K split (wo_a, and the fp32-compute linear): partial sums per K range,

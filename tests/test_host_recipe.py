@@ -221,23 +221,28 @@ def test_grouped_gemm_and_attention_recipes_match_their_hosts():
 def test_a_launch_the_instance_did_not_render_is_refused():
     from deepinfer.codegen.library import triton_launchers as tl
 
-    rendered = {"entry": "quant_fp8_kernel", "constexprs": {"N": 64, "BLOCK": 1024, "BLK": 32}, "grid": [3, 1],
-                "signature": {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "N": "constexpr",
-                              "BLOCK": "constexpr", "BLK": "constexpr"}}
+    def rendered(rows, grid):
+        return {"entry": "quant_fp8_kernel", "constexprs": {"N": 64, "BLOCK": 1024, "BLK": 32, "NR": rows, "ROWS": 1},
+                "grid": grid, "signature": {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8", "N": "constexpr",
+                                            "BLOCK": "constexpr", "BLK": "constexpr", "NR": "constexpr",
+                                            "ROWS": "constexpr"}}
 
-    def kernel(cfg):
-        return {"template": "triton_quant_fp8", "meta": {"kernels": [rendered], "launch_attrs": {"block": 32},
-                                                          "config": cfg}}
+    def kernel(cfg, rows=3, grid=(3, 1)):
+        return {"template": "triton_quant_fp8", "meta": {"kernels": [rendered(rows, list(grid))],
+                                                          "launch_attrs": {"block": 32}, "config": cfg}}
     x = torch.empty(3, 64, dtype=torch.bfloat16, device="meta")
-    cfg = {"BLOCK": 1024, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK": 1024, "ROWS": 1, "num_warps": 4, "num_stages": 1}
     with torch.device("meta"):
         rec, _ = hr.record_triton(tl.launch_quant_fp8, kernel(cfg), [x], [True])
         assert [s["launch"] for s in rec["steps"] if "launch" in s] == [0]
         with pytest.raises(hr.RecipeError, match="not rendered"):
             hr.record_triton(tl.launch_quant_fp8, kernel(dict(cfg, BLOCK=512)), [x], [True])
-        with pytest.raises(hr.RecipeError, match="grid"):
+        with pytest.raises(hr.RecipeError, match="not rendered"):  # another row count: another NR
             hr.record_triton(tl.launch_quant_fp8, kernel(cfg), [torch.empty(5, 64, dtype=torch.bfloat16,
                                                                               device="meta")], [True])
+        with pytest.raises(hr.RecipeError, match="grid"):  # the kernel rendered, launched on another grid
+            hr.record_triton(tl.launch_quant_fp8, kernel(cfg, rows=5), [torch.empty(5, 64, dtype=torch.bfloat16,
+                                                                                      device="meta")], [True])
 
 
 def test_constants_travel_in_the_recipe_and_strides_are_checked():

@@ -158,19 +158,23 @@ def rms_norm_kernel(x_ptr, w_ptr, y_ptr, q_ptr, s_ptr, eps, H: tl.constexpr, BLO
 
 
 @triton.jit
-def quant_fp8_kernel(x_ptr, q_ptr, s_ptr, N: tl.constexpr, BLOCK: tl.constexpr, BLK: tl.constexpr):
-    """Rows of N values, per-BLK fp8 with ue8m0 scales; program (row, chunk of BLOCK)."""
-    row = tl.program_id(0).to(tl.int64)
+def quant_fp8_kernel(x_ptr, q_ptr, s_ptr, N: tl.constexpr, BLOCK: tl.constexpr, BLK: tl.constexpr,
+                     NR: tl.constexpr, ROWS: tl.constexpr):
+    """Rows of N values, per-BLK fp8 with ue8m0 scales; program (ROWS rows of NR, chunk of BLOCK):
+    one row's chunk is too little work to hide a program's latency at prefill's row counts."""
     NB: tl.constexpr = BLOCK // BLK
-    b = tl.program_id(1) * NB + tl.arange(0, NB)
+    i = tl.arange(0, ROWS * NB)
+    row = tl.program_id(0).to(tl.int64) * ROWS + i // NB
+    b = tl.program_id(1) * NB + i % NB
     cols = b[:, None] * BLK + tl.arange(0, BLK)[None, :]
-    m = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
+    live = row < NR
+    m = (cols < N) & live[:, None]
+    x = tl.load(x_ptr + row[:, None] * N + cols, mask=m, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
     byte, inv = _pow2_ceil_scale(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)))
     q = _e4m3_bits(tl.clamp(x * inv[:, None], -448.0, 448.0))
-    tl.store(q_ptr + row * N + cols, q.to(tl.uint8), mask=m)
-    tl.store(s_ptr + row * (N // BLK) + b, byte.to(tl.uint8), mask=b < N // BLK)
+    tl.store(q_ptr + row[:, None] * N + cols, q.to(tl.uint8), mask=m)
+    tl.store(s_ptr + row * (N // BLK) + b, byte.to(tl.uint8), mask=(b < N // BLK) & live)
 
 
 # ---- RoPE (+ fp8 / fp4 quant) -------------------------------------------------------------------
@@ -602,24 +606,26 @@ def moe_router_kernel(logit_ptr, bias_ptr, sel_ptr, w_ptr, scale, vl_ptr, ids_pt
 @triton.jit
 def swiglu_quant_kernel(g_ptr, u_ptr, wt_ptr, pair_ptr, q_ptr, s_ptr, limit,
                         F: tl.constexpr, G_STRIDE: tl.constexpr, U_OFF: tl.constexpr,
-                        WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
-    """(w * silu(min(g, limit))) * clamp(u, +-limit) -> bf16 -> fp8 per 32; program (row, chunk).
-    g and u are rows of stride G_STRIDE (u at column offset U_OFF: the fused [gate | up])."""
-    row = tl.program_id(0).to(tl.int64)
+                        WEIGHTED: tl.constexpr, BLOCK: tl.constexpr, NR: tl.constexpr, ROWS: tl.constexpr):
+    """(w * silu(min(g, limit))) * clamp(u, +-limit) -> bf16 -> fp8 per 32; program (ROWS rows of
+    NR, chunk). g and u are rows of stride G_STRIDE (u at column offset U_OFF: the fused [gate | up])."""
     NB: tl.constexpr = BLOCK // 32
-    b = tl.program_id(1) * NB + tl.arange(0, NB)
+    i = tl.arange(0, ROWS * NB)
+    row = tl.program_id(0).to(tl.int64) * ROWS + i // NB
+    b = tl.program_id(1) * NB + i % NB
     cols = b[:, None] * 32 + tl.arange(0, 32)[None, :]
-    m = cols < F
-    g = tl.minimum(tl.load(g_ptr + row * G_STRIDE + cols, mask=m, other=0.0).to(tl.float32), limit)
-    u = tl.load(u_ptr + row * G_STRIDE + U_OFF + cols, mask=m, other=0.0).to(tl.float32)
+    live = row < NR
+    m = (cols < F) & live[:, None]
+    g = tl.minimum(tl.load(g_ptr + row[:, None] * G_STRIDE + cols, mask=m, other=0.0).to(tl.float32), limit)
+    u = tl.load(u_ptr + row[:, None] * G_STRIDE + U_OFF + cols, mask=m, other=0.0).to(tl.float32)
     s = g / (1.0 + tl.exp(-g))
     if WEIGHTED:
-        p = tl.load(pair_ptr + row).to(tl.int64)
-        s = tl.load(wt_ptr + p) * s
+        p = tl.load(pair_ptr + row, mask=live, other=0).to(tl.int64)
+        s = tl.load(wt_ptr + p, mask=live, other=0.0)[:, None] * s
     a = _bf16_rne(s * tl.clamp(u, -limit, limit))
     q, sb = _fp8_block_quant(a)
-    tl.store(q_ptr + row * F + cols, q.to(tl.uint8), mask=m)
-    tl.store(s_ptr + row * (F // 32) + b, sb.to(tl.uint8), mask=b < F // 32)
+    tl.store(q_ptr + row[:, None] * F + cols, q.to(tl.uint8), mask=m)
+    tl.store(s_ptr + row * (F // 32) + b, sb.to(tl.uint8), mask=(b < F // 32) & live)
 
 
 @triton.jit
@@ -699,19 +705,23 @@ def gather_rows_kernel(src_ptr, idx_ptr, dst_ptr, W: tl.constexpr, DIV: tl.const
 
 @triton.jit
 def gather_row_pairs_kernel(a_ptr, b_ptr, idx_ptr, da_ptr, db_ptr, WA: tl.constexpr, WB: tl.constexpr,
-                            DIV: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
+                            DIV: tl.constexpr, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr,
+                            NR: tl.constexpr, ROWS: tl.constexpr):
     """gather_rows_kernel over two tables of the same rows (a quantised tensor's data and scales):
-    da[t] = a[idx[t] // DIV] by chunks, and the chunk-0 program also db[t] = b[idx[t] // DIV]
-    (WB <= BLOCK_B); program (t, chunk of a's row). One launch where two would be."""
-    t = tl.program_id(0).to(tl.int64)
-    src = tl.load(idx_ptr + t).to(tl.int64) // DIV
+    da[t] = a[idx[t] // DIV] by chunks, and the chunk-0 programs also db[t] = b[idx[t] // DIV]
+    (WB <= BLOCK_B); program (ROWS rows t of NR, chunk of a's row). One launch where two would be."""
+    t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = t < NR
+    src = tl.load(idx_ptr + t, mask=live, other=0).to(tl.int64) // DIV
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cols < WA
-    tl.store(da_ptr + t * WA + cols, tl.load(a_ptr + src * WA + cols, mask=m), mask=m)
+    m = (cols < WA)[None, :] & live[:, None]
+    tl.store(da_ptr + t[:, None] * WA + cols[None, :], tl.load(a_ptr + src[:, None] * WA + cols[None, :], mask=m),
+             mask=m)
     if tl.program_id(1) == 0:
         cb = tl.arange(0, BLOCK_B)
-        mb = cb < WB
-        tl.store(db_ptr + t * WB + cb, tl.load(b_ptr + src * WB + cb, mask=mb), mask=mb)
+        mb = (cb < WB)[None, :] & live[:, None]
+        tl.store(db_ptr + t[:, None] * WB + cb[None, :], tl.load(b_ptr + src[:, None] * WB + cb[None, :], mask=mb),
+                 mask=mb)
 
 
 @triton.jit

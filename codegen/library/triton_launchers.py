@@ -89,8 +89,10 @@ def launch_quant_fp8(x, *, block, cfg):
     s = torch.empty(x.shape[:-1] + (n // block,), dtype=torch.uint8, device=x.device)
     rows = x.numel() // n
     bs = max(cfg["BLOCK"], block)
-    _k(quant_fp8_kernel)[(rows, triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block,
-                                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    r = cfg.get("ROWS", 1)
+    _k(quant_fp8_kernel)[(triton.cdiv(rows, r), triton.cdiv(n, bs))](x, _u8(q), s, N=n, BLOCK=bs, BLK=block, NR=rows,
+                                                                   ROWS=r, num_warps=cfg["num_warps"],
+                                                                   num_stages=cfg["num_stages"])
     return q, s
 
 
@@ -263,15 +265,20 @@ def _router(logits, parts, bias, bias_vl, ids, k, scale, renorm, image_token_id,
     return sel, w
 
 
+def _swiglu(rows, f, cfg):
+    """swiglu_quant_kernel on its grid: (blocks of ROWS rows, chunks of BLOCK columns)."""
+    return _k(swiglu_quant_kernel)[(triton.cdiv(rows, cfg.get("ROWS", 1)), triton.cdiv(f, cfg["BLOCK"]))]
+
+
 def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
     n, f = g.shape
     if u.stride() != g.stride():
         raise ValueError("swiglu_quant_fp8 kernel wants gate and up with the same row stride")
     q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=g.device)
     s = torch.empty(n, f // 32, dtype=torch.uint8, device=g.device)
-    _k(swiglu_quant_kernel)[(n, triton.cdiv(f, cfg["BLOCK"]))](g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0),
-                                                         U_OFF=0, WEIGHTED=False, BLOCK=cfg["BLOCK"],
-                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _swiglu(n, f, cfg)(g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0), U_OFF=0, WEIGHTED=False,
+                       BLOCK=cfg["BLOCK"], NR=n, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
+                       num_stages=cfg["num_stages"])
     return q, s
 
 
@@ -280,9 +287,9 @@ def launch_swiglu_gu_quant_fp8(gu, *, limit, block, cfg):
     f = f2 // 2
     q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(n, f // 32, dtype=torch.uint8, device=gu.device)
-    _k(swiglu_quant_kernel)[(n, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, gu, gu, _u8(q), s, limit, F=f, G_STRIDE=f2,
-                                                         U_OFF=f, WEIGHTED=False, BLOCK=cfg["BLOCK"],
-                                                         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _swiglu(n, f, cfg)(gu, gu, gu, gu, _u8(q), s, limit, F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=False,
+                       BLOCK=cfg["BLOCK"], NR=n, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
+                       num_stages=cfg["num_stages"])
     return q, s
 
 
@@ -291,10 +298,9 @@ def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
     f = f2 // 2
     q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(m, f // 32, dtype=torch.uint8, device=gu.device)
-    _k(swiglu_quant_kernel)[(m, triton.cdiv(f, cfg["BLOCK"]))](gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit,
-                                                         F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=True,
-                                                         BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
-                                                         num_stages=cfg["num_stages"])
+    _swiglu(m, f, cfg)(gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit, F=f, G_STRIDE=f2, U_OFF=f,
+                       WEIGHTED=True, BLOCK=cfg["BLOCK"], NR=m, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
+                       num_stages=cfg["num_stages"])
     return q, s
 
 
@@ -364,9 +370,10 @@ def _gather_pair(q, idx, div, cfg):
     d = torch.empty((idx.numel(), wa), dtype=data.dtype, device=data.device)
     s = torch.empty((idx.numel(), wb), dtype=scale.dtype, device=scale.device)
     if idx.numel():
-        _k(gather_row_pairs_kernel)[(idx.numel(), triton.cdiv(wa, cfg["BLOCK"]))](
+        r = cfg.get("ROWS", 1)
+        _k(gather_row_pairs_kernel)[(triton.cdiv(idx.numel(), r), triton.cdiv(wa, cfg["BLOCK"]))](
             data, scale, idx.reshape(-1), d, s, WA=wa, WB=wb, DIV=div, BLOCK=cfg["BLOCK"],
-            BLOCK_B=triton.next_power_of_2(wb), num_warps=cfg["num_warps"])
+            BLOCK_B=triton.next_power_of_2(wb), NR=idx.numel(), ROWS=r, num_warps=cfg["num_warps"])
     return d.view(q[0].dtype), s.view(q[1].dtype)
 
 
@@ -506,8 +513,11 @@ def _block_linear(x, w, groups, out_dtype, cfg, quant_block=0, partials=False):
             _k(split_sum_quant_kernel)[(triton.cdiv(total, 1024),)](part, _u8(q), sc, total, SPLIT=split, BLOCK=1024,
                                                                    num_warps=4)
         else:
-            _k(quant_fp8_kernel)[(n, triton.cdiv(data.shape[0], 1024))](y, _u8(q), sc, N=data.shape[0], BLOCK=1024,
-                                                                         BLK=quant_block, num_warps=4)
+            from .triton_ops import rows_per_program  # as the template rendered the launch
+
+            r = rows_per_program(n)
+            _k(quant_fp8_kernel)[(triton.cdiv(n, r), triton.cdiv(data.shape[0], 1024))](
+                y, _u8(q), sc, N=data.shape[0], BLOCK=1024, BLK=quant_block, NR=n, ROWS=r, num_warps=4)
         return q, sc
     if split > 1 and partials:
         return part

@@ -108,9 +108,25 @@ def _l_rms_norm(spec, cfg, quant=False):
 def _l_quant_fp8(spec, cfg):
     (x,), blk = spec.in_types, spec.attr["block"]
     n = _ints(x.shape)[-1]
-    bs = max(cfg["BLOCK"], blk)
+    bs, rows, r = max(cfg["BLOCK"], blk), _rows(x), cfg.get("ROWS", 1)
     args = {"x_ptr": _ptr(x), "q_ptr": "*u8", "s_ptr": "*u8"}
-    return [_launch("quant_fp8_kernel", args, {"N": n, "BLOCK": bs, "BLK": blk}, (_rows(x), _cdiv(n, bs)), cfg)]
+    return [_launch("quant_fp8_kernel", args, {"N": n, "BLOCK": bs, "BLK": blk, "NR": rows, "ROWS": r},
+                    (_cdiv(rows, r), _cdiv(n, bs)), cfg)]
+
+
+# Rows a program of the memory-bound row kernels takes (swiglu_quant_kernel, gather_row_pairs_kernel,
+# quant_fp8_kernel): at prefill's row counts one row's chunk is too little work to hide a program's
+# latency (these kernels ran at about 3x their bytes in the seventeenth session's prefill profile);
+# decode-sized calls keep a row a program
+ROWS_PER_PROGRAM, ROWS_PER_PROGRAM_PAST = 4, 256
+
+
+def rows_per_program(rows: int) -> int:
+    return ROWS_PER_PROGRAM if rows > ROWS_PER_PROGRAM_PAST else 1
+
+
+def _by_rows_per_program(rows: int) -> dict:
+    return {"ROWS": rows_per_program(rows)}
 
 
 def _l_rope(spec, cfg):
@@ -220,13 +236,19 @@ def _router_launches(spec, parts: int, cfg=ROUTER_CONFIG) -> list:
                     (n,), cfg)]
 
 
+def _swiglu_launch(args, ce, rows: int, f: int, cfg):
+    r = cfg.get("ROWS", 1)
+    return _launch("swiglu_quant_kernel", args, {**ce, "BLOCK": cfg["BLOCK"], "NR": rows, "ROWS": r},
+                   (_cdiv(rows, r), _cdiv(f, cfg["BLOCK"])), cfg)
+
+
 def _l_swiglu(spec, cfg):
     g, u = spec.in_types
     n, f = _ints(g.shape)
     args = {"g_ptr": _ptr(g), "u_ptr": _ptr(u), "wt_ptr": _ptr(g), "pair_ptr": _ptr(g), "q_ptr": "*u8",
             "s_ptr": "*u8", "limit": "fp32"}
-    ce = {"F": f, "G_STRIDE": f, "U_OFF": 0, "WEIGHTED": False, "BLOCK": cfg["BLOCK"]}
-    return [_launch("swiglu_quant_kernel", args, ce, (n, _cdiv(f, cfg["BLOCK"])), cfg)]
+    ce = {"F": f, "G_STRIDE": f, "U_OFF": 0, "WEIGHTED": False}
+    return [_swiglu_launch(args, ce, n, f, cfg)]
 
 
 def _l_swiglu_gu(spec, cfg):
@@ -234,8 +256,8 @@ def _l_swiglu_gu(spec, cfg):
     n, f2 = _ints(gu.shape)
     args = {"g_ptr": _ptr(gu), "u_ptr": _ptr(gu), "wt_ptr": _ptr(gu), "pair_ptr": _ptr(gu), "q_ptr": "*u8",
             "s_ptr": "*u8", "limit": "fp32"}
-    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": False, "BLOCK": cfg["BLOCK"]}
-    return [_launch("swiglu_quant_kernel", args, ce, (n, _cdiv(f2 // 2, cfg["BLOCK"])), cfg)]
+    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": False}
+    return [_swiglu_launch(args, ce, n, f2 // 2, cfg)]
 
 
 def _l_swiglu_w(spec, cfg):
@@ -243,8 +265,8 @@ def _l_swiglu_w(spec, cfg):
     m, f2 = _ints(gu.shape)
     args = {"g_ptr": _ptr(gu), "u_ptr": _ptr(gu), "wt_ptr": "*fp32", "pair_ptr": _ptr(pairs), "q_ptr": "*u8",
             "s_ptr": "*u8", "limit": "fp32"}
-    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": True, "BLOCK": cfg["BLOCK"]}
-    return [_launch("swiglu_quant_kernel", args, ce, (m, _cdiv(f2 // 2, cfg["BLOCK"])), cfg)]
+    ce = {"F": f2 // 2, "G_STRIDE": f2, "U_OFF": f2 // 2, "WEIGHTED": True}
+    return [_swiglu_launch(args, ce, m, f2 // 2, cfg)]
 
 
 def _l_combine(spec, cfg):
@@ -309,9 +331,10 @@ def _gather_pair_launch(q, idx_ptr, count, div, cfg):
     """A quantised tensor's data rows and their scales in one launch (gather_row_pairs_kernel)."""
     wa, wb = _ints(q.data.shape)[-1], _ints(q.scale.shape)[-1]
     args = {"a_ptr": "*u8", "b_ptr": "*u8", "idx_ptr": idx_ptr, "da_ptr": "*u8", "db_ptr": "*u8"}
+    r = cfg.get("ROWS", 1)
     return _launch("gather_row_pairs_kernel", args,
-                   {"WA": wa, "WB": wb, "DIV": div, "BLOCK": cfg["BLOCK"], "BLOCK_B": _p2(wb)},
-                   (count, _cdiv(wa, cfg["BLOCK"])), cfg)
+                   {"WA": wa, "WB": wb, "DIV": div, "BLOCK": cfg["BLOCK"], "BLOCK_B": _p2(wb), "NR": count, "ROWS": r},
+                   (_cdiv(count, r), _cdiv(wa, cfg["BLOCK"])), cfg)
 
 
 def _l_moe_gather(spec, cfg):
@@ -523,8 +546,10 @@ def _linear_tail(split: int, n: int, width: int, out, qblock: int, router=None) 
     if split > 1:
         return [_launch("split_sum_quant_kernel", {"part_ptr": "*fp32", "q_ptr": "*u8", "s_ptr": "*u8", "total": "i32"},
                         {"SPLIT": split, "BLOCK": 1024}, (_cdiv(n * width, 1024),), {"num_warps": 4, "num_stages": 1})]
+    r = rows_per_program(n)
     return [_launch("quant_fp8_kernel", {"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*u8"},
-                    {"N": width, "BLOCK": 1024, "BLK": qblock}, (n, _cdiv(width, 1024)), {"num_warps": 4, "num_stages": 1})]
+                    {"N": width, "BLOCK": 1024, "BLK": qblock, "NR": n, "ROWS": r}, (_cdiv(n, r), _cdiv(width, 1024)),
+                    {"num_warps": 4, "num_stages": 1})]
 
 
 def _split_sum(split: int, total: int, out) -> list:
@@ -909,6 +934,7 @@ INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8
 # ---- templates ---------------------------------------------------------------------------------
 
 ROW = {"num_warps": (2, 4, 8, 16), "num_stages": (1, 2)}
+ROWS_KNOB = {"ROWS": (1, 2, 4, 8)}  # rows a program (rows_per_program)
 BLOCK_LINEAR = dict(BM=(16, 32, 64, 128), BN=(32, 64, 128), BK=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4),
                     SPLIT=(1, 2, 4, 8))  # K split: decode calls have one row tile
 _BLOCK_LINEAR_ROWS = {"BM": 64, "BN": 64, "BK": 32}
@@ -999,8 +1025,8 @@ OPS = [
     _Op("rms_norm_quant_fp8", "launch_rms_norm_quant_fp8", functools.partial(_l_rms_norm, quant=True),
         dict(BLOCK_H=(256, 512, 1024, 2048), **ROW), dict(BLOCK_H=1024, num_warps=4, num_stages=1),
         supports=lambda t, s: s.attr["block"] == 32),
-    _Op("quant_fp8", "launch_quant_fp8", _l_quant_fp8, dict(BLOCK=(256, 512, 1024, 2048), **ROW),
-        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("quant_fp8", "launch_quant_fp8", _l_quant_fp8, dict(BLOCK=(256, 512, 1024, 2048), **ROWS_KNOB, **ROW),
+        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program),
     _Op("rope", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope"), _rope_supports),
     _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
         _rope_supports),
@@ -1027,12 +1053,15 @@ OPS = [
         dict(BH=1024, num_warps=4, num_stages=1)),
     # the bias: one row, one per token, or bias / bias_vl picked by token id (route_bias folded in)
     _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
-    _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROW),
-        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
-    _Op("swiglu_gu_quant_fp8", "launch_swiglu_gu_quant_fp8", _l_swiglu_gu, dict(BLOCK=(256, 512, 1024), **ROW),
-        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
-    _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w, dict(BLOCK=(256, 512, 1024), **ROW),
-        dict(BLOCK=512, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32),
+    _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW),
+        dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32,
+        by_rows=_by_rows_per_program),
+    _Op("swiglu_gu_quant_fp8", "launch_swiglu_gu_quant_fp8", _l_swiglu_gu, dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW),
+        dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32,
+        by_rows=_by_rows_per_program),
+    _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w,
+        dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW), dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1),
+        supports=lambda t, s: s.attr["block"] == 32, by_rows=_by_rows_per_program),
     _Op("moe_combine", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=512, num_warps=4, num_stages=1)),
     # the shared expert's add and the bf16 rounding at the MoE block's end, in the combine
@@ -1045,8 +1074,8 @@ OPS = [
         dict(BLOCK=1024, num_warps=4, num_stages=1)),
     _Op("gather_rows", "launch_gather_rows", _l_gather_rows, dict(BLOCK=(512, 1024, 2048), **ROW),
         dict(BLOCK=1024, num_warps=4, num_stages=1)),
-    _Op("moe_gather_rows", "launch_moe_gather_rows", _l_moe_gather, dict(BLOCK=(512, 1024, 2048), **ROW),
-        dict(BLOCK=1024, num_warps=4, num_stages=1)),
+    _Op("moe_gather_rows", "launch_moe_gather_rows", _l_moe_gather, dict(BLOCK=(512, 1024, 2048), **ROWS_KNOB, **ROW),
+        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program),
     _Op("engram_gather", "launch_engram_gather", _l_engram_gather, dict(BLOCK=(256, 512), **ROW),
         dict(BLOCK=256, num_warps=2, num_stages=1)),
     _Op("engram_hash", "launch_engram_hash", _l_engram_hash, {"num_warps": (1, 2), "num_stages": (1,)},
