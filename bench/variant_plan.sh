@@ -7,7 +7,8 @@
 # KEY=JSON updates sm90's defaults entry KEY with the JSON object (a new entry if absent);
 # +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
 # device call's out/); with VARIANT_SMALL=1, the tiny and smooth plans bench/gpu_tests_h200.sh takes
-# instead of the medium one. Examples (docs/performance.md, nineteenth and twentieth sessions):
+# instead of the medium one; with VARIANT_E2E=1, the medium plan with bench/e2e_medium.py's buckets
+# (decode 1, 8, 32, 64, 128; prefill 4096 and 16384). Examples (docs/performance.md, nineteenth and twentieth sessions):
 #   bench/variant_plan.sh f16 out/p 'tilelang_grouped_gemm_fp4_mma={"F16": 1}'
 #   bench/variant_plan.sh noov out/p 'tilelang_gemm={"prefill_overlap": 0}'
 set -euo pipefail
@@ -46,8 +47,11 @@ if [ -n "${VARIANT_SMALL:-}" ]; then  # the tiny and smooth plans bench/gpu_test
     done
     tar -cJf "$out/$name.tar.xz" -C "$work" tiny smooth
 else
+    buckets=(--max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192)
+    [ -n "${VARIANT_E2E:-}" ] && buckets=(--max-num-seqs 128 --decode-batches 1,8,32,64,128 --prefill-tokens 4096,16384
+                                          --max-model-len 20480)
     (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model v4.1-flash-medium --target sm90 \
-        --max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192 --tuning-db none \
+        "${buckets[@]}" --tuning-db none \
         -o "$work/plan_$name" | tail -4)
     tar -cJf "$out/$name.tar.xz" -C "$work" "plan_$name"
 fi

@@ -69,9 +69,14 @@ def test_prefill_sized_row_kernels_take_several_rows_a_program():
     """Decode-sized calls keep one row a program (their kernels and launches as before); a
     prefill-sized call's grid covers its rows in blocks of rows_per_program."""
     assert triton_ops.rows_per_program(64) == 1 and triton_ops.rows_per_program(24576) == triton_ops.ROWS_PER_PROGRAM > 1
+    import types
+
     for op in ROW_KERNEL_OPS:
         assert triton_ops.default_config(op, 64)["ROWS"] == 1
         assert triton_ops.default_config(op, 4096)["ROWS"] == triton_ops.ROWS_PER_PROGRAM
+        # a target's defaults may name its own (a plan variant timing one row a program again)
+        tgt = types.SimpleNamespace(defaults={f"triton_{op}": {"ROWS": 1}})
+        assert triton_ops.default_config(op, 4096, tgt)["ROWS"] == 1 and triton_ops.default_config(op, 64, tgt)["ROWS"] == 1
 
 
 @pytest.mark.parametrize("split", [2, 3])

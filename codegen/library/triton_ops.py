@@ -129,6 +129,12 @@ def _by_rows_per_program(rows: int) -> dict:
     return {"ROWS": rows_per_program(rows)}
 
 
+def _rows_by_target(tdef: dict, rows: int) -> dict:
+    """A target's ROWS for the template's calls past ROWS_PER_PROGRAM_PAST rows, where its defaults
+    name one (a plan variant timing the rows a program against each other)."""
+    return {"ROWS": tdef["ROWS"]} if "ROWS" in tdef and rows > ROWS_PER_PROGRAM_PAST else {}
+
+
 def _l_rope(spec, cfg):
     x, pos = spec.in_types[:2]
     a = spec.attr
@@ -1026,7 +1032,7 @@ OPS = [
         dict(BLOCK_H=(256, 512, 1024, 2048), **ROW), dict(BLOCK_H=1024, num_warps=4, num_stages=1),
         supports=lambda t, s: s.attr["block"] == 32),
     _Op("quant_fp8", "launch_quant_fp8", _l_quant_fp8, dict(BLOCK=(256, 512, 1024, 2048), **ROWS_KNOB, **ROW),
-        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program),
+        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program, by_target=_rows_by_target),
     _Op("rope", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope"), _rope_supports),
     _Op("rope_quant_fp8", "launch_rope", _l_rope, ROW, dict(num_warps=2, num_stages=1), _rope_attrs("rope_quant_fp8"),
         _rope_supports),
@@ -1055,13 +1061,13 @@ OPS = [
     _Op("moe_router", "launch_moe_router", _l_router, ROW, dict(num_warps=4, num_stages=1)),
     _Op("swiglu_quant_fp8", "launch_swiglu_quant_fp8", _l_swiglu, dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW),
         dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32,
-        by_rows=_by_rows_per_program),
+        by_rows=_by_rows_per_program, by_target=_rows_by_target),
     _Op("swiglu_gu_quant_fp8", "launch_swiglu_gu_quant_fp8", _l_swiglu_gu, dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW),
         dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1), supports=lambda t, s: s.attr["block"] == 32,
-        by_rows=_by_rows_per_program),
+        by_rows=_by_rows_per_program, by_target=_rows_by_target),
     _Op("swiglu_weighted_quant_fp8", "launch_swiglu_weighted_quant_fp8", _l_swiglu_w,
         dict(BLOCK=(256, 512, 1024), **ROWS_KNOB, **ROW), dict(BLOCK=512, ROWS=1, num_warps=4, num_stages=1),
-        supports=lambda t, s: s.attr["block"] == 32, by_rows=_by_rows_per_program),
+        supports=lambda t, s: s.attr["block"] == 32, by_rows=_by_rows_per_program, by_target=_rows_by_target),
     _Op("moe_combine", "launch_moe_combine", _l_combine, dict(BH=(256, 512, 1024), **ROW),
         dict(BH=512, num_warps=4, num_stages=1)),
     # the shared expert's add and the bf16 rounding at the MoE block's end, in the combine
@@ -1075,7 +1081,7 @@ OPS = [
     _Op("gather_rows", "launch_gather_rows", _l_gather_rows, dict(BLOCK=(512, 1024, 2048), **ROW),
         dict(BLOCK=1024, num_warps=4, num_stages=1)),
     _Op("moe_gather_rows", "launch_moe_gather_rows", _l_moe_gather, dict(BLOCK=(512, 1024, 2048), **ROWS_KNOB, **ROW),
-        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program),
+        dict(BLOCK=1024, ROWS=1, num_warps=4, num_stages=1), by_rows=_by_rows_per_program, by_target=_rows_by_target),
     _Op("engram_gather", "launch_engram_gather", _l_engram_gather, dict(BLOCK=(256, 512), **ROW),
         dict(BLOCK=256, num_warps=2, num_stages=1)),
     _Op("engram_hash", "launch_engram_hash", _l_engram_hash, {"num_warps": (1, 2), "num_stages": (1,)},

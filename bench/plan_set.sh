@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The plans a device session's A/B calls take (bench/plans_h200.sh, bench/e2e_medium.py,
+# bench/gpu_tests_h200.sh), built here by bench/variant_plan.sh into OUT_DIR/NAME.tar.xz, one after
+# another (each takes minutes on two cores; a fresh checkout's first build takes longest). The knobs
+# that stay off in main until timed are named once, here:
+#
+#   bench/plan_set.sh OUT_DIR [NAME ...]      (default: every variant below)
+#
+#   main      this checkout as it is
+#   rope      + fuse_attention_rope (the q RoPE and its inverse folded into the attention)
+#   bfm       the prefill MoE GEMM on bf16 MMAs (tilelang_grouped_gemm_fp4_bf16)
+#   bfl       wo_a at prefill on bf16 MMAs (tilelang_grouped_linear_bf16)
+#   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
+#   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
+#   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program)
+#   all       rope + bfm + bfl + bfg + bfp
+#   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
+#   small     tiny + smooth plans of main; smallall: of all
+#   base@REV  main at commit REV (a git worktree beside this checkout)
+set -uo pipefail
+out=$(realpath -m "$1"); shift
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out"
+moe='{"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}'
+rows='{"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}'
+bfm=("tilelang_grouped_gemm_fp4_bf16=$moe")
+bfl=("tilelang_grouped_linear_bf16=$rows")
+bfg=("tilelang_gemm_fp8_bf16=$rows")
+bfp=('tilelang_attention={"prefill_stages": 2}')
+all=(+fuse_attention_rope "${bfm[@]}" "${bfl[@]}" "${bfg[@]}" "${bfp[@]}")
+rows1=()
+for op in swiglu_quant_fp8 swiglu_gu_quant_fp8 swiglu_weighted_quant_fp8 moe_gather_rows quant_fp8; do
+    rows1+=("triton_$op={\"ROWS\": 1}")
+done
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(main rope bfm bfl bfg bfp rows1 all e2e small smallall)
+vp="$root/bench/variant_plan.sh"
+for name in "${names[@]}"; do
+    t0=$(date +%s)
+    case $name in
+        main) "$vp" main "$out" ;;
+        rope) "$vp" rope "$out" +fuse_attention_rope ;;
+        bfm|bfl|bfg|bfp|rows1|all) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
+        e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
+        e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
+        small) VARIANT_SMALL=1 "$vp" small "$out" ;;
+        smallall) VARIANT_SMALL=1 "$vp" smallall "$out" "${all[@]}" ;;
+        base@*) rev=${name#base@}; wt="$root/../plan-base-$rev"
+                [ -d "$wt" ] || git -C "$root" worktree add -q "$wt" "$rev"
+                PYTHON="${PYTHON:-$root/.venv/bin/python}" "$wt/bench/variant_plan.sh" "base-$rev" "$out" ;;
+        *) echo "plan_set: unknown variant $name" >&2; continue ;;
+    esac > "$out/$name.build.log" 2>&1
+    echo "$name: rc $? in $(( $(date +%s) - t0 )) s; $(grep -h 'kernels per step' "$out/$name.build.log" | cut -c1-160)"
+done
