@@ -20,6 +20,7 @@ events' intervals over the wall, from a second, profiled run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -77,17 +78,13 @@ def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, to
             eng.step()
         sync()
         acts = [ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU]
-        prof = profile(activities=acts) if profiled else None
-        if prof:
-            prof.__enter__()
-        t = time.perf_counter()
-        while eng.has_unfinished_requests():
-            eng.step()
-            steps += 1
-        sync()
-        wall = time.perf_counter() - t
-        if prof:
-            prof.__exit__(None, None, None)
+        with profile(activities=acts) if profiled else contextlib.nullcontext() as prof:
+            t = time.perf_counter()
+            while eng.has_unfinished_requests():
+                eng.step()
+                steps += 1
+            sync()
+            wall = time.perf_counter() - t
         return wall, steps, sum(len(s.output_token_ids) for s in seqs) - b, prof
 
     wall, steps, toks, _ = run(False)

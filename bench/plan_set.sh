@@ -12,7 +12,8 @@
 #   bfl       wo_a at prefill on bf16 MMAs (tilelang_grouped_linear_bf16)
 #   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
 #   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
-#   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program)
+#   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program; wo_a's
+#             output quantisation, inside grouped_linear's launches, keeps 4)
 #   all       rope + bfm + bfl + bfg + bfp
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
 #   small     tiny + smooth plans of main; smallall: of all

@@ -265,9 +265,12 @@ def _router(logits, parts, bias, bias_vl, ids, k, scale, renorm, image_token_id,
     return sel, w
 
 
-def _swiglu(rows, f, cfg):
+def _swiglu(g, u, wt, pairs, q, s, limit, rows, f, g_stride, u_off, weighted, cfg):
     """swiglu_quant_kernel on its grid: (blocks of ROWS rows, chunks of BLOCK columns)."""
-    return _k(swiglu_quant_kernel)[(triton.cdiv(rows, cfg.get("ROWS", 1)), triton.cdiv(f, cfg["BLOCK"]))]
+    r = cfg.get("ROWS", 1)
+    _k(swiglu_quant_kernel)[(triton.cdiv(rows, r), triton.cdiv(f, cfg["BLOCK"]))](
+        g, u, wt, pairs, _u8(q), s, limit, F=f, G_STRIDE=g_stride, U_OFF=u_off, WEIGHTED=weighted, BLOCK=cfg["BLOCK"],
+        NR=rows, ROWS=r, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
@@ -276,9 +279,7 @@ def launch_swiglu_quant_fp8(g, u, *, limit, block, cfg):
         raise ValueError("swiglu_quant_fp8 kernel wants gate and up with the same row stride")
     q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=g.device)
     s = torch.empty(n, f // 32, dtype=torch.uint8, device=g.device)
-    _swiglu(n, f, cfg)(g, u, g, g, _u8(q), s, limit, F=f, G_STRIDE=g.stride(0), U_OFF=0, WEIGHTED=False,
-                       BLOCK=cfg["BLOCK"], NR=n, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"])
+    _swiglu(g, u, g, g, q, s, limit, n, f, g.stride(0), 0, False, cfg)
     return q, s
 
 
@@ -287,9 +288,7 @@ def launch_swiglu_gu_quant_fp8(gu, *, limit, block, cfg):
     f = f2 // 2
     q = torch.empty(n, f, dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(n, f // 32, dtype=torch.uint8, device=gu.device)
-    _swiglu(n, f, cfg)(gu, gu, gu, gu, _u8(q), s, limit, F=f, G_STRIDE=f2, U_OFF=f, WEIGHTED=False,
-                       BLOCK=cfg["BLOCK"], NR=n, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"])
+    _swiglu(gu, gu, gu, gu, q, s, limit, n, f, f2, f, False, cfg)
     return q, s
 
 
@@ -298,9 +297,7 @@ def launch_swiglu_weighted_quant_fp8(gu, wt, pairs, *, limit, k, block, cfg):
     f = f2 // 2
     q = torch.empty(m, f, dtype=torch.float8_e4m3fn, device=gu.device)
     s = torch.empty(m, f // 32, dtype=torch.uint8, device=gu.device)
-    _swiglu(m, f, cfg)(gu, gu, wt.float().contiguous(), pairs, _u8(q), s, limit, F=f, G_STRIDE=f2, U_OFF=f,
-                       WEIGHTED=True, BLOCK=cfg["BLOCK"], NR=m, ROWS=cfg.get("ROWS", 1), num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"])
+    _swiglu(gu, gu, wt.float().contiguous(), pairs, q, s, limit, m, f, f2, f, True, cfg)
     return q, s
 
 
