@@ -18,6 +18,8 @@
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
 #   small     tiny + smooth plans of main; smallall: of all
 #   base@REV  main at commit REV (a git worktree beside this checkout)
+#
+# VARIANT_MODEL=bench/configs/medium20 builds each on the medium widths with 20 layers (fits an H100).
 set -uo pipefail
 out=$(realpath -m "$1"); shift
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +50,7 @@ for name in "${names[@]}"; do
         smallall) VARIANT_SMALL=1 "$vp" smallall "$out" "${all[@]}" ;;
         base@*) rev=${name#base@}; wt="$root/../plan-base-$rev"
                 [ -d "$wt" ] || git -C "$root" worktree add -q "$wt" "$rev"
-                PYTHON="${PYTHON:-$root/.venv/bin/python}" "$wt/bench/variant_plan.sh" "base-$rev" "$out" ;;
+                VARIANT_SRC="$wt" "$vp" "base-$rev" "$out" ;;
         *) echo "plan_set: unknown variant $name" >&2; continue ;;
     esac > "$out/$name.build.log" 2>&1
     echo "$name: rc $? in $(( $(date +%s) - t0 )) s; $(grep -h 'kernels per step' "$out/$name.build.log" | cut -c1-160)"

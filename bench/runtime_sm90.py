@@ -104,7 +104,7 @@ def local_check(plan: str, seed: int = 11, preset: str = "v4.1-flash-tiny", ref_
     from deepinfer.runtime.batch import bucket_inputs
     from deepinfer.runtime.plan_executor import choose_bucket
 
-    cfg = load_config(preset)
+    cfg = load_config(preset) if preset else plan_config(plan)
     ckpt = GeneratedCheckpoint(cfg, seed, device="cuda" if ref_device == "cuda" else "cpu")
     gpu = CudaPlanExecutor(plan, checkpoint=ckpt, config_hash=cfg.config_hash, cuda_graphs=False)
     torch.manual_seed(seed)
@@ -369,7 +369,7 @@ def _loaded(plan: str, seed: int, out: dict):
 
 
 def medium(plan: str, seed: int = 0) -> dict:
-    cfg = load_config("v4.1-flash-medium")
+    cfg = plan_config(plan)
     out = {}
     if os.environ.get("BENCH_PAGEABLE_LOGITS") == "1":
         from deepinfer.runtime import cuda_executor
@@ -393,7 +393,7 @@ def medium_profile(plan: str, seed: int = 0, top: int = 12) -> dict:
 
     ex = gpu_executor(plan, seed, cuda_graphs=False)
     out = {}
-    prompt = torch.randint(3, load_config("v4.1-flash-medium").vocab_size, (4096,),
+    prompt = torch.randint(3, plan_config(plan).vocab_size, (4096,),
                            generator=torch.Generator().manual_seed(seed)).tolist()
     steps = {"prefill_4096": ([SeqChunk(0, 0, prompt, list(range(32)))], 1)}
     for b in (1, 8, 64):
@@ -481,7 +481,7 @@ def main(argv=None) -> int:
     elif a.divergence_medium:
         only = frozenset(a.only_templates.split(",")) if a.only_templates else None
         lens = tuple(int(x) for x in a.check_lens.split(","))
-        parts = (("local_medium", lambda pl: local_check(pl, 0, "v4.1-flash-medium", "cuda", lens,
+        parts = (("local_medium", lambda pl: local_check(pl, 0, None, "cuda", lens,
                                                          only, not a.decode_only), a.medium_plan),)
     elif a.divergence:
         parts = (("local", local_check, a.tiny_plan),) + parts

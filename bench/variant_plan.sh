@@ -8,12 +8,17 @@
 # +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
 # device call's out/); with VARIANT_SMALL=1, the tiny and smooth plans bench/gpu_tests_h200.sh takes
 # instead of the medium one; with VARIANT_E2E=1, the medium plan with bench/e2e_medium.py's buckets
-# (decode 1, 8, 32, 64, 128; prefill 4096 and 16384). Examples (docs/performance.md, nineteenth and twentieth sessions):
+# (decode 1, 8, 32, 64, 128; prefill 4096 and 16384). VARIANT_MODEL: the model instead of the medium
+# preset (bench/configs/medium20: its widths on 20 layers, 63 GB, which an 80 GB H100 holds: A/B runs
+# when no H200 comes). VARIANT_SRC: the checkout to build from (default: this one). Examples (docs/performance.md, nineteenth and twentieth sessions):
 #   bench/variant_plan.sh f16 out/p 'tilelang_grouped_gemm_fp4_mma={"F16": 1}'
 #   bench/variant_plan.sh noov out/p 'tilelang_gemm={"prefill_overlap": 0}'
 set -euo pipefail
 name=$1; out=$(realpath -m "$2"); shift 2
-root=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "${VARIANT_SRC:-$here}" && pwd)
+model=${VARIANT_MODEL:-v4.1-flash-medium}
+[ -d "$model" ] && model=$(realpath "$model")  # the compile runs in a scratch folder
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/pkg/deepinfer" "$out"
@@ -38,7 +43,7 @@ for e in edits:
         s = s.replace("\n    },\n)", '\n        "%s": %s,\n    },\n)' % (key, json.dumps(json.loads(val))), 1)
 open(path, "w").write(s)
 PY
-py=${PYTHON:-$root/.venv/bin/python}
+py=${PYTHON:-$here/.venv/bin/python}
 if [ -n "${VARIANT_SMALL:-}" ]; then  # the tiny and smooth plans bench/gpu_tests_h200.sh takes
     for model in tiny smooth; do
         (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model "v4.1-flash-$model" --target sm90 \
@@ -50,7 +55,7 @@ else
     buckets=(--max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192)
     [ -n "${VARIANT_E2E:-}" ] && buckets=(--max-num-seqs 128 --decode-batches 1,8,32,64,128 --prefill-tokens 4096,16384
                                           --max-model-len 20480)
-    (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model v4.1-flash-medium --target sm90 \
+    (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model "$model" --target sm90 \
         "${buckets[@]}" --tuning-db none \
         -o "$work/plan_$name" | tail -4)
     tar -cJf "$out/$name.tar.xz" -C "$work" "plan_$name"
