@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..ir.quant import QTensor
+from ..runtime.tensor_map import tensor_map_mismatch, tensor_map_spec
 
 MAX_CONST_ELEMENTS = 1 << 16  # a constant is a handful of values; a larger one is a bug in a host
 
@@ -191,16 +192,23 @@ def record_tilelang(host: Callable, kernel: dict, inputs: list, attrs: dict, qua
 
     def run(rec: _Recorder):
         def launch(i: int, **buffers):
-            args = []
-            for name, _ in params[i]:
-                if name not in buffers:
-                    raise RecipeError(f"kernel {i} of {kernel['template']} wants buffer {name}, the host gave "
+            args, aligned = [], []
+            for j, (name, ct) in enumerate(params[i]):
+                tmap = tensor_map_spec(ct)  # a TMA copy's map: bound to the buffer it maps
+                key = tmap["buffer"] if tmap else name
+                if key not in buffers:
+                    raise RecipeError(f"kernel {i} of {kernel['template']} wants buffer {key}, the host gave "
                                       f"{', '.join(buffers)}")
-                v = buffers[name]
+                v = buffers[key]
                 if isinstance(v, torch.Tensor) and not v.is_contiguous():
-                    raise RecipeError(f"{kernel['template']}: buffer {name} is not contiguous")
+                    raise RecipeError(f"{kernel['template']}: buffer {key} is not contiguous")
+                if tmap:
+                    bad = tensor_map_mismatch(tmap, v.shape, v.stride(), v.element_size())
+                    if bad:
+                        raise RecipeError(f"{kernel['template']}: buffer {key} for {name}: {bad}")
+                    aligned.append(j)
                 args.append(v)
-            rec.launch(i, grids[i], args, [ct for _, ct in params[i]])
+            rec.launch(i, grids[i], args, [ct for _, ct in params[i]], aligned)
         return host(launch, tuple(inputs), attrs, kernel["config"], kernel["meta"])
     return record(run, inputs, quantised)
 

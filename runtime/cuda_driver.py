@@ -18,6 +18,8 @@ import ctypes
 import functools
 import os
 
+from .tensor_map import TENSOR_MAP, tensor_map_spec
+
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -131,8 +133,33 @@ class CubinFunction:
                f"launching {self.name}")
 
 
+# ---- TMA tensor maps (their parameter type: runtime/tensor_map.py) -------------------------------
+TENSOR_MAP_BYTES, TENSOR_MAP_ALIGN = 128, 64
+
+
+@functools.lru_cache(maxsize=4096)
+def tensor_map(ctype: str, address: int):
+    """The CUtensorMap of a "CUtensorMap {...}" parameter for a buffer at `address`, as a ctypes
+    array at a 64-byte boundary (what the driver wants); launches copy its bytes."""
+    spec = tensor_map_spec(ctype)
+    if address % 16:
+        raise CudaError(f"a TMA copy's buffer must be 16-byte aligned, got address {address:#x}")
+    buf = ctypes.create_string_buffer(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN)
+    tm = (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer(buf, -ctypes.addressof(buf) % TENSOR_MAP_ALIGN)
+    r = len(spec["dims"])
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    _check(_lib().cuTensorMapEncodeTiled(
+        ctypes.byref(tm), ctypes.c_int(spec["dtype"]), u32(r), ctypes.c_void_p(address),
+        (u64 * r)(*spec["dims"]), (u64 * max(r - 1, 1))(*spec["strides"]), (u32 * r)(*spec["box"]),
+        (u32 * r)(*spec["elem_strides"]), ctypes.c_int(spec["interleave"]), ctypes.c_int(spec["swizzle"]),
+        ctypes.c_int(spec["l2"]), ctypes.c_int(spec["oob"])), f"encoding the tensor map of {spec['buffer']}")
+    return tm
+
+
 def c_arg(ctype: str, value):
     """A kernel argument as the ctypes value its parameter type wants."""
+    if ctype.startswith(TENSOR_MAP):
+        return tensor_map(ctype, value.data_ptr())
     if ctype.endswith("*"):
         return ctypes.c_uint64(value.data_ptr() if hasattr(value, "data_ptr") else int(value))
     if ctype in ("int", "int32_t", "i32"):

@@ -28,6 +28,7 @@ K not a multiple of 128 keeps the promotion program. Built with nvcc for sm_100a
 # no `from __future__ import annotations`: TileLang reads the kernels' annotations as live objects
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -36,6 +37,7 @@ from typing import Any, Mapping
 
 from ..targets import Target, building
 from .tilelang_host import host_gemm_fp8, host_linear
+from ...runtime.tensor_map import TENSOR_MAP
 from ..template import BATCH_INVARIANT, KernelSource, KernelSpec, Template, batch_invariant, register
 
 # Pass configs every program of this library is lowered with: plain (non-TMA) copies keep the
@@ -44,6 +46,22 @@ PASS_CONFIGS = {
     "tl.disable_tma_lower": True,
     "tl.disable_warp_specialized": True,
 }
+# A template's `tma` knob lowers its program with TMA copies and a producer warpgroup instead
+# (TileLang's warp specialisation): each TMA-copied buffer becomes a CUtensorMap parameter, whose
+# encoding lower() reads off the host module into the parameter's type (runtime/tensor_map.py).
+TMA_PASS_CONFIGS = {
+    "tl.disable_tma_lower": False,
+    "tl.disable_warp_specialized": False,
+}
+
+
+def tma_pass_configs(config: Mapping[str, Any]) -> dict | None:
+    return TMA_PASS_CONFIGS if config.get("tma") else None
+
+
+def program_knobs(config: Mapping[str, Any]) -> dict:
+    """A config without the knobs that choose how a program is lowered, not what it is."""
+    return {k: v for k, v in config.items() if k != "tma"}
 
 
 def _tl():
@@ -81,7 +99,33 @@ def lower(func, arch: str, pass_configs: Mapping[str, Any] | None = None) -> dic
         out["grid"] = tuple(ext.get(f"blockIdx.{a}", 1) for a in "xyz")
         out["block"] = tuple(ext.get(f"threadIdx.{a}", 1) for a in "xyz")
         out["smem"] = int(attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in attrs else 0
+    maps = _tensor_maps(art.host_mod)
+    out["params"] = [[name, TENSOR_MAP + " " + json.dumps(maps[name], separators=(",", ":"), sort_keys=True)
+                      if name in maps else ct] for name, ct in out["params"]]
     return out
+
+
+def _tensor_maps(host_mod) -> dict:
+    """Per CUtensorMap parameter, how the host module encodes it (its tensormap_create_tiled
+    arguments: map, dtype, rank, buffer, then rank-long lists of extents, byte strides (the first
+    is the element size), box and element strides, then interleave, swizzle, L2 promotion and
+    out-of-bounds fill). The extents must be static: the runtime encodes from these numbers."""
+    maps = {}
+    for _, f in host_mod.functions.items():
+        if f.attrs is None or "tma_descriptor_args" not in f.attrs:
+            continue
+        for desc, args in f.attrs["tma_descriptor_args"].items():
+            args = list(args)
+            if str(args[0]).strip('"') != "__tvm_tensormap_create_tiled":
+                raise ValueError(f"{desc}: {args[0]} tensor maps are not supported (tiled ones only)")
+            if not all(hasattr(a, "value") for a in args[5:]):
+                raise ValueError(f"{desc}: a TMA copy of a buffer with dynamic extents ({args[4]})")
+            r, v = int(args[3].value), [int(a.value) for a in args[5:]]
+            maps[str(desc)] = {"buffer": str(args[4]), "dtype": int(args[2].value), "dims": v[:r],
+                               "elem_size": v[r], "strides": v[r + 1:2 * r], "box": v[2 * r:3 * r],
+                               "elem_strides": v[3 * r:4 * r], "interleave": v[4 * r], "swizzle": v[4 * r + 1],
+                               "l2": v[4 * r + 2], "oob": v[4 * r + 3]}
+    return maps
 
 
 def _param_ctype(p) -> str:
@@ -91,8 +135,8 @@ def _param_ctype(p) -> str:
     return {"int32": "int32_t", "int64": "int64_t", "float32": "float"}[str(p.dtype)]
 
 
-def source(func, arch: str, meta: Mapping[str, Any]) -> KernelSource:
-    r = lower(func, arch)
+def source(func, arch: str, meta: Mapping[str, Any], pass_configs: Mapping[str, Any] | None = None) -> KernelSource:
+    r = lower(func, arch, pass_configs)
     return KernelSource("cuda", r["entry"], r["src"], grid=r["grid"], block=r["block"], smem_bytes=r["smem"],
                         meta=dict(meta, params=r["params"]))
 

@@ -91,6 +91,10 @@ def _dims(spec: KernelSpec):
 
 KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
          "threads": (128, 256)}
+# the rows programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's
+# tma knob); the MoE program not: so lowered, its outputs failed the per-call check on an H100
+# (every element off; docs/performance.md, twenty-fifth session)
+ROWS_KNOBS = dict(KNOBS, tma=(0, 1))
 # the tiles where a target's defaults name none (the GPU cases; a plan built with the template on
 # and tuned by code whose target lacks it): 64-row tiles, as prefill's experts average 64 rows
 MOE_TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
@@ -225,12 +229,13 @@ def linear_default_config(target: Target, spec: KernelSpec) -> dict:
 def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     """The rows dequantised by the second kernel (the host launches it first), then
     rows_bf16_gemm_program on one group: the GEMM converts only the weight's tiles."""
-    from .tilelang_gemm import _mnk, lower, out_dtype_name, source
+    from .tilelang_gemm import _mnk, lower, out_dtype_name, program_knobs, source, tma_pass_configs
 
     m, n, k = _mnk(spec)
     c = dict(gemm_default_config(target, spec), **config)
-    src = source(rows_bf16_gemm_program(m, 1, n, k, out_dtype_name(spec), **c), target.arch,
-                 {"template": "tilelang_gemm_fp8_bf16", "config": c, "dims": {"rows": m, "n": n, "k": k}})
+    src = source(rows_bf16_gemm_program(m, 1, n, k, out_dtype_name(spec), **program_knobs(c)), target.arch,
+                 {"template": "tilelang_gemm_fp8_bf16", "config": c, "dims": {"rows": m, "n": n, "k": k}},
+                 tma_pass_configs(c))
     dq = lower(dequant_rows_program(m, k), target.arch)
     src.meta["combine"] = {"entry": dq["entry"], "text": dq["src"], "grid": dq["grid"], "block": dq["block"],
                            "smem_bytes": dq["smem"], "params": dq["params"]}
@@ -252,7 +257,7 @@ register(Template(
     name="tilelang_gemm_fp8_bf16",
     ops=("gemm_fp8",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=KNOBS,
+    knobs=ROWS_KNOBS,
     render=_gemm_render,
     default_config=gemm_default_config,
     supports=_gemm_supports,
@@ -270,13 +275,13 @@ def _linear_dims(spec: KernelSpec) -> tuple[int, int, int, int]:
 
 
 def _linear_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import source
+    from .tilelang_gemm import program_knobs, source, tma_pass_configs
 
     m, g, ng, kg = _linear_dims(spec)
     c = dict(linear_default_config(target, spec), **config)
-    return source(rows_bf16_gemm_program(m, g, ng, kg, **c), target.arch,
+    return source(rows_bf16_gemm_program(m, g, ng, kg, **program_knobs(c)), target.arch,
                   {"template": "tilelang_grouped_linear_bf16", "config": c,
-                   "dims": {"rows": m, "groups": g, "ng": ng, "kg": kg}})
+                   "dims": {"rows": m, "groups": g, "ng": ng, "kg": kg}}, tma_pass_configs(c))
 
 
 def _linear_supports(target: Target, spec: KernelSpec) -> bool:
@@ -303,7 +308,7 @@ register(Template(
     name="tilelang_grouped_linear_bf16",
     ops=("grouped_linear",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=KNOBS,
+    knobs=ROWS_KNOBS,
     render=_linear_render,
     default_config=linear_default_config,
     supports=_linear_supports,
