@@ -6,15 +6,16 @@
 #
 #   bench/plan_set.sh OUT_DIR [NAME ...]      (default: every variant below)
 #
-#   main      this checkout as it is
-#   rope      + fuse_attention_rope (the q RoPE and its inverse folded into the attention)
+#   main      this checkout as it is (the RoPE folded into the attention and wo_a at prefill on bf16
+#             MMAs are on in main since the twenty-fifth session)
 #   bfm       the prefill MoE GEMM on bf16 MMAs (tilelang_grouped_gemm_fp4_bf16)
-#   bfl       wo_a at prefill on bf16 MMAs (tilelang_grouped_linear_bf16)
 #   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
 #   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
 #   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program; wo_a's
 #             output quantisation, inside grouped_linear's launches, keeps 4)
-#   all       rope + bfm + bfl + bfg + bfp
+#   all       bfm + bfg + bfp
+#   tmal      wo_a's bf16 program lowered with TMA copies from a producer warpgroup (the tma knob)
+#   alltma    all, its three bf16 prefill programs lowered with TMA copies
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
 #   small     tiny + smooth plans of main; smallall: of all
 #   base@REV  main at commit REV (a git worktree beside this checkout)
@@ -27,23 +28,26 @@ mkdir -p "$out"
 moe='{"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}'
 rows='{"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}'
 bfm=("tilelang_grouped_gemm_fp4_bf16=$moe")
-bfl=("tilelang_grouped_linear_bf16=$rows")
 bfg=("tilelang_gemm_fp8_bf16=$rows")
 bfp=('tilelang_attention={"prefill_stages": 2}')
-all=(+fuse_attention_rope "${bfm[@]}" "${bfl[@]}" "${bfg[@]}" "${bfp[@]}")
+all=("${bfm[@]}" "${bfg[@]}" "${bfp[@]}")
+tmal=('tilelang_grouped_linear_bf16={"tma": 1}')
+alltma=("${all[@]}")
+for key in tilelang_grouped_gemm_fp4_bf16 tilelang_grouped_linear_bf16 tilelang_gemm_fp8_bf16; do
+    alltma+=("$key={\"tma\": 1}")
+done
 rows1=()
 for op in swiglu_quant_fp8 swiglu_gu_quant_fp8 swiglu_weighted_quant_fp8 moe_gather_rows quant_fp8; do
     rows1+=("triton_$op={\"ROWS\": 1}")
 done
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(main rope bfm bfl bfg bfp rows1 all e2e small smallall)
+[ ${#names[@]} -gt 0 ] || names=(main bfm bfg bfp rows1 all e2e small smallall)
 vp="$root/bench/variant_plan.sh"
 for name in "${names[@]}"; do
     t0=$(date +%s)
     case $name in
         main) "$vp" main "$out" ;;
-        rope) "$vp" rope "$out" +fuse_attention_rope ;;
-        bfm|bfl|bfg|bfp|rows1|all) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
+        bfm|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
         e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
         e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
         small) VARIANT_SMALL=1 "$vp" small "$out" ;;

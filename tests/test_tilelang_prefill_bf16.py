@@ -2,6 +2,7 @@
 fp8 linears'): which calls take them, and that their programs render and build for sm_90a without
 spills. Their numerics run on the H200 (bench/kernels_tilelang.py's `bf16` cases)."""
 import dataclasses
+import json
 import shutil
 
 import pytest
@@ -128,7 +129,10 @@ LINEAR_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "thr
 
 def test_prefill_wo_a_takes_the_grouped_linear_where_a_target_enables_it():
     sm90, on = get_target("sm90"), enabled(LINEAR_TILES, "tilelang_grouped_linear_bf16")
-    assert select(sm90, wo_a_spec(4096)).name == "triton_grouped_linear"
+    assert select(sm90, wo_a_spec(4096)).name == "tilelang_grouped_linear_bf16"  # on in sm90's defaults
+    off = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items()
+                                              if k != "tilelang_grouped_linear_bf16"})
+    assert select(off, wo_a_spec(4096)).name == "triton_grouped_linear"
     assert select(on, wo_a_spec(4096)).name == "tilelang_grouped_linear_bf16"
     for m in (1, 8, 64):  # decode rows keep the row-tiled Triton kernel
         assert select(on, wo_a_spec(m)).name == "triton_grouped_linear"
@@ -195,3 +199,69 @@ def test_host_recipes_dequantise_the_rows_first_and_bind_by_name():
             assert launches[0]["args"][0] == launches[1]["args"][-1]
         else:
             assert [s["launch"] for s in launches] == [0]
+
+
+def test_tma_knob_maps_the_copied_buffers_and_the_recipe_binds_them():
+    """With `tma` on, the program is lowered with TMA copies from a producer warpgroup: each copied
+    buffer becomes a CUtensorMap parameter whose type carries its encoding (the buffer, extents
+    innermost first, byte strides, box), the block grows by the producer, and the host recipe binds
+    the map's parameter to its buffer (16-byte aligned); a buffer of another layout is refused."""
+    pytest.importorskip("tilelang")
+    import torch
+
+    from deepinfer.codegen.host_recipe import RecipeError, record_tilelang
+    from deepinfer.ir.quant import QTensor
+    from deepinfer.runtime.tensor_map import tensor_map_spec
+
+    from deepinfer.codegen.template import templates
+
+    assert "tma" not in templates()["tilelang_grouped_gemm_fp4_bf16"].knobs  # its TMA lowering failed its check
+    t = enabled(dict(GEMM_TILES, tma=1), "tilelang_gemm_fp8_bf16")
+    spec = gemm_spec(256, 512, 1024)
+    tpl = select(t, spec)
+    src = tpl.render(t, spec, tpl.default_config(t, spec))
+    plain = tpl.render(t, spec, dict(tpl.default_config(t, spec), tma=0))
+    maps = {n: tensor_map_spec(ct) for n, ct in src.meta["params"] if tensor_map_spec(ct)}
+    assert set(maps) == {"W_desc", "X_desc"} and not any(tensor_map_spec(ct) for _, ct in plain.meta["params"])
+    assert "__grid_constant__ const CUtensorMap X_desc" in src.text
+    # X: the dequantised bf16 rows [256, 1024]; W: the fp8 weight [512, 1024]
+    assert maps["X_desc"]["buffer"] == "X" and maps["X_desc"]["dims"] == [1024, 256]
+    assert maps["X_desc"]["elem_size"] == 2 and maps["X_desc"]["strides"] == [2048]
+    assert maps["W_desc"]["buffer"] == "W" and maps["W_desc"]["dims"] == [1024, 512]
+    assert maps["W_desc"]["strides"] == [1024] and maps["W_desc"]["box"][1] == GEMM_TILES["block_N"]
+    assert src.block[0] > plain.block[0]  # the producer warpgroup
+    kernel = {"template": tpl.name, "config": src.meta["config"], "meta": src.meta, "grid": list(src.grid),
+              "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(256, 1024, dtype=torch.float8_e4m3fn), torch.empty(256, 32, dtype=torch.uint8))
+        w = QTensor(torch.empty(512, 1024, dtype=torch.float8_e4m3fn), torch.empty(16, 32, dtype=torch.uint8))
+        rec, _ = record_tilelang(tpl.host, kernel, [x, w], {"out_dtype": "bf16"}, [False])
+        gemm = [s for s in rec["steps"] if s.get("launch") == 0][0]
+        names = [n for n, _ in src.meta["params"]]
+        assert sorted(gemm["aligned"]) == sorted(names.index(n) for n in maps)
+        assert gemm["args"][names.index("W_desc")] == {"t": rec["inputs"][1][0]}  # the weight's data slot
+        bad = dict(maps["W_desc"], dims=[1024, 1024])
+        wrong = dict(kernel, meta=dict(src.meta, params=[[n, "CUtensorMap " + json.dumps(bad)] if n == "W_desc"
+                                                         else [n, ct] for n, ct in src.meta["params"]]))
+        with pytest.raises(RecipeError, match="buffer W for W_desc"):
+            record_tilelang(tpl.host, wrong, [x, w], {"out_dtype": "bf16"}, [False])
+
+
+@pytest.mark.parametrize("key,tiles", [("tilelang_grouped_linear_bf16", LINEAR_TILES),
+                                       ("tilelang_gemm_fp8_bf16", {"block_M": 128, "block_N": 128, "block_K": 64,
+                                                                   "stages": 4, "threads": 256})])
+def test_tma_programs_build_without_spills(key, tiles):
+    pytest.importorskip("tilelang")
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not on PATH")
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+    t = enabled(dict(tiles, tma=1), key)
+    spec = wo_a_spec(4096) if key.endswith("linear_bf16") else gemm_spec(4096, 32768, 1280)
+    tpl = select(t, spec)
+    assert tpl.name == key
+    src = tpl.render(t, spec, tpl.default_config(t, spec))
+    assert "CUtensorMap" in src.text
+    rep = nvcc_report(src.text, t.arch)
+    assert rep["ok"], rep["log"]
+    assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]

@@ -34,6 +34,10 @@ TARGET = Target(
         # up to 4 CTAs per SM; 64-row calls stay on the wgmma program (docs/performance.md,
         # eleventh and thirteenth sessions)
         "tilelang_gemm_fp8_mma": {"RT": 2, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "CTAS": 4},
+        # wo_a at prefill on bf16 wgmma (tilelang_prefill_bf16): prefill 1.07x on an H100 (the
+        # medium widths on 20 layers); the MoE and fp8-linear bf16 programs lost there and stay
+        # off (docs/performance.md, twenty-fifth session)
+        "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256},
     },
 )
 
@@ -57,6 +61,7 @@ PASSES = (
     "split_hc_pre",  # mHC mixes apart from the normalised input, for the runtime's second stream; after fuse
     "fuse_collapse_norm_quant",  # that input and its fp8 quantisation in one call; after split_hc_pre makes it
     "fuse_combine_expand",  # the MoE combine into the hc_expand reading it; after fuse_moe_shared makes that combine
+    "fuse_attention_rope",  # q's RoPE and the output's inverse RoPE inside the attention; after lower_sparse_attention
     "infer_shapes_final",  # rewrites introduced values: recompute every type before choosing kernels
     "verify_final",
     "select_kernels",  # last: every node becomes one template call, read from the final ops and operand formats
