@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from deepinfer.codegen.targets import get_target
-from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select
+from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select, templates
 from deepinfer.ir.types import quantized, tensor
 
 TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
@@ -213,8 +213,6 @@ def test_tma_knob_maps_the_copied_buffers_and_the_recipe_binds_them():
     from deepinfer.ir.quant import QTensor
     from deepinfer.runtime.tensor_map import tensor_map_spec
 
-    from deepinfer.codegen.template import templates
-
     assert "tma" not in templates()["tilelang_grouped_gemm_fp4_bf16"].knobs  # its TMA lowering failed its check
     t = enabled(dict(GEMM_TILES, tma=1), "tilelang_gemm_fp8_bf16")
     spec = gemm_spec(256, 512, 1024)
@@ -252,16 +250,15 @@ def test_tma_knob_maps_the_copied_buffers_and_the_recipe_binds_them():
                                                                    "stages": 4, "threads": 256})])
 def test_tma_programs_build_without_spills(key, tiles):
     pytest.importorskip("tilelang")
-    if not shutil.which("nvcc"):
-        pytest.skip("nvcc is not on PATH")
-    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
-
     t = enabled(dict(tiles, tma=1), key)
     spec = wo_a_spec(4096) if key.endswith("linear_bf16") else gemm_spec(4096, 32768, 1280)
     tpl = select(t, spec)
     assert tpl.name == key
     src = tpl.render(t, spec, tpl.default_config(t, spec))
     assert "CUtensorMap" in src.text
-    rep = nvcc_report(src.text, t.arch)
-    assert rep["ok"], rep["log"]
-    assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(src.text, t.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
