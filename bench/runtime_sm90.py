@@ -213,15 +213,16 @@ def noise_floor(steps: int = 40, seed: int = 11, share: float = 0.01) -> dict:
     return out
 
 
-def _timed(ex, chunks, reps):
-    """(wall s, device s) per step, median of reps."""
+def _timed(ex, chunks, reps, argmax: bool = False):
+    """(wall s, device s) per step, median of reps; `argmax`: the step of an all-greedy batch (the
+    rows' argmax ids come back, not their logits: LLMEngine._argmax_only)."""
     walls, devs = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t = time.perf_counter()
         a.record()
-        ex.step(chunks)  # ends with the logits on the host: a sync
+        ex.step(chunks, argmax=True) if argmax else ex.step(chunks)  # ends on the host: a sync
         b.record()
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - t)
@@ -251,17 +252,29 @@ def exposed_time(events: list, steps: int, top: int) -> dict:
     to the union of the intervals (the GPU's busy time); a kernel that waited on its predecessor
     is charged only from that predecessor's end, its share of the critical path, and one hidden
     under another's interval is charged nothing. Per (kernel, grid), per step, in microseconds;
-    `kernel_sum_us` is the plain sum of durations, which overlap."""
+    `kernel_sum_us` is the plain sum of durations, which overlap. `gaps`: the idle intervals inside
+    a step (no event running), each charged to the pair (the event whose end opened it -> the one
+    that closed it); a gap after a device-to-host copy (a step's logits) is the host's, between
+    steps, and not counted."""
     from collections import defaultdict
 
+    def key(ev):
+        grid = ev.get("args", {}).get("grid")
+        return f"{ev['name'][:60]} grid={grid}" if grid is not None else ev["name"][:60]
+
     acc = defaultdict(lambda: [0.0, 0.0, 0])
-    frontier = float("-inf")
+    gaps = defaultdict(lambda: [0.0, 0])
+    frontier, last = float("-inf"), None  # the latest end, and the event it belongs to
     for ev in sorted(events, key=lambda e: e["ts"]):
         end = ev["ts"] + ev["dur"]
+        if last is not None and ev["ts"] > frontier and "DtoH" not in last["name"] and "Device -> " not in last["name"]:
+            g = gaps[f"{key(last)} -> {key(ev)}"]
+            g[0] += ev["ts"] - frontier
+            g[1] += 1
         add = max(0.0, end - max(frontier, ev["ts"]))
-        frontier = max(frontier, end)
-        grid = ev.get("args", {}).get("grid")
-        a = acc[f"{ev['name'][:60]} grid={grid}" if grid is not None else ev["name"][:60]]
+        if end > frontier:
+            frontier, last = end, ev
+        a = acc[key(ev)]
         a[0] += add
         a[1] += ev["dur"]
         a[2] += 1
@@ -269,7 +282,10 @@ def exposed_time(events: list, steps: int, top: int) -> dict:
     rows = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
     return {"busy_us": busy / steps, "kernel_sum_us": sum(v[1] for v in acc.values()) / steps,
             "top": [{"name": k, "exposed_us": v[0] / steps, "sum_us": v[1] / steps, "calls": v[2] / steps}
-                    for k, v in rows]}
+                    for k, v in rows],
+            "gap_us": sum(v[0] for v in gaps.values()) / steps,
+            "gaps": [{"pair": k, "gap_us": v[0] / steps, "count": v[1] / steps}
+                     for k, v in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
 def _busy(ex, chunks, reps, top: int = 0):
@@ -343,13 +359,21 @@ def time_decode(ex, cfg, b: int, g: torch.Generator, pages: int = 9, page_tokens
         busy = ex_t["busy_us"] / 1e6
         row[mode] = {"wall_ms": w * 1e3, "device_ms": d * 1e3, "gpu_busy_ms": busy * 1e3,
                      "idle_ms": (w - busy) * 1e3, "kernel_sum_ms": ex_t["kernel_sum_us"] / 1e3}
+        if getattr(ex, "argmax_steps", False):
+            row[mode]["greedy_wall_ms"] = _timed(ex, chunks, reps, argmax=True)[0] * 1e3
         if ex_t["top"]:
             row[mode]["exposed_top"] = ex_t["top"]
-        print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall, GPU busy {busy * 1e3:.2f} ms "
+        greedy = f", {row[mode]['greedy_wall_ms']:.2f} ms greedy" if "greedy_wall_ms" in row[mode] else ""
+        print(f"decode b{b} {mode}: {w * 1e3:.2f} ms wall{greedy}, GPU busy {busy * 1e3:.2f} ms "
               f"({ex.graph_status.get(f'decode_b{b}', '')[:120]})", flush=True)
         for r in ex_t["top"]:
             print(f"  {r['exposed_us']:8.1f} us exposed {r['sum_us']:8.1f} us summed {r['calls']:5.0f}x  {r['name']}",
                   flush=True)
+        if ex_t["top"]:
+            row[mode]["gap_us"], row[mode]["gaps"] = ex_t["gap_us"], ex_t["gaps"]
+            print(f"  idle inside the step: {ex_t['gap_us']:.1f} us", flush=True)
+            for r in ex_t["gaps"]:
+                print(f"  {r['gap_us']:8.1f} us idle {r['count']:5.0f}x  {r['pair'][:150]}", flush=True)
     # what the step computed: equal digests mean bit-equal logits (the same plan launched two
     # ways, e.g. DEEPINFER_PDL=0 against PDL), the argmax what another plan should agree with
     lg = ex.step(chunks).float()

@@ -228,7 +228,8 @@ class LLMEngine:
         self.overlap = hasattr(executor, "submit") and not self.num_speculative if overlap is None else overlap
         self.spec_stats = SpecStats()
         self._draft_cost: dict[int, float] = {}  # seconds of the last draft call, by its sequence count
-        self._inflight: tuple[PreparedStep, object] | None = None  # submitted, not yet sampled
+        # submitted, not yet sampled; True where the handle gives argmax ids, not logits
+        self._inflight: tuple[PreparedStep, object, bool] | None = None
         warm_up = getattr(executor, "warm_up", None)
         if self.num_speculative and verify_budget is None and warm_up is not None:
             warm_up(max_num_seqs)  # the step-time curve each step's verify budget is chosen from
@@ -340,7 +341,7 @@ class LLMEngine:
                     raise RuntimeError("the scheduler found nothing to run while requests are pending")
                 return self._outputs(finished)
             self._submit(self.prepare_inputs(batch))
-        prepared, handle = self._inflight
+        prepared, handle, argmax = self._inflight
         self._inflight = None
         self.scheduler.advance(prepared.batch)  # the caches hold each chunk once the step has run
         planned = None
@@ -350,7 +351,7 @@ class LLMEngine:
                     seq.token_ids.append(PLACEHOLDER)
             planned = self.scheduler.schedule()
         logits = handle.result()
-        emitted = self.sample(prepared, logits)
+        emitted = [[t] for t in logits.tolist()] if argmax else self.sample(prepared, logits)
         finished += self.accept(prepared, emitted, replace=self.overlap,
                                 logprobs=self._logprobs(prepared, logits, emitted))
         for sch, chunk in zip(prepared.batch, prepared.chunks):
@@ -376,8 +377,21 @@ class LLMEngine:
 
     def _submit(self, prepared: PreparedStep) -> None:
         submit = getattr(self.executor, "submit", None)
-        handle = submit(prepared.chunks) if submit else _Done(self.executor.step(prepared.chunks))
-        self._inflight = (prepared, handle)
+        argmax = bool(submit) and getattr(self.executor, "argmax_steps", False) and self._argmax_only(prepared)
+        if not submit:
+            handle = _Done(self.executor.step(prepared.chunks))
+        else:
+            handle = submit(prepared.chunks, argmax=True) if argmax else submit(prepared.chunks)
+        self._inflight = (prepared, handle, argmax)
+
+    @staticmethod
+    def _argmax_only(prepared: PreparedStep) -> bool:
+        """Every sampled row is plain greedy: no penalties, masks, grammar, logprobs or drafts, so
+        its token is the row's argmax (sampler.sample's greedy rows) and the executor may return
+        the ids in place of the logits."""
+        return bool(prepared.samples) and all(
+            req.params.greedy and not req.processed and req.params.logprobs is None and seq.grammar is None
+            and not drafts for req, seq, drafts in zip(prepared.samples, prepared.sampled, prepared.drafts))
 
     def prepare_inputs(self, batch: list[Scheduled]) -> PreparedStep:
         chunks, samples, sampled, drafts = [], [], [], []

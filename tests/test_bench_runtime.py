@@ -22,6 +22,12 @@ def test_exposed_time_charges_each_kernel_past_the_ends_before_it():
     assert r["busy_us"] == 19  # the union: [0, 17] and [30, 32]
     assert r["kernel_sum_us"] == 28
     assert [t["name"] for t in r["top"]] == ["a grid=[1, 1, 1]", "b", "d", "c"]
+    # the idle inside the step: [17, 30], opened by b's end, closed by d
+    assert r["gap_us"] == 13 and r["gaps"] == [{"pair": "b -> d", "gap_us": 13, "count": 1}]
+    # a gap after the logits' copy is the host's, between steps
+    host = runtime_sm90.exposed_time([ev("a", 0, 10), ev("Memcpy DtoH (Device -> Pinned)", 10, 5), ev("a", 50, 10)],
+                                     steps=2, top=10)
+    assert host["gap_us"] == 0 and host["gaps"] == [] and host["busy_us"] == 12.5
     # a short event inside a long one that started first, listed first: the union is the long one
     nested = runtime_sm90.exposed_time([ev("short", 2, 1), ev("long", 0, 10)], steps=1, top=10)
     assert nested["busy_us"] == 10 and {t["name"]: t["exposed_us"] for t in nested["top"]} == {"long": 10, "short": 0}
@@ -51,9 +57,12 @@ def test_e2e_reads_the_plans_buckets_and_tabulates_them():
     assert e2e_medium.plan_buckets(plan) == ([4096, 16384], [1, 8, 64])
     m = {"prefill_4096": {"wall_s": 0.8, "mfu_fp8": 0.14, "tok_per_s": 5120.0},
          "decode_b1": {"graph": {"wall_ms": 8.0}, "floor_ms": 2.97, "x_floor": 2.69, "mbu": 0.37, "mfu_fp8": 0.001,
-                       "tok_per_s": 125.0}, "graphs": {}}
+                       "tok_per_s": 125.0},
+         "decode_b64": {"graph": {"wall_ms": 37.7, "greedy_wall_ms": 37.1}, "floor_ms": 18.7, "x_floor": 2.02,
+                        "x_floor_greedy": 1.98, "mbu": 0.5, "mfu_fp8": 0.04, "tok_per_s": 1700.0}, "graphs": {}}
     lines = e2e_medium.table(m).splitlines()
-    assert len(lines) == 3 and "800.0 ms" in lines[1] and "2.69" in lines[2]
+    assert len(lines) == 4 and "800.0 ms" in lines[1] and "2.69" in lines[2] and "ms" not in lines[2][60:]
+    assert lines[3].split()[-3:] == ["37.10", "ms", "1.98"]  # a greedy batch's step: ids back, not logits
 
 
 def test_plot_points_come_from_the_results():

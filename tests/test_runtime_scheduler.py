@@ -340,6 +340,55 @@ def test_overlapped_scheduling_gives_the_same_outputs():
     assert {k: plain[k] for k in done} == {k: overlapped[k] for k in done}
 
 
+
+class SubmitFakeExecutor(FakeExecutor):
+    """FakeExecutor with the CUDA executor's submit: `argmax` returns each row's argmax id (int64)
+    in place of the logits; counts the steps of each kind."""
+    argmax_steps = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.kinds = {"logits": 0, "argmax": 0}
+
+    def submit(self, chunks, argmax=False):
+        logits = self.step(chunks)
+        self.kinds["argmax" if argmax else "logits"] += 1
+        out = logits.argmax(-1) if argmax else logits
+
+        class Handle:
+            def result(self):
+                return out
+        return Handle()
+
+
+def test_greedy_steps_take_argmax_ids_with_the_same_tokens():
+    """A step whose sampled rows are all plain greedy (no penalties, masks, logprobs or drafts)
+    asks the executor for argmax ids, not logits (LLMEngine._argmax_only); any other row makes the
+    step take logits. A mixed load (greedy, sampled, penalised greedy, logprobs, min_tokens) gives
+    the tokens of an executor without submit."""
+    import random
+
+    def run(ex_cls):
+        ex = ex_cls(4, 9, 4)
+        engine = LLMEngine(ex, FakeTokenizer(), max_num_seqs=4, max_num_batched_tokens=12, max_model_len=28)
+        rng = random.Random(7)
+        outs = {}
+        for i in range(24):
+            kind = i % 6
+            params = SamplingParams(temperature=2.0 if kind == 1 else 0, seed=i, max_tokens=rng.randint(1, 8),
+                                    repetition_penalty=1.5 if kind == 2 else 1.0,
+                                    logprobs=2 if kind == 3 else None, min_tokens=2 if kind == 4 else 0)
+            engine.add_request(prompt_token_ids=[rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 9))],
+                               params=params, request_id=f"r{i}")
+        outs = {k: (o.finish_reason, o.token_ids) for k, o in run_all(engine).items()}
+        return outs, ex
+
+    plain, _ = run(FakeExecutor)
+    fast, ex = run(SubmitFakeExecutor)
+    assert fast == plain and len(plain) == 24
+    assert ex.kinds["argmax"] > 0 and ex.kinds["logits"] > 0, ex.kinds
+
+
 # ---- speculative decoding -----------------------------------------------------------------------
 
 class SpecFakeExecutor(FakeExecutor):

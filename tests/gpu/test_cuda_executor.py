@@ -120,3 +120,21 @@ def test_calls_on_two_streams_give_the_logits_of_one(plan, monkeypatch):
             used = [s for s in ex.runner._lanes.values()]
             assert used and all(max(s[0]) == 1 and sum(map(len, s[1])) > 0 for s in used)
     assert all(torch.equal(a, b) for a, b in zip(runs["1"], runs["2"]))
+
+
+
+def test_argmax_steps_return_the_logits_argmax(plan):
+    """submit(argmax=True) (the engine's all-greedy steps) returns each sampled row's argmax id,
+    the first maximum as on the host, in place of its logits: two executors run the same prefill
+    and captured decode steps, one returning logits, one ids."""
+    from deepinfer.runtime.batch import SeqChunk
+    from deepinfer.runtime.cuda_executor import CudaPlanExecutor
+
+    by_logits, by_ids = CudaPlanExecutor(plan[0], plan[1]), CudaPlanExecutor(plan[0], plan[1])
+    chunks = [SeqChunk(0, 0, list(range(5, 45)), [0]), SeqChunk(1, 0, list(range(100, 130)), [1])]
+    for _ in range(5):
+        want = by_logits.step(chunks).argmax(-1)
+        ids = by_ids.step(chunks, argmax=True)
+        assert ids.dtype == torch.int64 and ids.tolist() == want.tolist()
+        chunks = [SeqChunk(c.slot, c.start + len(c.tokens), [int(t)], c.pages) for c, t in zip(chunks, ids)]
+    assert all(v == "captured" for v in by_ids.graph_status.values()), by_ids.graph_status
