@@ -53,23 +53,30 @@ def lanes_from_env() -> int:
     return int(raw)
 
 
+# sampled rows from which an argmax step reduces on the device: a 64-row step's logits are 33 MB
+# over PCIe (0.6 ms on an H100), its ids 512 bytes; at one row the copy is cheaper than the
+# reduction kernel and its launch after the graph (docs/performance.md, twenty-sixth session)
+ARGMAX_DEVICE_ROWS = 8
+
+
 class _Pending:
     """A submitted step: its logits on their way into pinned host memory, queued on the step's
     stream behind the step (and ahead of the next step, which rewrites a graph's output buffer).
-    `argmax`: each row's argmax id instead (int64; the first maximum, as torch.argmax on the host
-    takes it, so a greedy token is the same either way): a 64-row step's logits are 33 MB over
-    PCIe, its ids 512 bytes."""
+    `argmax`: `result()` is each row's argmax id (int64; torch.argmax's first maximum on the
+    device or the host alike, so a greedy token is the same either way), reduced on the device
+    from ARGMAX_DEVICE_ROWS rows, so only the ids cross PCIe."""
 
     def __init__(self, logits: torch.Tensor, argmax: bool = False):
-        src = torch.argmax(logits, dim=-1) if argmax else logits
-        self.host = torch.empty(src.shape, dtype=torch.int64 if argmax else torch.float32, pin_memory=True)
+        self.argmax, on_device = argmax, argmax and logits.shape[0] >= ARGMAX_DEVICE_ROWS
+        src = torch.argmax(logits, dim=-1) if on_device else logits
+        self.host = torch.empty(src.shape, dtype=torch.int64 if on_device else torch.float32, pin_memory=True)
         self.host.copy_(src, non_blocking=True)
         self.done = torch.cuda.Event()
         self.done.record()
 
     def result(self) -> torch.Tensor:
         self.done.synchronize()
-        return self.host
+        return self.host.argmax(-1) if self.argmax and self.host.dim() == 2 else self.host
 
 
 class _TileLangKernels:

@@ -651,8 +651,10 @@ def test_the_router_sums_its_logits_gemms_k_split():
         meta = tpl.render(t, spec, tpl.default_config(t, spec) | over).meta["kernels"]
         return [(k["entry"], k["constexprs"].get("PARTS")) for k in meta]
 
-    split = launches()[1][1]
-    assert split > 1 and [e for e, _ in launches()] == ["block_linear_mx_kernel", "moe_router_kernel"]
+    # (sm90's decode split comes from the shape, which leaves the tiny router's K whole: name one)
+    split = launches(SPLIT=8)[1][1]
+    assert split > 1 and [e for e, _ in launches(SPLIT=8)] == ["block_linear_mx_kernel", "moe_router_kernel"]
+    assert launches() == launches(SPLIT=1)
     assert launches(SPLIT=1, WL=0)[1:] == [("moe_router_kernel", 1)]
     _interpreted_at_splits("linear_moe_router", (1, 3))
 
@@ -705,3 +707,17 @@ def test_the_fused_key_norm_agrees_with_rms_norm_kernel_bit_for_bit():
     r = subprocess.run([sys.executable, "-c", FUSED_NORM_AGREES], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("SAME"), r.stdout[-500:]
+
+
+def test_a_target_sets_the_decode_linears_k_split():
+    """The decode linears (linear, linear_moe_router) split K in 8 unless a target names its
+    `decode_split` (0: from the shape, block_linear_split); prefill-sized calls keep their tiles."""
+    import types
+
+    for op in ("linear", "linear_moe_router"):
+        assert triton_ops.default_config(op, 1)["SPLIT"] == 8 and triton_ops.default_config(op, 64)["SPLIT"] == 8
+        tgt = types.SimpleNamespace(defaults={f"triton_{op}": {"decode_split": 0}})
+        assert triton_ops.default_config(op, 1, tgt)["SPLIT"] == 0 == triton_ops.default_config(op, 64, tgt)["SPLIT"]
+        assert triton_ops.default_config(op, 4096, tgt) == triton_ops.default_config(op, 4096)
+    # the router's 3 tiles of 32 over K 5120 in 128-deep steps: the split from the shape is 16
+    assert triton_ops.block_linear_split({"SPLIT": 0, "BK": 128}, 3, 5120) == 16

@@ -738,6 +738,12 @@ def _linear_by_rows(n: int) -> dict:
     return {"SPLIT": 8, "BN": 32} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS
 
 
+def _linear_by_target(tdef: dict, n: int) -> dict:
+    """A target's `decode_split` for decode rows (0: from the shape, block_linear_split), over the
+    fixed 8 of _linear_by_rows: 8 splits of the router's 3 tiles are 24 programs on 132 SMs."""
+    return {"SPLIT": tdef["decode_split"]} if "decode_split" in tdef and n <= DECODE_LINEAR_ROWS else {}
+
+
 def _router_gemm(spec) -> KernelSpec:
     """linear_moe_router's logits GEMM as the linear it is (the router's inputs and attrs off)."""
     x, w = spec.in_types[:2]
@@ -1113,12 +1119,12 @@ OPS = [
     _Op("linear_moe_router", "launch_linear_moe_router", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
         supports=lambda t, s: _linear_supports(t, _router_gemm(s)) and s.attr["out_dtype"] == "f32",
-        by_rows=_linear_by_rows,
+        by_rows=_linear_by_rows, by_target=_linear_by_target,
         by_spec=lambda s, n, tdef=None: _block_linear_rows_by_spec(_router_gemm(s), n, tdef)),
     _Op("linear", "launch_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
         supports=_linear_supports,
-        by_rows=_linear_by_rows,
+        by_rows=_linear_by_rows, by_target=_linear_by_target,
         by_spec=_block_linear_rows_by_spec),
     # lin8 at decode rows (block_linear_mx_kernel): N tiles x K splits spread the weight stream
     # over the SMs (SPLIT 0: from the shape, block_linear_split); one row tile up to 64 rows

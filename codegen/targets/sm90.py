@@ -15,6 +15,11 @@ TARGET = Target(
             "prefill": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256},
         },
         "tilelang_attention": {"min_splits": 1},
+        # the decode linears' K split from the shape (block_linear_split), not a fixed 8: the
+        # router's 3 tiles of 32 split 16 ways (b1 1.9% faster on an H100, medium widths on 20
+        # layers; docs/performance.md, twenty-sixth session)
+        "triton_linear": {"decode_split": 0},
+        "triton_linear_moe_router": {"decode_split": 0},
         # the prefill mix GEMM on its split path: the unsplit 16-row program spills at 255 registers
         # (docs/performance.md, nineteenth and twentieth sessions)
         "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 1, "num_warps": 4}},

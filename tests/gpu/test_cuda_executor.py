@@ -123,12 +123,17 @@ def test_calls_on_two_streams_give_the_logits_of_one(plan, monkeypatch):
 
 
 
-def test_argmax_steps_return_the_logits_argmax(plan):
+@pytest.mark.parametrize("device_rows", [1, 8])
+def test_argmax_steps_return_the_logits_argmax(plan, monkeypatch, device_rows):
     """submit(argmax=True) (the engine's all-greedy steps) returns each sampled row's argmax id,
     the first maximum as on the host, in place of its logits: two executors run the same prefill
-    and captured decode steps, one returning logits, one ids."""
+    and captured decode steps, one returning logits, one ids (reduced on the device from
+    `device_rows` rows: both ways here, two rows a step)."""
+    from deepinfer.runtime import cuda_executor
     from deepinfer.runtime.batch import SeqChunk
     from deepinfer.runtime.cuda_executor import CudaPlanExecutor
+
+    monkeypatch.setattr(cuda_executor, "ARGMAX_DEVICE_ROWS", device_rows)
 
     by_logits, by_ids = CudaPlanExecutor(plan[0], plan[1]), CudaPlanExecutor(plan[0], plan[1])
     chunks = [SeqChunk(0, 0, list(range(5, 45)), [0]), SeqChunk(1, 0, list(range(100, 130)), [1])]
