@@ -76,7 +76,14 @@ class _Pending:
 
     def result(self) -> torch.Tensor:
         self.done.synchronize()
-        return self.host.argmax(-1) if self.argmax and self.host.dim() == 2 else self.host
+        return host_argmax(self.host) if self.argmax and self.host.dim() == 2 else self.host
+
+
+def host_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax id (int64) of host logits: numpy's, the first maximum as torch.argmax
+    takes it, on one thread (torch's CPU reduction over a 129280-wide row took about 0.3 ms of
+    thread-pool start on the H100 host, numpy about 0.06)."""
+    return torch.from_numpy(logits.numpy().argmax(-1))
 
 
 class _TileLangKernels:

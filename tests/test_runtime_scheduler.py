@@ -991,3 +991,17 @@ def test_random_request_streams_end_every_request_and_leak_nothing(stream):
     assert not engine.scheduler.running and not engine.scheduler.waiting
     engine.cache.check_no_leak()
     assert (engine.cache.free_pages, engine.cache.free_slots) == (shape["num_pages"], shape["num_slots"])
+
+
+def test_host_argmax_is_torchs_first_maximum():
+    """The CUDA executor's host-side argmax (argmax steps of few rows) picks what torch.argmax
+    picks, ties to the lowest id included."""
+    from deepinfer.runtime.cuda_executor import host_argmax
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 129280, generator=g)
+    x[1, [7, 9000, 129279]] = 50.0  # a three-way tie: the lowest id
+    x[2] = 0.0  # all equal: id 0
+    x[3, -1] = float("inf")
+    got = host_argmax(x)
+    assert got.dtype == torch.int64 and got.tolist() == x.argmax(-1).tolist() and got[1] == 7 and got[2] == 0
