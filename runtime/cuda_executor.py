@@ -66,9 +66,11 @@ class _Pending:
     device or the host alike, so a greedy token is the same either way), reduced on the device
     from ARGMAX_DEVICE_ROWS rows, so only the ids cross PCIe."""
 
-    def __init__(self, logits: torch.Tensor, argmax: bool = False):
-        self.argmax, on_device = argmax, argmax and logits.shape[0] >= ARGMAX_DEVICE_ROWS
-        src = torch.argmax(logits, dim=-1) if on_device else logits
+    def __init__(self, logits: torch.Tensor, argmax: bool = False, keep_ids: bool = False):
+        self.argmax, on_device = argmax, argmax and (keep_ids or logits.shape[0] >= ARGMAX_DEVICE_ROWS)
+        # keep_ids: the ids stay on the device too, for a later step to be fed from (`submit`'s feed)
+        self.ids = torch.argmax(logits, dim=-1) if on_device else None
+        src = self.ids if on_device else logits
         self.host = torch.empty(src.shape, dtype=torch.int64 if on_device else torch.float32, pin_memory=True)
         self.host.copy_(src, non_blocking=True)
         self.done = torch.cuda.Event()
@@ -131,6 +133,9 @@ class CudaPlanExecutor(SlotStateOps):
         cap = torch.cuda.get_device_capability(self.device)
         if cap != CAPABILITY[lp.target]:
             raise PlanError(f"plan {plan_dir}: compiled for {lp.target}, the GPU is sm_{cap[0]}{cap[1]}")
+        # submit(feed=...): a step's tokens from an earlier step's ids on the device. Off unless
+        # DEEPINFER_EARLY_SUBMIT=1 until it has run on a GPU (tests/gpu/test_cuda_executor.py)
+        self.feed_steps = os.environ.get("DEEPINFER_EARLY_SUBMIT") == "1"
         self.params = {k: to_device(v, self.device) for k, v in lp.params.items()}
         lp.params = None
         opts = self.plan["options"]
@@ -204,9 +209,12 @@ class CudaPlanExecutor(SlotStateOps):
     def step(self, chunks: list[SeqChunk], argmax: bool = False) -> torch.Tensor:
         return self.submit(chunks, argmax).result()
 
-    def submit(self, chunks: list[SeqChunk], argmax: bool = False) -> "_Pending":
+    def submit(self, chunks: list[SeqChunk], argmax: bool = False, feed=None) -> "_Pending":
         """Launch one step and return at once; `.result()` waits for its logits (on the host), or
-        with `argmax` for each sampled row's argmax id. The engine plans the next step in between."""
+        with `argmax` for each sampled row's argmax id. The engine plans the next step in between.
+        `feed` (with `feed_steps`): (an earlier argmax step's handle, [(token row, its row)]): those
+        token rows (placeholders on the host) take that step's ids on the device, so this step
+        can be submitted before they reach the host (LLMEngine._submit_early)."""
         for c in chunks:
             if not 0 <= c.slot < self.num_slots:
                 raise ValueError(f"slot {c.slot} is outside [0, {self.num_slots})")
@@ -215,10 +223,23 @@ class CudaPlanExecutor(SlotStateOps):
         graph, bucket = choose_bucket(self.plan, chunks)
         inputs, n = bucket_inputs(chunks, self.plan["buckets"][graph][bucket], self.num_slots, self.num_pages,
                                   self.cfg.pad_token_id)
-        return _Pending(self.run_bucket(graph, bucket, inputs)["logits"][:n], argmax)
+        if feed is not None:
+            inputs = self._fed(inputs, *feed)
+        return _Pending(self.run_bucket(graph, bucket, inputs)["logits"][:n], argmax, self.feed_steps)
+
+    def _fed(self, inputs: dict, prev: "_Pending", pairs: list[tuple[int, int]]) -> dict:
+        """The inputs on the device with token rows taken from `prev`'s ids there. Through pinned
+        memory: a copy from pageable memory would wait for the step still running."""
+        if not self.feed_steps or prev.ids is None:
+            raise ValueError("feed needs feed_steps and an argmax step to feed from")
+        dev = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in inputs.items()}
+        dst, src = torch.tensor(pairs, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True).unbind(1)
+        dev["token_ids"][dst] = prev.ids[src]
+        return dev
 
     def run_bucket(self, graph: str, bucket: str, inputs: dict) -> dict:
-        """One step at a bucket's shape from host inputs; through its CUDA graph when it has one."""
+        """One step at a bucket's shape from its inputs (host tensors, or device ones from _fed);
+        through its CUDA graph when it has one."""
         if self.cuda_graphs and self.plan["bucket_kinds"].get(bucket) in ("decode", "verify"):
             cg = self._capture(graph, bucket, inputs)
             if cg is not None:

@@ -8,7 +8,10 @@ placeholder token, the scheduler plans step N+1 from the token counts, and once 
 are sampled the placeholders are replaced, sequences that finished are dropped from the plan, and
 step N+1 is prepared and submitted before `step()` returns. Tokens do not change: a sequence's
 tokens depend only on its own context, seed and positions (the sampler's §10 RNG), so the
-occasional different preemption the early plan makes is invisible in the outputs.
+occasional different preemption the early plan makes is invisible in the outputs. Where step N
+is all greedy (its ids come back instead of logits) and the executor takes `feed`, step N+1 is
+submitted before step N's ids reach the host, its placeholders filled from them on the device
+(`_submit_early`): the host's sampling and stop checks of N then run beside N+1 on the device.
 
 Speculative decoding (DSpark, spec §5): after a step samples t* for a sequence (its decode row or
 the end of its prompt), the draft graph proposes up to k drafts with their confidences; the
@@ -230,6 +233,7 @@ class LLMEngine:
         self._draft_cost: dict[int, float] = {}  # seconds of the last draft call, by its sequence count
         # submitted, not yet sampled; True where the handle gives argmax ids, not logits
         self._inflight: tuple[PreparedStep, object, bool] | None = None
+        self._inflight_handle = None  # the step being sampled: what an early-submitted step is fed from
         warm_up = getattr(executor, "warm_up", None)
         if self.num_speculative and verify_budget is None and warm_up is not None:
             warm_up(max_num_seqs)  # the step-time curve each step's verify budget is chosen from
@@ -342,21 +346,25 @@ class LLMEngine:
                 return self._outputs(finished)
             self._submit(self.prepare_inputs(batch))
         prepared, handle, argmax = self._inflight
-        self._inflight = None
+        self._inflight, self._inflight_handle = None, handle
         self.scheduler.advance(prepared.batch)  # the caches hold each chunk once the step has run
-        planned = None
+        planned = early = None
         if self.overlap:  # while the device runs the step: plan the next one
             for seq in prepared.sampled:
                 if not seq.finished:  # (aborted while the step ran)
                     seq.token_ids.append(PLACEHOLDER)
             planned = self.scheduler.schedule()
+            if planned and argmax:
+                early = self._submit_early(prepared, planned)
         logits = handle.result()
         emitted = [[t] for t in logits.tolist()] if argmax else self.sample(prepared, logits)
         finished += self.accept(prepared, emitted, replace=self.overlap,
                                 logprobs=self._logprobs(prepared, logits, emitted))
         for sch, chunk in zip(prepared.batch, prepared.chunks):
             self._register_pages(sch.seq, chunk)
-        if planned:
+        if early is not None:
+            self._inflight = early
+        elif planned:
             planned = [s for s in planned if not s.seq.finished]
             if planned:
                 self._submit(self.prepare_inputs(planned))
@@ -383,6 +391,36 @@ class LLMEngine:
         else:
             handle = submit(prepared.chunks, argmax=True) if argmax else submit(prepared.chunks)
         self._inflight = (prepared, handle, argmax)
+
+    def _submit_early(self, prepared: PreparedStep, planned: list[Scheduled]):
+        """Step N+1 submitted before step N's tokens reach the host, where N is an argmax step and
+        the executor takes `feed` (`feed_steps`): each placeholder of the planned chunks is the
+        device's argmax id of its sequence's row in N, copied there on the device, so the host's
+        sampling, detokenising and stop checks of step N overlap step N+1 instead of idling the
+        device. A sequence that step N ends (a stop token or string) has one row computed for
+        nothing in N+1, which is dropped: it finished, and its pages and slot go to a later step,
+        which the device runs after N+1. Sequences that N surely ends (max_tokens, max_model_len)
+        are left out. Returns the in-flight (prepared, handle, argmax) of N+1, or None."""
+        if not getattr(self.executor, "feed_steps", False):
+            return None
+        keep = [s for s in planned if not self._ends_at_its_sample(s.seq)]
+        if not keep:
+            return None
+        row_of = {id(seq): i for i, seq in enumerate(prepared.sampled)}  # an argmax step: one row each
+        nxt = self.prepare_inputs(keep)
+        feed, row = [], 0
+        for sch, chunk in zip(nxt.batch, nxt.chunks):
+            feed += [(row + j, row_of[id(sch.seq)]) for j, t in enumerate(chunk.tokens) if t == PLACEHOLDER]
+            row += len(chunk.tokens)
+        argmax = self._argmax_only(nxt)
+        kw = {"argmax": True} if argmax else {}
+        if feed:
+            kw["feed"] = (self._inflight_handle, feed)
+        return nxt, self.executor.submit(nxt.chunks, **kw), argmax
+
+    def _ends_at_its_sample(self, seq: Sequence) -> bool:
+        """The sequence ends with the token its placeholder stands for, whatever that token is."""
+        return len(seq.output_token_ids) >= seq.params.max_tokens or len(seq.token_ids) >= self.max_model_len
 
     @staticmethod
     def _argmax_only(prepared: PreparedStep) -> bool:

@@ -145,7 +145,8 @@ class Scheduler:
         """After the step ran: the caches now hold each scheduled chunk (of a verify chunk, its
         t* row; the engine adds the drafts it accepts)."""
         for s in batch:
-            s.seq.num_cached += s.num_tokens - s.num_drafts
+            if not s.seq.finished:  # (a step submitted before its sequence's last token was known)
+                s.seq.num_cached += s.num_tokens - s.num_drafts
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.status is SeqStatus.RUNNING:

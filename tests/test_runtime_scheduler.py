@@ -4,6 +4,7 @@ not continue its slot's history or whose pages do not hold that history, and der
 row from the sequence's whole history. So any scheduling bug (wrong start, a page shared by two
 live sequences, a lost token at preemption) changes tokens or raises, and the expected output of
 every request is known without running a model."""
+import dataclasses
 import random
 
 import pytest
@@ -343,19 +344,34 @@ def test_overlapped_scheduling_gives_the_same_outputs():
 
 class SubmitFakeExecutor(FakeExecutor):
     """FakeExecutor with the CUDA executor's submit: `argmax` returns each row's argmax id (int64)
-    in place of the logits; counts the steps of each kind."""
+    in place of the logits; `feed` (with feed_steps) puts rows of an earlier step's argmax ids
+    into token rows, as the device would; counts the steps of each kind."""
     argmax_steps = True
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, feed_steps=False, **kw):
         super().__init__(*a, **kw)
-        self.kinds = {"logits": 0, "argmax": 0}
+        self.feed_steps = feed_steps
+        self.kinds = {"logits": 0, "argmax": 0, "fed": 0}
 
-    def submit(self, chunks, argmax=False):
+    def submit(self, chunks, argmax=False, feed=None):
+        if feed is not None:
+            prev, pairs = feed
+            assert self.feed_steps and pairs
+            flat = [t for c in chunks for t in c.tokens]
+            for dst, src in pairs:
+                assert flat[dst] == -1, "fed into a row that holds a known token"
+                flat[dst] = int(prev.ids[src])
+            it = iter(flat)
+            chunks = [dataclasses.replace(c, tokens=[next(it) for _ in c.tokens]) for c in chunks]
+            self.kinds["fed"] += 1
+        assert all(t >= 0 for c in chunks for t in c.tokens), "a placeholder reached the model"
         logits = self.step(chunks)
         self.kinds["argmax" if argmax else "logits"] += 1
         out = logits.argmax(-1) if argmax else logits
 
         class Handle:
+            ids = logits.argmax(-1)
+
             def result(self):
                 return out
         return Handle()
@@ -1005,3 +1021,50 @@ def test_host_argmax_is_torchs_first_maximum():
     x[3, -1] = float("inf")
     got = host_argmax(x)
     assert got.dtype == torch.int64 and got.tolist() == x.argmax(-1).tolist() and got[1] == 7 and got[2] == 0
+
+
+
+def test_early_submitted_steps_give_the_same_tokens():
+    """With an executor that takes `feed` (feed_steps), a step after an all-greedy one is
+    submitted before that step's tokens reach the host, its placeholders fed from the step's
+    argmax ids on the device (LLMEngine._submit_early). A load with stop tokens, stop-free and
+    max_tokens ends, sampled requests, preemptions and aborts gives the tokens of the plain
+    engine, leaks nothing, and some steps ran fed, some of them rows of sequences that had just
+    stopped."""
+    def run(feed):
+        ex = SubmitFakeExecutor(4, 9, 4, feed_steps=feed) if feed is not None else FakeExecutor(4, 9, 4)
+        engine = LLMEngine(ex, FakeTokenizer(), max_num_seqs=4, max_num_batched_tokens=12, max_model_len=28)
+        early, ex.fed_seqs = engine._submit_early, []
+
+        def recording(prepared, planned):  # the sequences of each early-submitted step
+            got = early(prepared, planned)
+            ex.fed_seqs += [] if got is None else [s.seq for s in got[0].batch]
+            return got
+        engine._submit_early = recording
+        rng = random.Random(11)
+        outs, ids, pending = {}, [], list(range(40))
+        while pending or engine.has_unfinished_requests():
+            for _ in range(min(len(pending), rng.randint(0, 3))):
+                i = pending.pop(0)
+                stop = [next_token([3] * (1 + i % 4))] if i % 3 == 0 else None  # some stop early
+                params = SamplingParams(temperature=2.0 if i % 7 == 0 else 0, seed=i, max_tokens=rng.randint(1, 9),
+                                        stop_token_ids=stop)
+                ids.append(engine.add_request(prompt_token_ids=[3] * (1 + i % 4) if i % 3 == 0 else
+                                              [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 10))],
+                                              params=params, request_id=f"r{i}"))
+            if ids and rng.random() < 0.05:
+                engine.abort_request(rng.choice(ids))
+            for o in engine.step():
+                outs[o.request_id] = (o.finish_reason, o.token_ids)
+        engine.cache.check_no_leak()
+        assert engine.cache.free_pages == 9 and engine.cache.free_slots == 4
+        return outs, ex
+
+    plain, _ = run(None)
+    fed, ex = run(True)
+    unfed, ex0 = run(False)
+    done = {k for k, v in plain.items() if v[0] != "abort"} & {k for k, v in fed.items() if v[0] != "abort"}
+    assert len(done) >= 25 and {k: plain[k] for k in done} == {k: fed[k] for k in done}
+    assert ex.kinds["fed"] > 0 and ex0.kinds["fed"] == 0, (ex.kinds, ex0.kinds)
+    # rows computed for nothing: sequences that stopped at their first token, already in the next step
+    assert sum(s.finish_reason == "stop" and len(s.output_token_ids) == 1 for s in ex.fed_seqs) > 0
