@@ -54,8 +54,8 @@ def lanes_from_env() -> int:
 
 
 # sampled rows from which an argmax step reduces on the device: a 64-row step's logits are 33 MB
-# over PCIe (0.6 ms on an H100), its ids 512 bytes; at one row the copy is cheaper than the
-# reduction kernel and its launch after the graph (docs/performance.md, twenty-sixth session)
+# over PCIe, its ids 512 bytes; at a few rows the logits' copy costs less than the reduction
+# kernel after the graph (docs/performance.md, twenty-sixth session)
 ARGMAX_DEVICE_ROWS = 8
 
 
@@ -83,8 +83,8 @@ class _Pending:
 
 def host_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax id (int64) of host logits: numpy's, the first maximum as torch.argmax
-    takes it, on one thread (torch's CPU reduction over a 129280-wide row took about 0.3 ms of
-    thread-pool start on the H100 host, numpy about 0.06)."""
+    takes it, on one thread, where torch's CPU reduction of a vocabulary-wide row spends most of
+    its time starting its thread pool (docs/performance.md, twenty-sixth session)."""
     return torch.from_numpy(logits.numpy().argmax(-1))
 
 
