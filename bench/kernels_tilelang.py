@@ -603,15 +603,25 @@ def _warm(args):
 
 
 def compile_all(cases, tiny_flags, workers):
+    """Each case's programs compiled in worker processes first (TileLang's disk cache keeps
+    them), then loaded here. Prints the workers' failures and every case this process had to
+    compile again (a twenty-sixth-session sweep spent its 300 s so, cause not found)."""
     jobs = [("c", i, t) for i, t in tiny_flags]
+    t0 = time.time()
     with ProcessPoolExecutor(workers) as ex:
-        list(ex.map(_warm, jobs))
+        failed = [(c["name"], e) for c, e in zip(cases, ex.map(_warm, jobs)) if e]
+    print(f"warm-up: {len(jobs)} cases in {workers} workers, {time.time() - t0:.0f} s, {len(failed)} failed", flush=True)
+    for name, e in failed[:5]:
+        print(f"  warm-up of {name} failed: {e[:300]}", flush=True)
     kernels = []
     for c in cases:
+        t = time.time()
         try:
             kernels.append([tlg.compile_kernel(p, pass_configs=c.get("pass_configs")) for p in c["program"]()])
         except Exception as e:
             kernels.append(e)
+        if time.time() - t > 5:
+            print(f"  {c['name']}: {time.time() - t:.0f} s to load here (the disk cache missed it)", flush=True)
     return kernels
 
 
