@@ -17,6 +17,8 @@
 #   tmal      wo_a's bf16 program lowered with TMA copies from a producer warpgroup (the tma knob)
 #   alltma    all, its three bf16 prefill programs lowered with TMA copies
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
+#   e2esrows  e2e with the decode linears' K split up to 128 rows (split_rows: b128's router and
+#             wo_a in 64-row tiles, not 4 and 256 unsplit programs)
 #   small     tiny + smooth plans of main; smallall: of all
 #   base@REV  main at commit REV (a git worktree beside this checkout)
 #
@@ -36,6 +38,10 @@ alltma=("${all[@]}")
 for key in tilelang_grouped_gemm_fp4_bf16 tilelang_grouped_linear_bf16 tilelang_gemm_fp8_bf16; do
     alltma+=("$key={\"tma\": 1}")
 done
+srows=()
+for op in linear linear_moe_router grouped_linear_quant_fp8; do
+    srows+=("triton_$op={\"split_rows\": 128}")
+done
 rows1=()
 for op in swiglu_quant_fp8 swiglu_gu_quant_fp8 swiglu_weighted_quant_fp8 moe_gather_rows quant_fp8; do
     rows1+=("triton_$op={\"ROWS\": 1}")
@@ -50,6 +56,7 @@ for name in "${names[@]}"; do
         bfm|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
         e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
         e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
+        e2esrows) VARIANT_E2E=1 "$vp" e2esrows "$out" "${srows[@]}" ;;
         small) VARIANT_SMALL=1 "$vp" small "$out" ;;
         smallall) VARIANT_SMALL=1 "$vp" smallall "$out" "${all[@]}" ;;
         base@*) rev=${name#base@}; wt="$root/../plan-base-$rev"

@@ -721,3 +721,25 @@ def test_a_target_sets_the_decode_linears_k_split():
         assert triton_ops.default_config(op, 4096, tgt) == triton_ops.default_config(op, 4096)
     # the router's 3 tiles of 32 over K 5120 in 128-deep steps: the split from the shape is 16
     assert triton_ops.block_linear_split({"SPLIT": 0, "BK": 128}, 3, 5120) == 16
+
+
+def test_split_rows_take_the_decode_k_split_in_64_row_tiles():
+    """A target's `split_rows` (sm90 variants): linear, linear_moe_router and wo_a's
+    grouped_linear_quant_fp8 calls of 65 to split_rows rows split K in 64-row tiles (unsplit, a
+    128-row router ran 4 programs); fewer rows and prefill rows keep their configs. On the
+    interpreter 100 rows (a short second row tile) in those tiles with a K split agree with the
+    references."""
+    import types
+
+    on = {"decode_split": 0, "split_rows": 128}
+    for op in ("linear", "linear_moe_router", "grouped_linear_quant_fp8"):
+        tgt = types.SimpleNamespace(defaults={f"triton_{op}": on})
+        got = triton_ops.default_config(op, 128, tgt)
+        assert got["BM"] == 64 and got["BK"] == 128 and got["SPLIT"] == (8 if op.startswith("grouped") else 0), got
+        assert triton_ops.default_config(op, 129, tgt) == triton_ops.default_config(op, 129)
+        assert triton_ops.default_config(op, 4096, tgt) == triton_ops.default_config(op, 4096)
+        assert triton_ops.default_config(op, 128) == triton_ops.default_config(op, 4096)  # (off: as before)
+    dims = dict(triton_check.TINY)
+    ops = ["linear", "linear_moe_router", "grouped_linear_quant_fp8"]
+    res = triton_check.run_interpreted(ops, dims, 100, dict(triton_check.SMALL_BLOCKS, BM=64, SPLIT=2))
+    assert res == {op: None for op in ops}, res

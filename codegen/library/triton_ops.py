@@ -740,8 +740,24 @@ def _linear_by_rows(n: int) -> dict:
 
 def _linear_by_target(tdef: dict, n: int) -> dict:
     """A target's `decode_split` for decode rows (0: from the shape, block_linear_split), over the
-    fixed 8 of _linear_by_rows: 8 splits of the router's 3 tiles are 24 programs on 132 SMs."""
-    return {"SPLIT": tdef["decode_split"]} if "decode_split" in tdef and n <= DECODE_LINEAR_ROWS else {}
+    fixed 8 of _linear_by_rows: 8 splits of the router's 3 tiles are 24 programs on 132 SMs.
+    With `split_rows`, calls of more rows up to it split K too, in 64-row tiles: unsplit, a
+    128-row decode step's router ran its 5120-deep K in 4 programs (docs/performance.md,
+    twenty-sixth session)."""
+    if "decode_split" not in tdef:
+        return {}
+    if n <= DECODE_LINEAR_ROWS:
+        return {"SPLIT": tdef["decode_split"]}
+    return dict(SPLIT_ROWS_TILES, SPLIT=tdef["decode_split"]) if n <= tdef.get("split_rows", 0) else {}
+
+
+def _grouped_linear_by_target(tdef: dict, n: int) -> dict:
+    """wo_a's `split_rows`: calls of more than the decode rows and at most this many split K 8
+    ways in 64-row tiles, as _linear_by_target's."""
+    return dict(SPLIT_ROWS_TILES, BN=128, SPLIT=8) if DECODE_LINEAR_ROWS < n <= tdef.get("split_rows", 0) else {}
+
+
+SPLIT_ROWS_TILES = {"BM": 64, "BN": 32, "BK": 128}  # split_rows' tiles (64 < rows <= split_rows)
 
 
 def _router_gemm(spec) -> KernelSpec:
@@ -1106,7 +1122,7 @@ OPS = [
     _Op("grouped_linear", "launch_grouped_linear", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0), supports=_grouped_linear_supports,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
-        by_spec=_block_linear_rows_by_spec),
+        by_target=_grouped_linear_by_target, by_spec=_block_linear_rows_by_spec),
     # wo_a at decode with wo_b's input quantisation (fuse_decode_linear_quant): the same programs,
     # the K split's sum quantising the rows
     _Op("grouped_linear_quant_fp8", "launch_grouped_linear_quant_fp8", _l_grouped_linear,
@@ -1114,7 +1130,7 @@ OPS = [
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
         supports=lambda t, s: _grouped_linear_supports(t, s) and s.attr["block"] == 32,
         by_rows=lambda n: {"SPLIT": 8, "BN": 128} if n <= DECODE_LINEAR_ROWS else _BLOCK_LINEAR_ROWS,
-        by_spec=_block_linear_rows_by_spec),
+        by_target=_grouped_linear_by_target, by_spec=_block_linear_rows_by_spec),
     # the router's logits GEMM at decode with the router reading its K split (fuse_decode_router_linear)
     _Op("linear_moe_router", "launch_linear_moe_router", _l_grouped_linear, dict(BLOCK_LINEAR, MX=(0, 1), WL=(0, 1)),
         dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=3, MX=1, WL=0),
