@@ -233,7 +233,6 @@ class LLMEngine:
         self._draft_cost: dict[int, float] = {}  # seconds of the last draft call, by its sequence count
         # submitted, not yet sampled; True where the handle gives argmax ids, not logits
         self._inflight: tuple[PreparedStep, object, bool] | None = None
-        self._inflight_handle = None  # the step being sampled: what an early-submitted step is fed from
         warm_up = getattr(executor, "warm_up", None)
         if self.num_speculative and verify_budget is None and warm_up is not None:
             warm_up(max_num_seqs)  # the step-time curve each step's verify budget is chosen from
@@ -346,7 +345,7 @@ class LLMEngine:
                 return self._outputs(finished)
             self._submit(self.prepare_inputs(batch))
         prepared, handle, argmax = self._inflight
-        self._inflight, self._inflight_handle = None, handle
+        self._inflight = None
         self.scheduler.advance(prepared.batch)  # the caches hold each chunk once the step has run
         planned = early = None
         if self.overlap:  # while the device runs the step: plan the next one
@@ -355,7 +354,7 @@ class LLMEngine:
                     seq.token_ids.append(PLACEHOLDER)
             planned = self.scheduler.schedule()
             if planned and argmax:
-                early = self._submit_early(prepared, planned)
+                early = self._submit_early(prepared, handle, planned)
         logits = handle.result()
         emitted = [[t] for t in logits.tolist()] if argmax else self.sample(prepared, logits)
         finished += self.accept(prepared, emitted, replace=self.overlap,
@@ -392,7 +391,7 @@ class LLMEngine:
             handle = submit(prepared.chunks, argmax=True) if argmax else submit(prepared.chunks)
         self._inflight = (prepared, handle, argmax)
 
-    def _submit_early(self, prepared: PreparedStep, planned: list[Scheduled]):
+    def _submit_early(self, prepared: PreparedStep, handle, planned: list[Scheduled]):
         """Step N+1 submitted before step N's tokens reach the host, where N is an argmax step and
         the executor takes `feed` (`feed_steps`): each placeholder of the planned chunks is the
         device's argmax id of its sequence's row in N, copied there on the device, so the host's
@@ -415,7 +414,7 @@ class LLMEngine:
         argmax = self._argmax_only(nxt)
         kw = {"argmax": True} if argmax else {}
         if feed:
-            kw["feed"] = (self._inflight_handle, feed)
+            kw["feed"] = (handle, feed)
         return nxt, self.executor.submit(nxt.chunks, **kw), argmax
 
     def _ends_at_its_sample(self, seq: Sequence) -> bool:

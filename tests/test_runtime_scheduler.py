@@ -305,6 +305,25 @@ def test_request_and_engine_errors_are_one_line():
     assert isinstance(FakeExecutor(1, 1), Executor)
 
 
+def drive_load(engine, rng, request, abort_rate, n=40):
+    """Requests request(i) -> (prompt ids, params) for i < n, 0-3 added before each step, a random
+    one aborted at `abort_rate` a step, until all end; then nothing leaks (9 pages, 4 slots).
+    Returns request id -> (finish reason, token ids)."""
+    outs, ids, pending = {}, [], list(range(n))
+    while pending or engine.has_unfinished_requests():
+        for _ in range(min(len(pending), rng.randint(0, 3))):
+            i = pending.pop(0)
+            prompt, params = request(i)
+            ids.append(engine.add_request(prompt_token_ids=prompt, params=params, request_id=f"r{i}"))
+        if ids and rng.random() < abort_rate:
+            engine.abort_request(rng.choice(ids))
+        for o in engine.step():
+            outs[o.request_id] = (o.finish_reason, o.token_ids)
+    engine.cache.check_no_leak()
+    assert engine.cache.free_pages == 9 and engine.cache.free_slots == 4
+    return outs
+
+
 def test_overlapped_scheduling_gives_the_same_outputs():
     """With overlap the engine plans step N+1 (placeholder tokens for step N's samples) before it
     samples step N. Same load with preemptions, aborts and stop tokens, with and without: every
@@ -315,20 +334,13 @@ def test_overlapped_scheduling_gives_the_same_outputs():
         engine, ex = make_engine(num_slots=4, num_pages=9, page_tokens=4, max_num_batched_tokens=12,
                                  max_model_len=28, overlap=overlap)
         rng = random.Random(5)
-        outs, ids, pending = {}, [], list(range(40))
-        while pending or engine.has_unfinished_requests():
-            for _ in range(min(len(pending), rng.randint(0, 3))):
-                i = pending.pop(0)
-                params = SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=rng.randint(1, 9),
-                                        stop_token_ids=[7] if i % 5 == 0 else None)
-                ids.append(engine.add_request(prompt_token_ids=[rng.randrange(3, VOCAB) for _ in range(
-                    rng.randint(1, 10))], params=params, request_id=f"r{i}"))
-            if ids and rng.random() < 0.1:
-                engine.abort_request(rng.choice(ids))
-            for o in engine.step():
-                outs[o.request_id] = (o.finish_reason, o.token_ids)
-        engine.cache.check_no_leak()
-        assert engine.cache.free_pages == 9 and engine.cache.free_slots == 4
+
+        def request(i):
+            params = SamplingParams(temperature=0 if i % 2 else 0.8, seed=i, max_tokens=rng.randint(1, 9),
+                                    stop_token_ids=[7] if i % 5 == 0 else None)
+            return [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 10))], params
+
+        outs = drive_load(engine, rng, request, abort_rate=0.1)
         return outs, engine.scheduler.num_preemptions, engine.num_steps
 
     plain, pre_a, steps_a = run(False)
@@ -1036,29 +1048,21 @@ def test_early_submitted_steps_give_the_same_tokens():
         engine = LLMEngine(ex, FakeTokenizer(), max_num_seqs=4, max_num_batched_tokens=12, max_model_len=28)
         early, ex.fed_seqs = engine._submit_early, []
 
-        def recording(prepared, planned):  # the sequences of each early-submitted step
-            got = early(prepared, planned)
+        def recording(prepared, handle, planned):  # the sequences of each early-submitted step
+            got = early(prepared, handle, planned)
             ex.fed_seqs += [] if got is None else [s.seq for s in got[0].batch]
             return got
         engine._submit_early = recording
         rng = random.Random(11)
-        outs, ids, pending = {}, [], list(range(40))
-        while pending or engine.has_unfinished_requests():
-            for _ in range(min(len(pending), rng.randint(0, 3))):
-                i = pending.pop(0)
-                stop = [next_token([3] * (1 + i % 4))] if i % 3 == 0 else None  # some stop early
-                params = SamplingParams(temperature=2.0 if i % 7 == 0 else 0, seed=i, max_tokens=rng.randint(1, 9),
-                                        stop_token_ids=stop)
-                ids.append(engine.add_request(prompt_token_ids=[3] * (1 + i % 4) if i % 3 == 0 else
-                                              [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 10))],
-                                              params=params, request_id=f"r{i}"))
-            if ids and rng.random() < 0.05:
-                engine.abort_request(rng.choice(ids))
-            for o in engine.step():
-                outs[o.request_id] = (o.finish_reason, o.token_ids)
-        engine.cache.check_no_leak()
-        assert engine.cache.free_pages == 9 and engine.cache.free_slots == 4
-        return outs, ex
+
+        def request(i):
+            stop = [next_token([3] * (1 + i % 4))] if i % 3 == 0 else None  # some stop at their first token
+            params = SamplingParams(temperature=2.0 if i % 7 == 0 else 0, seed=i, max_tokens=rng.randint(1, 9),
+                                    stop_token_ids=stop)
+            prompt = [3] * (1 + i % 4) if i % 3 == 0 else [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 10))]
+            return prompt, params
+
+        return drive_load(engine, rng, request, abort_rate=0.05), ex
 
     plain, _ = run(None)
     fed, ex = run(True)
