@@ -53,8 +53,11 @@ def plan_buckets(plan: dict) -> tuple[list[int], list[int]]:
     return pre, dec
 
 
-def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, tokens: int = 64) -> dict:
-    """Decode through the engine (module docstring): tokens/s and the device's idle share."""
+def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, tokens: int = 64,
+                  early: bool = False) -> dict:
+    """Decode through the engine (module docstring): tokens/s and the device's idle share. `early`:
+    with the executor's early-submitted steps (`feed_steps`); the row keeps the tokens so that the
+    caller can compare them with the plain engine's."""
     from runtime_sm90 import _trace_events, exposed_time
     from torch.profiler import ProfilerActivity, profile
 
@@ -70,6 +73,7 @@ def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, to
     prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
 
     def run(profiled: bool):
+        ex.feed_steps = early
         eng = LLMEngine(ex, Tokenizer(), max_num_seqs=b, max_num_batched_tokens=4096,
                         max_model_len=ex.plan["options"]["max_model_len"], seed=0, speculative=0)
         seqs = [s for p in prompts for s in eng.request_samples(eng.add_request(prompt_token_ids=p, params=sp))]
@@ -85,20 +89,21 @@ def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, to
                 steps += 1
             sync()
             wall = time.perf_counter() - t
-        return wall, steps, sum(len(s.output_token_ids) for s in seqs) - b, prof
+        ex.feed_steps = False
+        return wall, steps, sum(len(s.output_token_ids) for s in seqs) - b, prof, [s.output_token_ids for s in seqs]
 
-    wall, steps, toks, _ = run(False)
-    pwall, _, _, prof = run(True)
+    wall, steps, toks, _, ids = run(False)
+    pwall, _, _, prof, _ = run(True)
     busy = exposed_time(_trace_events(prof), 1, 0)["busy_us"] * 1e-6
     row = {"requests": b, "decode_tokens": toks, "steps": steps, "wall_s": wall, "tok_per_s": toks / wall,
            "ms_per_step": wall / steps * 1e3, "profiled_wall_s": pwall, "gpu_busy_s": busy,
-           "idle_share": 1 - busy / pwall}
-    print(f"engine b{b}: {toks} decode tokens in {steps} steps, {wall * 1e3 / steps:.2f} ms a step, "
+           "idle_share": 1 - busy / pwall, "early_submit": early, "token_ids": ids}
+    print(f"engine b{b}{' early' if early else ''}: {toks} decode tokens in {steps} steps, {wall * 1e3 / steps:.2f} ms a step, "
           f"{toks / wall:.0f} tok/s; device idle {row['idle_share']:.1%} of the profiled run", flush=True)
     return row
 
 
-def e2e(plan_dir: str, seed: int = 0, engine_batches: tuple[int, ...] = ()) -> dict:
+def e2e(plan_dir: str, seed: int = 0, engine_batches: tuple[int, ...] = (), engine_early: bool = False) -> dict:
     import triton
 
     cfg = plan_config(plan_dir)
@@ -130,7 +135,13 @@ def e2e(plan_dir: str, seed: int = 0, engine_batches: tuple[int, ...] = ()) -> d
         out[f"decode_b{b}"] = row
     out["graphs"] = ex.graph_status
     for b in engine_batches:
+        state = g.get_state()  # the early run decodes the same prompts
         out[f"engine_b{b}"] = engine_decode(ex, cfg, b, g)
+        if engine_early:
+            g.set_state(state)
+            row = out[f"engine_early_b{b}"] = engine_decode(ex, cfg, b, g, early=True)
+            row["tokens_equal"] = row["token_ids"] == out[f"engine_b{b}"]["token_ids"]
+            print(f"engine b{b} early: tokens equal to the plain engine's: {row['tokens_equal']}", flush=True)
     return out
 
 
@@ -146,9 +157,10 @@ def table(m: dict) -> str:
                       if "x_floor_greedy" in v else "")
             lines.append(f"{k:<14}{v['graph']['wall_ms']:>9.2f} ms{v['floor_ms']:>7.2f} ms{v['x_floor']:>9.2f}"
                          f"{v['mbu']:>7.3f}{v['mfu_fp8']:>9.4f}{v['tok_per_s']:>10.0f}{greedy}")
-        elif k.startswith("engine_b") and isinstance(v, dict):
+        elif k.startswith("engine_") and isinstance(v, dict):
+            same = "" if "tokens_equal" not in v else f", tokens equal: {v['tokens_equal']}"
             lines.append(f"{k:<14}{v['ms_per_step']:>9.2f} ms{'-':>10}{'-':>9}{'-':>7}{'-':>9}{v['tok_per_s']:>10.0f}"
-                         f"   idle {v['idle_share']:.1%}")
+                         f"   idle {v['idle_share']:.1%}{same}")
     return "\n".join(lines)
 
 
@@ -156,11 +168,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--plan", required=True)
     p.add_argument("--engine-batches", default="", help="comma list: decode through the engine at these batches")
+    p.add_argument("--engine-early", action="store_true",
+                   help="also decode through the engine with early-submitted steps (DEEPINFER_EARLY_SUBMIT)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "e2e_medium.json"))
     a = p.parse_args(argv)
     res = result_header()
     eb = tuple(int(x) for x in a.engine_batches.split(",") if x)
-    run_parts((("medium", lambda pl: e2e(pl, engine_batches=eb), a.plan),), res, a.out)
+    run_parts((("medium", lambda pl: e2e(pl, engine_batches=eb, engine_early=a.engine_early), a.plan),), res, a.out)
     if "ceilings" in res.get("medium", {}):
         print(table(res["medium"]))
     return 0 if "error" not in res.get("medium", {}) else 1

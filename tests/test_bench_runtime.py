@@ -63,6 +63,9 @@ def test_e2e_reads_the_plans_buckets_and_tabulates_them():
     lines = e2e_medium.table(m).splitlines()
     assert len(lines) == 4 and "800.0 ms" in lines[1] and "2.69" in lines[2] and "ms" not in lines[2][60:]
     assert lines[3].split()[-3:] == ["37.10", "ms", "1.98"]  # a greedy batch's step: ids back, not logits
+    eng = {"ms_per_step": 9.1, "tok_per_s": 110.0, "idle_share": 0.3}
+    lines = e2e_medium.table({"engine_b1": eng, "engine_early_b1": {**eng, "idle_share": 0.1, "tokens_equal": False}}).splitlines()
+    assert lines[1].endswith("idle 30.0%") and lines[2].endswith("idle 10.0%, tokens equal: False")
 
 
 def test_plot_points_come_from_the_results():
