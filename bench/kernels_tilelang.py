@@ -28,6 +28,7 @@ from deepinfer.codegen.library import tilelang_indexer as tli  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe as tlm  # noqa: E402
 from deepinfer.codegen.library import tilelang_moe_decode as tlmd  # noqa: E402
 from deepinfer.codegen.library import tilelang_prefill_bf16 as tlmp  # noqa: E402
+from deepinfer.codegen.library import tilelang_moe_prefill as tlmf  # noqa: E402
 from deepinfer.codegen.library import tilelang_gemm_decode as tlgd  # noqa: E402
 from deepinfer.codegen.library.triton_check import TILELANG_TOLERANCE  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
@@ -177,32 +178,33 @@ def linear_case(label, M, N, K, config=None):
                 ref=ref, bytes=2 * (M * K + N * K + M * N), flops=2 * M * N * K, peak="bf16", tol=1e-2)
 
 
-def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=False):
+def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=False, sw=(118, 124)):
     """The widening program (tilelang_moe), with `mma` the decode program on warp MMAs
     (tilelang_moe_decode, its knobs from the sm90 defaults), with `bf16` the prefill program on
-    bf16 MMAs (tilelang_prefill_bf16, over its MOE_TILES). `tail`: rows past the last expert's (as expert
-    parallelism leaves them), which the op leaves zero."""
+    bf16 MMAs (tilelang_moe_prefill, over its MOE_TILES; the rows dequantised first). `tail`: rows past the last expert's (as expert
+    parallelism leaves them), which the op leaves zero. `sw`: the range of the weight's ue8m0 scales."""
     mtot = int(sum(counts)) + tail
-    base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlmp.MOE_TILES if bf16 else
+    base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlmf.MOE_TILES if bf16 else
             tlm.moe_default_config(TARGET, mtot, N, K, E))
     c = dict(base, **(config or {}))
-    make = (tlmd.grouped_gemm_fp4_mma_program if mma else tlmp.grouped_gemm_fp4_bf16_program if bf16 else
-            tlm.grouped_gemm_fp4_program)
+    make = (tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program)
     active = sum(1 for v in counts if v)
 
     def inputs():
         offs = torch.zeros(E + 1, dtype=torch.int32)
         offs[1:] = torch.tensor(counts).cumsum(0)  # offsets[E] = mtot - tail
         return {"X": rand_fp8(mtot, K), "SX": rand_e8m0(mtot, K // 32), "W": rand_fp4(E, N, K // 2),
-                "SW": rand_e8m0(E, N, K // 32, lo=118, hi=124), "offs": offs.to(DEV)}
+                "SW": rand_e8m0(E, N, K // 32, lo=sw[0], hi=sw[1]), "offs": offs.to(DEV)}
 
     def run(k, x):
         out = torch.full((mtot, N), float("nan"), device=DEV, dtype=torch.bfloat16)
         if mma:  # its parameters read x and W through wider words
             k[0](x["X"].view(torch.uint8).view(torch.uint64), x["SX"], x["W"].view(torch.uint32), x["SW"], x["offs"],
                  out)
-        elif bf16:  # W as 32-bit words
-            k[0](x["X"], x["SX"], x["W"].view(torch.uint32), x["SW"], x["offs"], out)
+        elif bf16:  # the rows into bf16 first (the second kernel), then the GEMM on them; W as 32-bit words
+            a = torch.full((mtot, K), float("nan"), device=DEV, dtype=torch.bfloat16)
+            k[1](x["X"], x["SX"], a)
+            k[0](a, x["W"].view(torch.uint32), x["SW"], x["offs"], out)
         else:
             k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
         return out
@@ -223,8 +225,11 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
     return dict(name=f"grouped_gemm_fp4{' ' + kind if kind else ''} {label}",
                 template="tilelang_grouped_gemm_fp4" + ("_" + kind if kind else ""),
                 shape=f"rows={mtot} E={E} active={active} N={N} K={K}", config=c,
-                program=lambda: [make(mtot, N, K, E, **c)], inputs=inputs, run=run, ref=ref,
-                bytes=mtot * K * 33 / 32 + active * N * K * (0.5 + 1 / 32) + mtot * N * 2,
+                program=lambda: ([tlmf.grouped_gemm_fp4_bf16_program(mtot, N, K, E, **c),
+                                  tlmf.dequant_rows_program(mtot, K)] if bf16 else [make(mtot, N, K, E, **c)]),
+                inputs=inputs, run=run, ref=ref,
+                # (bf16: the dequantised rows written and read again, 4 bytes an element)
+                bytes=mtot * K * 33 / 32 + active * N * K * (0.5 + 1 / 32) + mtot * N * 2 + (4 * mtot * K if bf16 else 0),
                 flops=2 * mtot * N * K, peak="bf16" if bf16 else "fp8", tol=1e-2)
 
 
@@ -477,11 +482,14 @@ def tiny_cases():
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
         grouped_case("tiny x per lane", [3, 0, 12, 1], 64, 256, 4, {"XS": 0}, mma=True),
         grouped_case("tiny f16 MMAs", [3, 0, 12, 1], 64, 256, 4, {"F16": 1}, mma=True),
-        # bf16 tiles dequantised in shared memory: several row tiles of an expert, one empty, one
-        # ending mid-tile; 64- and 128-row tiles
+        # the weight's words widened into bf16 tiles, the rows dequantised first: several row tiles
+        # of an expert, one empty, one ending mid-tile; 64-, 128- and 256-row tiles; scales past
+        # 2^1 (the widening's second factor)
         grouped_case("tiny", [70, 0, 131, 5], 256, 512, 4, bf16=True),
-        grouped_case("tiny 128-row tiles", [70, 0, 131, 5], 256, 512, 4,
-                     {"block_M": 128, "block_K": 64, "threads": 256}, bf16=True),
+        grouped_case("tiny 64-row tiles", [70, 0, 131, 5], 256, 512, 4,
+                     {"block_M": 64, "block_K": 128, "threads": 128}, bf16=True),
+        grouped_case("tiny 256-row tiles", [70, 0, 300, 5], 256, 512, 4, {"block_M": 256}, bf16=True),
+        grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of
@@ -559,10 +567,15 @@ def real_cases():
     # the plan's prefill MoE GEMMs (w13 fused, w2) on bf16 MMAs; BF16_MOE_CONFIGS: a JSON list of
     # configs over tlmp.MOE_TILES, each a further pair
     out.append(grouped_case("prefill 4K w13", counts, 4608, 5120, 384))
+    # the medium config's 96 experts: about 256 rows an expert at 4K
+    sel96 = torch.stack([torch.randperm(96, generator=g)[:6] for _ in range(4096)])
+    counts96 = torch.bincount(sel96.flatten(), minlength=96).tolist()
     for over in [{}] + json.loads(os.environ.get("BF16_MOE_CONFIGS", "[]")):
         tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
         out.append(grouped_case("prefill 4K w13" + tag, counts, 4608, 5120, 384, over, bf16=True))
         out.append(grouped_case("prefill 4K w2" + tag, counts, 5120, 2304, 384, over, bf16=True))
+        out.append(grouped_case("prefill 4K medium w13" + tag, counts96, 4608, 5120, 96, over, bf16=True))
+        out.append(grouped_case("prefill 4K medium w2" + tag, counts96, 5120, 2304, 96, over, bf16=True))
     for b in (1, 64):
         out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)]))
     # ATTN_CONFIGS: a JSON list of config objects over the default, each a further sparse decode

@@ -1,6 +1,7 @@
-"""The prefill GEMMs on bf16 MMAs (codegen/library/tilelang_prefill_bf16.py: the MoE experts' and the
-fp8 linears'): which calls take them, and that their programs render and build for sm_90a without
-spills. Their numerics run on the H200 (bench/kernels_tilelang.py's `bf16` cases)."""
+"""The prefill GEMMs on bf16 MMAs (codegen/library/tilelang_moe_prefill.py, the MoE experts';
+tilelang_prefill_bf16.py, the fp8 linears'): which calls take them, that their programs render and
+build for sm_90a without spills, and the MoE weight's widening on the host's twin of its device
+code. Their numerics run on the GPU (bench/kernels_tilelang.py's `bf16` cases)."""
 import dataclasses
 import json
 import shutil
@@ -11,7 +12,7 @@ from deepinfer.codegen.targets import get_target
 from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select, templates
 from deepinfer.ir.types import quantized, tensor
 
-TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
+TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256}
 
 
 def moe_spec(rows, n=4608, k=5120, experts=96):
@@ -34,12 +35,38 @@ def enabled(tiles=TILES, key="tilelang_grouped_gemm_fp4_bf16"):
 def test_tiles_without_a_target_entry():
     """A template chosen into a plan by a variant build keeps a config where the code's target
     names no tiles (the tuner reads the code's target, not the plan's)."""
+    from deepinfer.codegen.library import tilelang_moe_prefill as mp
     from deepinfer.codegen.library import tilelang_prefill_bf16 as pb
     from deepinfer.codegen.template import templates
 
     sm90 = get_target("sm90")
-    assert templates()["tilelang_grouped_gemm_fp4_bf16"].default_config(sm90, moe_spec(4096)) == pb.MOE_TILES
+    assert templates()["tilelang_grouped_gemm_fp4_bf16"].default_config(sm90, moe_spec(4096)) == mp.MOE_TILES
     assert templates()["tilelang_gemm_fp8_bf16"].default_config(sm90, gemm_spec(4096, 5120, 8192)) == pb.ROWS_TILES
+
+
+def test_widened_words_are_the_ops_dequantised_weight():
+    """Every e2m1 code in every slot of a word, scales from 2^-127 to past 2^1 (the second factor):
+    the device code's shifts, masks and factors (run on the host) give the op's values, in the
+    order the rows' dequantisation writes x in."""
+    import torch
+
+    from deepinfer.codegen.library import tilelang_moe_prefill as mp
+    from deepinfer.ir.quant import dequant_fp4_weight
+
+    g = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 256, (64, 4), generator=g, dtype=torch.uint8)
+    packed[:16, 0] = torch.arange(16) * 17  # each code in both nibbles
+    scales = torch.tensor([0, 1, 100, 127, 128, 129, 130, 140] * 8, dtype=torch.uint8)
+    ref = dequant_fp4_weight(packed, scales[:, None], block=8).double()  # [64, 8] in K order
+    words = packed.view(torch.int32)[:, 0]
+    got = mp.fp4_words_to_bf16(words, scales)
+    order = [mp.k_order_source(c) for c in range(8)]
+    assert order == list(mp.K_ORDER) and [mp.k_order_source(c) for c in range(8, 16)] == [8 + c for c in mp.K_ORDER]
+    assert torch.equal(got, ref[:, order])
+    # the device code is generated from the same shifts and masks
+    pre = mp.widen_prelude()
+    assert "r[0] = ((w << 6u) & 0x01c001c0u) | ((w << 12u) & 0x80008000u);" in pre
+    assert "r[3] = ((w >> 6u) & 0x01c001c0u) | (w & 0x80008000u);" in pre
 
 
 def test_prefill_calls_take_it_where_a_target_enables_it():
@@ -56,7 +83,7 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
     assert select(get_target("sm100"), prefill).name != "tilelang_grouped_gemm_fp4_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_M": 128, "block_K": 64, "threads": 256}])
+@pytest.mark.parametrize("over", [{}, {"block_M": 64, "block_K": 128, "threads": 128}, {"block_M": 256}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -70,13 +97,18 @@ def test_renders_and_builds_without_spills(over):
         # one bf16 wgmma chain over the whole K: no fp8 MMA, no per-slice promotion
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
-        assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+        assert "deepinfer_fp4x8_bf16" in src.text  # the weight widened a word at a time
+        assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
+        # the rows come in bf16, dequantised (in the widened K order) by the second kernel
+        dq = src.meta["combine"]
+        assert [p for p, _ in dq["params"]] == ["A", "A8", "SA"]
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
-            rep = nvcc_report(src.text, t.arch)
-            assert rep["ok"], rep["log"]
-            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+            for text in (src.text, dq["text"]):
+                rep = nvcc_report(text, t.arch)
+                assert rep["ok"], rep["log"]
+                assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
 GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
@@ -262,3 +294,30 @@ def test_tma_programs_build_without_spills(key, tiles):
         rep = nvcc_report(src.text, t.arch)
         assert rep["ok"], rep["log"]
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_moe_recipe_dequantises_the_rows_first_and_pads_them():
+    """The MoE recipe runs the rows' dequantisation (the second kernel) on the rows padded to the
+    instance's count, then the GEMM on its output; the op's rows come back. On meta tensors."""
+    pytest.importorskip("tilelang")
+    import torch
+
+    from deepinfer.codegen.host_recipe import record_tilelang
+    from deepinfer.ir.quant import QTensor
+
+    t = enabled({"block_M": 64, "block_N": 64, "block_K": 64, "stages": 2, "threads": 128})
+    spec = moe_spec(300, n=128, k=256, experts=8)  # past the decode programs' 32 rows an expert
+    tpl = select(t, spec)
+    assert tpl.name == "tilelang_grouped_gemm_fp4_bf16"
+    src = tpl.render(t, spec, tpl.default_config(t, spec))
+    kernel = {"template": tpl.name, "config": src.meta["config"], "meta": src.meta, "grid": list(src.grid),
+              "language": "cuda"}
+    with torch.device("meta"):
+        x = QTensor(torch.empty(290, 256, dtype=torch.float8_e4m3fn), torch.empty(290, 8, dtype=torch.uint8))
+        w = QTensor(torch.empty(8, 128, 128, dtype=torch.uint8), torch.empty(8, 128, 8, dtype=torch.uint8))
+        offs = torch.empty(9, dtype=torch.int32)
+        rec, (out,) = record_tilelang(tpl.host, kernel, [x, w, offs], {}, [False])
+    assert tuple(out.shape) == (290, 128) and out.dtype == torch.bfloat16
+    launches = [s for s in rec["steps"] if "launch" in s]
+    assert [s["launch"] for s in launches] == [1, 0]
+    assert launches[0]["grid"] == list(src.meta["combine"]["grid"]) and launches[1]["grid"] == list(src.grid)

@@ -2,7 +2,8 @@
 from . import torch_ref  # noqa: F401
 from . import tilelang_moe_decode  # noqa: F401  (before triton_ops: decode MoE GEMMs take it first where built)
 from . import tilelang_gemm_decode  # noqa: F401  (likewise for decode fp8 GEMMs, where a target enables it)
-from . import tilelang_prefill_bf16  # noqa: F401  (and prefill MoE GEMMs on bf16 MMAs, where a target enables it)
+from . import tilelang_moe_prefill  # noqa: F401  (and prefill MoE GEMMs on bf16 MMAs, where a target enables it)
+from . import tilelang_prefill_bf16  # noqa: F401  (and the prefill fp8 linears on bf16 MMAs, likewise)
 from . import triton_ops  # noqa: F401
 from . import tilelang_gemm  # noqa: F401
 from . import tilelang_moe  # noqa: F401

@@ -1,28 +1,25 @@
-"""TileLang prefill GEMMs on bf16 tensor cores, where a target's defaults carry their tiles:
-`grouped_gemm_fp4` (the MoE experts; `tilelang_grouped_gemm_fp4_bf16`), `gemm_fp8` (the fp8
-linears; `tilelang_gemm_fp8_bf16`), both ops of ir/ops/fused.py, and `grouped_linear` (wo_a, bf16
-rows against an fp8 weight; `tilelang_grouped_linear_bf16`).
+"""TileLang prefill linears on bf16 tensor cores, where a target's defaults carry their tiles:
+`gemm_fp8` (the fp8 linears; `tilelang_gemm_fp8_bf16`, an op of ir/ops/fused.py) and
+`grouped_linear` (wo_a, bf16 rows against an fp8 weight; `tilelang_grouped_linear_bf16`). The MoE
+experts' program on the same idea is tilelang_moe_prefill.
 
-Both operands carry a ue8m0 scale per 32 K, so an fp8 (or fp4 -> fp8) MMA must promote its fp32
-partial into the accumulator after every 32-deep slice (tilelang_gemm, tilelang_moe), and
-tl.dot_scaled upcasts to bf16 on Hopper anyway. Here each K tile is dequantised into bf16 in shared
-memory instead, the scale folded in: an e4m3 value times a power of two and an e2m1 value times a
-power of two are exact in bf16 (8 significant bits, fp32's exponent range), so the products are
-the same, and the wgmma accumulates over the whole K in fp32 with no promotion. The sums run in
-the tensor core's order rather than slice by slice: the output is rounded as any fp32-accumulated
-GEMM's. The raw tiles and their scales stream through a `stages`-deep pipeline; the bf16 tiles
-are one buffer each.
+Both operands carry a ue8m0 scale per 32 K, so an fp8 MMA must promote its fp32 partial into the
+accumulator after every 32-deep slice (tilelang_gemm). Here each K tile of the weight is
+dequantised into bf16 in shared memory instead, the scale folded in: an e4m3 value times a power
+of two is exact in bf16 (8 significant bits, fp32's exponent range), so the products are the same,
+and the wgmma accumulates over the whole K in fp32 with no promotion. The sums run in the tensor
+core's order rather than slice by slice: the output is rounded as any fp32-accumulated GEMM's.
+The raw tiles and their scales stream through a `stages`-deep pipeline; the bf16 tiles are one
+buffer each.
 
-The MoE program: one CTA owns (an N tile, an expert) and walks that expert's row tiles, as
-tilelang_moe's does; CTAs of empty experts exit at once. The linears share one program of bf16 rows
-against the fp8 weight (one CTA an output tile, the tiles rasterised in panels, as tilelang_gemm's):
-wo_a's rows are bf16 already, and gemm_fp8's are dequantised by a kernel of their own first, once,
-rather than by each of the GEMM's N tiles.
+One program of bf16 rows against the fp8 weight (one CTA an output tile, the tiles rasterised in
+panels, as tilelang_gemm's): wo_a's rows are bf16 already, and gemm_fp8's are dequantised by a
+kernel of their own first, once, rather than by each of the GEMM's N tiles.
 """
 from typing import Any, Mapping
 
 from ..targets import Target
-from .tilelang_host import host_gemm_fp8_rows_bf16, host_grouped_gemm_fp4, host_grouped_linear
+from .tilelang_host import host_gemm_fp8_rows_bf16, host_grouped_linear
 from ..template import KernelSource, KernelSpec, Template, batch_invariant, register
 
 # tilelang_gemm and tilelang_attention are imported where used: importing them here would
@@ -30,119 +27,12 @@ from ..template import KernelSource, KernelSpec, Template, batch_invariant, regi
 # so that prefill calls reach these templates first where a target enables them)
 
 
-def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256):
-    """The weight is read as 32-bit words (8 codes, low nibble first): fewer shared-memory loads
-    and shifts a code than byte by byte."""
-    from .tilelang_attention import fp4_f16_value
-    from .tilelang_gemm import _tl, e8m0_f32
-
-    _, T = _tl()
-    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
-    kb = block_K // 32
-
-    @T.prim_func
-    def grouped_gemm_fp4_bf16(X: T.Tensor((Mtot, K), "float8_e4m3"), SX: T.Tensor((Mtot, K // 32), "uint8"),
-                              W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, K // 32), "uint8"),
-                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // block_N, E, threads=threads) as (bx, e):
-            X_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
-            Wp_s = T.alloc_shared((block_N, block_K // 8), "uint32")
-            SX_s = T.alloc_shared((block_M, kb), "uint8")
-            SW_s = T.alloc_shared((block_N, kb), "uint8")
-            A_s = T.alloc_shared((block_M, block_K), "bfloat16")
-            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
-            acc = T.alloc_fragment((block_M, block_N), "float32")
-            start = offsets[e]
-            rows = offsets[e + 1] - start
-            for mt in T.serial(T.ceildiv(rows, block_M)):
-                r0 = start + mt * block_M
-                T.clear(acc)
-                for k in T.Pipelined(K // block_K, num_stages=stages):
-                    # rows past the expert's end are read (other experts' rows, or guarded at
-                    # Mtot) and never stored
-                    T.copy(X[r0, k * block_K], X_s)
-                    T.copy(SX[r0, k * kb], SX_s)
-                    T.copy(W[e, bx * block_N, k * (block_K // 8)], Wp_s)
-                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
-                    for i, kk in T.Parallel(block_M, block_K):
-                        A_s[i, kk] = T.Cast("bfloat16", T.Cast("float32", X_s[i, kk]) * e8m0_f32(T, SX_s[i, kk // 32]))
-                    for j, kk in T.Parallel(block_N, block_K):
-                        code = T.Cast("int32", T.bitwise_and(
-                            T.shift_right(Wp_s[j, kk // 8], T.Cast("uint32", (kk % 8) * 4)), T.uint32(15)))
-                        # fp4_f16_value is the code's value x 2^-14: the scale takes 2^14 back
-                        B_s[j, kk] = T.Cast("bfloat16", fp4_f16_value(T, code)
-                                            * (e8m0_f32(T, SW_s[j, kk // 32]) * 16384.0))
-                    # generic-proxy stores read next by wgmma (async proxy) need this fence
-                    T.fence_proxy_async()
-                    T.gemm(A_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                for i, j in T.Parallel(block_M, block_N):
-                    if mt * block_M + i < rows:
-                        C[r0 + i, bx * block_N + j] = acc[i, j]
-
-    return grouped_gemm_fp4_bf16
-
-
-def _dims(spec: KernelSpec):
-    from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
-
-    return dims(spec)
-
-
 KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
          "threads": (128, 256)}
-# the rows programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's
-# tma knob); the MoE program not: so lowered, its outputs failed the per-call check on an H100
-# (every element off; docs/performance.md, twenty-fifth session)
+# the programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's tma
+# knob)
 ROWS_KNOBS = dict(KNOBS, tma=(0, 1))
-# the tiles where a target's defaults name none (the GPU cases; a plan built with the template on
-# and tuned by code whose target lacks it): 64-row tiles, as prefill's experts average 64 rows
-MOE_TILES = {"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}
 
-
-def default_config(target: Target, spec: KernelSpec) -> dict:
-    return dict(target.defaults.get("tilelang_grouped_gemm_fp4_bf16", MOE_TILES))
-
-
-def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
-    from .tilelang_gemm import source
-
-    mtot, n, k, e = _dims(spec)
-    c = dict(default_config(target, spec), **config)
-    return source(grouped_gemm_fp4_bf16_program(mtot, n, k, e, **c), target.arch,
-                  {"template": "tilelang_grouped_gemm_fp4_bf16", "config": c,
-                   "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
-
-
-def _supports(target: Target, spec: KernelSpec) -> bool:
-    """Prefill-sized calls (at least 2 rows per expert on average: below that the decode templates
-    stream the weight once per few rows) with static shapes in the formats the kernel reads, K and
-    N whole tiles of the target's config; not in a batch-invariant plan (its prefill buckets run
-    the decode template)."""
-    from .tilelang_moe_decode import fp4_moe_operands
-
-    if not fp4_moe_operands(target, spec, "tilelang_grouped_gemm_fp4_bf16"):
-        return False
-    mtot, n, k, e = _dims(spec)
-    c = default_config(target, spec)
-    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0
-
-
-register(Template(
-    name="tilelang_grouped_gemm_fp4_bf16",
-    ops=("grouped_gemm_fp4",),
-    # sm90 only (sm100 multiplies e4m3 by e2m1 natively: tilelang_moe), and there only where its
-    # defaults carry the tiles (_supports): a plan variant or a test turns it on
-    targets=("sm90",),
-    knobs=KNOBS,
-    render=_render,
-    default_config=default_config,
-    supports=_supports,
-    host=host_grouped_gemm_fp4,
-))
-
-
-# ---- bf16 rows against an fp8 weight: grouped_linear (wo_a), and gemm_fp8 once its rows are bf16 ----
 
 def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "bfloat16", *, block_M=128,
                            block_N=128, block_K=64, stages=4, threads=256):

@@ -1,0 +1,242 @@
+"""TileLang prefill MoE GEMM on bf16 tensor cores: `grouped_gemm_fp4` (ir/ops/fused.py) for calls
+of many rows per expert, on targets whose defaults carry `tilelang_grouped_gemm_fp4_bf16`.
+
+Both operands carry a ue8m0 scale per 32 K, so an fp8 MMA must promote its partial after every
+32-deep slice, which costs as many instructions as the MMA saves (tilelang_moe). An e4m3 value or
+an e2m1 code times a power of two is exact in bf16 (8 significant bits, fp32's exponent range), so
+here both operands become bf16 with their scales folded in, and one bf16 wgmma chain runs over
+the whole K with no promotion: the products are the scaled operands', rounded as any
+fp32-accumulated GEMM's.
+
+- The rows are dequantised once, by a first kernel, not by each of the GEMM's N tiles.
+- The weight's tile is widened in the CTA a 32-bit word (8 codes) a thread at a time, by shifts and
+  masks (fp4_words_to_bf16): codes i and i + 4 of a word sit 16 bits apart, so one shift places
+  both of them in a bf16 pair, and one bf16x2 multiply applies the scale. The tile's K is thus in
+  the order K_ORDER within each 8; the first kernel writes the rows in the same order, and a dot
+  product does not depend on the order of its terms.
+- One CTA owns (an N tile, an expert) and walks that expert's row tiles; CTAs of empty experts
+  exit at once.
+"""
+from typing import Any, Mapping
+
+import torch
+
+from ..targets import Target
+from ..template import KernelSource, KernelSpec, Template, register
+
+# codes' positions in the widened tile, within each 8 of K: word code K_ORDER[p] at slot p
+K_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+# per bf16 pair i (codes i and i + 4): the left shift (negative: right) that puts both codes'
+# magnitudes (e1 e0 m) at bits 6..8 of their halves, where bf16 reads them as the exponent's low
+# bits over the top mantissa bit (the code's value x 2^-126, the subnormal 0.5 included), and the
+# one that puts both sign bits at bit 15 of their halves
+PAIR_SHIFTS = tuple((6 - 4 * i, 12 - 4 * i) for i in range(4))
+MAG_MASK, SIGN_MASK = 0x01C001C0, 0x80008000
+
+
+def k_order_source(c):
+    """The column of the rows' K that slot c of the widened order holds (K_ORDER within each 8);
+    on ints and on TileLang expressions alike."""
+    return c - c % 8 + (c % 8) // 2 + 4 * (c % 2)
+
+
+def _shift(expr: str, s: int) -> str:
+    return f"({expr} << {s}u)" if s > 0 else f"({expr} >> {-s}u)" if s < 0 else expr
+
+
+def widen_prelude() -> str:
+    """The device functions the program calls (TileLang has no bf16x2 multiply on raw words)."""
+    pairs = "\n".join(f"  r[{i}] = ({_shift('w', m)} & 0x{MAG_MASK:08x}u) | ({_shift('w', s)} & 0x{SIGN_MASK:08x}u);"
+                      for i, (m, s) in enumerate(PAIR_SHIFTS))
+    return r"""
+__device__ __forceinline__ unsigned deepinfer_bf16x2_mul(unsigned a, unsigned b) {
+  unsigned r;  // fma with -0: exact for powers of two, subnormal inputs included
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
+// a word of eight e2m1 codes (low nibble first) times 2^(s - 127) as eight bf16, codes in the
+// order 0 4 1 5 2 6 3 7; the pair bits hold value x 2^-126, so the factor is 2^(s - 1), in two
+// steps where that passes bf16's largest exponent
+__device__ __forceinline__ void deepinfer_fp4x8_bf16(unsigned w, unsigned s, void* out) {
+  unsigned r[4];
+""" + pairs + r"""
+  unsigned e1 = s < 129u ? s + 126u : 254u;
+  unsigned m1 = (e1 << 7) | (e1 << 23);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) r[i] = deepinfer_bf16x2_mul(r[i], m1);
+  if (s > 128u) {
+    unsigned m2 = ((s - 1u) << 7) | ((s - 1u) << 23);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = deepinfer_bf16x2_mul(r[i], m2);
+  }
+  __builtin_memcpy(out, r, 16);
+}
+"""
+
+
+def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """What deepinfer_fp4x8_bf16 computes, on the host from the same shifts, masks and factors
+    (words [...] as int64, one ue8m0 scale each -> float64 [..., 8], slot p holding code
+    K_ORDER[p]): the tests hold it to the op's dequantisation."""
+    w, s = words.to(torch.int64) & 0xFFFFFFFF, scales.to(torch.int64)
+    e1 = torch.where(s < 129, s + 126, torch.full_like(s, 254))
+    factor = 2.0 ** (e1 - 127).double() * torch.where(s > 128, 2.0 ** (s - 128).double(), torch.ones_like(s).double())
+    out = []
+    for m, sh in PAIR_SHIFTS:
+        pair = (((w << m) if m >= 0 else (w >> -m)) & MAG_MASK) | (((w << sh) if sh >= 0 else (w >> -sh)) & SIGN_MASK)
+        for half in (0, 1):  # code i, then code i + 4: K_ORDER's order
+            bits = (pair >> (16 * half)) & 0xFFFF
+            e, mant = (bits >> 7) & 0xFF, bits & 0x7F
+            mag = torch.where(e == 0, mant.double() * 2.0 ** -133, (128 + mant).double() * 2.0 ** (e - 134).double())
+            out.append(torch.where((bits >> 15) == 1, -mag, mag) * factor)
+    return torch.stack(out, -1)
+
+
+def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
+                                  stages=3, threads=256):
+    """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output)."""
+    from .tilelang_gemm import _tl
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
+    kb, kw = block_K // 32, block_K // 8
+    assert (block_N * kw) % threads == 0
+    per_thread = block_N * kw // threads
+
+    @T.prim_func
+    def grouped_gemm_fp4_bf16(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
+                              SW: T.Tensor((E, N, K // 32), "uint8"), offsets: T.Tensor((E + 1,), "int32"),
+                              C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=threads, prelude=widen_prelude()) as (bx, e):
+            X_s = T.alloc_shared((block_M, block_K), "bfloat16")
+            Wp_s = T.alloc_shared((block_N, kw), "uint32")
+            SW_s = T.alloc_shared((block_N, kb), "uint8")
+            B_s = T.alloc_shared((block_N, block_K), "bfloat16")
+            wide = T.alloc_local((8,), "bfloat16")
+            acc = T.alloc_fragment((block_M, block_N), "float32")
+            tx = T.get_thread_binding()
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                r0 = start + mt * block_M
+                T.clear(acc)
+                for k in T.Pipelined(K // block_K, num_stages=stages):
+                    # rows past the expert's end are read (other experts' rows, or guarded at
+                    # Mtot) and never stored
+                    T.copy(X[r0, k * block_K], X_s)
+                    T.copy(W[e, bx * block_N, k * kw], Wp_s)
+                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
+                    for it in T.serial(per_thread):
+                        j = (it * threads + tx) // kw
+                        c = (it * threads + tx) % kw
+                        T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c],
+                                                 T.Cast("uint32", SW_s[j, c // 4]), T.address_of(wide[0])))
+                        for v in T.vectorized(8):
+                            B_s[j, c * 8 + v] = wide[v]
+                    # generic-proxy stores read next by wgmma (async proxy) need this fence
+                    T.fence_proxy_async()
+                    T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for i, j in T.Parallel(block_M, block_N):
+                    if mt * block_M + i < rows:
+                        C[r0 + i, bx * block_N + j] = acc[i, j]
+
+    return grouped_gemm_fp4_bf16
+
+
+def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
+    """A[m, 8g + p] = A8[m, 8g + K_ORDER[p]] * 2^(SA[m, k//32] - 127) in bf16 (exact): the rows
+    dequantised once, ahead of the GEMM, in the widened weight tile's K order."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    bk = next(b for b in (512, 256, 128, 64, 32) if K % b == 0)
+
+    @T.prim_func
+    def dequant_rows_k_order(A8: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
+                             A: T.Tensor((M, K), "bfloat16")):
+        with T.Kernel(K // bk, T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            for i, kk in T.Parallel(block_M, bk):
+                r, c = by * block_M + i, bx * bk + kk
+                if r < M:
+                    A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, k_order_source(c)]) * e8m0_f32(T, SA[r, c // 32]))
+
+    return dequant_rows_k_order
+
+
+def _dims(spec: KernelSpec):
+    from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
+
+    return dims(spec)
+
+
+KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
+         "threads": (128, 256)}
+# the tiles where a target's defaults name none (a plan built with the template on and tuned by
+# code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
+MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256}
+
+
+def default_config(target: Target, spec: KernelSpec) -> dict:
+    return dict(target.defaults.get("tilelang_grouped_gemm_fp4_bf16", MOE_TILES))
+
+
+def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
+    """The GEMM, and the rows' dequantisation as the second kernel (the host launches it first)."""
+    from .tilelang_gemm import lower, source
+
+    mtot, n, k, e = _dims(spec)
+    c = dict(default_config(target, spec), **config)
+    src = source(grouped_gemm_fp4_bf16_program(mtot, n, k, e, **c), target.arch,
+                 {"template": "tilelang_grouped_gemm_fp4_bf16", "config": c,
+                  "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
+    dq = lower(dequant_rows_program(mtot, k), target.arch)
+    src.meta["combine"] = {"entry": dq["entry"], "text": dq["src"], "grid": dq["grid"], "block": dq["block"],
+                           "smem_bytes": dq["smem"], "params": dq["params"]}
+    return src
+
+
+def _supports(target: Target, spec: KernelSpec) -> bool:
+    """Prefill-sized calls (at least 2 rows per expert on average: below that the decode templates
+    stream the weight once per few rows) with static shapes in the formats the kernel reads, K and
+    N whole tiles of the target's config, the rows a whole number of the dequantisation's 16; not
+    in a batch-invariant plan (its prefill buckets run the decode template)."""
+    from .tilelang_moe_decode import fp4_moe_operands
+
+    if not fp4_moe_operands(target, spec, "tilelang_grouped_gemm_fp4_bf16"):
+        return False
+    mtot, n, k, e = _dims(spec)
+    c = default_config(target, spec)
+    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0
+
+
+def host_grouped_gemm_fp4_bf16(launch, inputs, attrs, config, meta):
+    """The rows dequantised into bf16 (in K_ORDER) by the second kernel, then the GEMM on them.
+    Rows past the last expert's range are not computed by the kernel; the op leaves them 0.
+    Here rather than in tilelang_host: a host there would re-key the older templates' renders."""
+    x, w, offsets = inputs
+    m, k = x.data.shape
+    rows = max(meta["dims"]["rows"], m)
+    dev = x.data.device
+    a8, sa = x.data, x.scale
+    if rows != m:
+        a8 = torch.cat([a8, torch.zeros(rows - m, k, dtype=a8.dtype, device=dev)])
+        sa = torch.cat([sa, torch.zeros(rows - m, sa.shape[1], dtype=sa.dtype, device=dev)])
+    a = torch.empty(rows, k, dtype=torch.bfloat16, device=dev)
+    launch(1, A8=a8.contiguous(), SA=sa.contiguous(), A=a)
+    c = torch.zeros(rows, w.data.shape[1], dtype=torch.bfloat16, device=dev)
+    launch(0, X=a, W=w.data, SW=w.scale, offsets=offsets, C=c)
+    return c[:m]
+
+
+register(Template(
+    name="tilelang_grouped_gemm_fp4_bf16",
+    ops=("grouped_gemm_fp4",),
+    # sm90 only (sm100 multiplies e4m3 by e2m1 natively: tilelang_moe), and there only where its
+    # defaults carry the tiles (_supports): a plan variant or a test turns it on
+    targets=("sm90",),
+    knobs=KNOBS,
+    render=_render,
+    default_config=default_config,
+    supports=_supports,
+    host=host_grouped_gemm_fp4_bf16,
+))
