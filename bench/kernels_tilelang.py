@@ -13,6 +13,7 @@ import argparse
 import datetime
 import json
 import os
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -621,7 +622,9 @@ def compile_all(cases, tiny_flags, workers):
     compile again (a twenty-sixth-session sweep spent its 300 s so, cause not found)."""
     jobs = [("c", i, t) for i, t in tiny_flags]
     t0 = time.time()
-    with ProcessPoolExecutor(workers) as ex:
+    # spawned, not forked: the parent has CUDA up by now, and a forked child cannot start it again
+    # (every warm-up failed so, and the main process compiled every case itself)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         failed = [(c["name"], e) for c, e in zip(cases, ex.map(_warm, jobs)) if e]
     print(f"warm-up: {len(jobs)} cases in {workers} workers, {time.time() - t0:.0f} s, {len(failed)} failed", flush=True)
     for name, e in failed[:5]:

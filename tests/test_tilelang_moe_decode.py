@@ -133,8 +133,8 @@ def test_sm90_decode_calls_take_it_prefill_and_other_targets_do_not():
     sm90 = get_target("sm90")
     for rows in (6, 48, 384, 32 * 96):
         assert select(sm90, moe_spec(rows)).name == "tilelang_grouped_gemm_fp4_mma", rows
-    # prefill-sized calls: the Triton template's prefill tiles (sm90's defaults say `prefill`)
-    assert select(sm90, moe_spec(32 * 96 + 1)).name == "triton_grouped_gemm_fp4"
+    # prefill-sized calls: the prefill program on bf16 MMAs (tilelang_moe_prefill)
+    assert select(sm90, moe_spec(32 * 96 + 1)).name == "tilelang_grouped_gemm_fp4_bf16"
     assert select(get_target("sm100"), moe_spec(6)).name != "tilelang_grouped_gemm_fp4_mma"
     # K the warps cannot split evenly, N off the CTA's rows: the Triton decode template
     assert select(sm90, moe_spec(6, k=5120 + 32)).name == "triton_grouped_gemm_fp4"

@@ -72,7 +72,10 @@ def test_widened_words_are_the_ops_dequantised_weight():
 def test_prefill_calls_take_it_where_a_target_enables_it():
     sm90, on = get_target("sm90"), enabled()
     prefill = moe_spec(32 * 96 + 1)
-    assert select(sm90, prefill).name == "triton_grouped_gemm_fp4"  # not in sm90's defaults: off
+    assert select(sm90, prefill).name == "tilelang_grouped_gemm_fp4_bf16"  # in sm90's defaults: on
+    off = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items()
+                                              if k != "tilelang_grouped_gemm_fp4_bf16"})
+    assert select(off, prefill).name == "triton_grouped_gemm_fp4"
     assert select(on, prefill).name == "tilelang_grouped_gemm_fp4_bf16"
     # decode-sized calls stay on the warp-MMA decode program, registered first
     assert select(on, moe_spec(384)).name == "tilelang_grouped_gemm_fp4_mma"

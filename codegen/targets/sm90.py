@@ -40,9 +40,13 @@ TARGET = Target(
         # eleventh and thirteenth sessions)
         "tilelang_gemm_fp8_mma": {"RT": 2, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "CTAS": 4},
         # wo_a at prefill on bf16 wgmma (tilelang_prefill_bf16): prefill 1.07x on an H100 (the
-        # medium widths on 20 layers); the MoE and fp8-linear bf16 programs lost there and stay
-        # off (docs/performance.md, twenty-fifth session)
+        # medium widths on 20 layers); the fp8-linear bf16 program lost there and stays off
+        # (docs/performance.md, twenty-fifth session)
         "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256},
+        # the prefill MoE GEMM on bf16 wgmma, its weight widened a word a thread
+        # (tilelang_moe_prefill): prefill 1.14x on an H100 (medium widths on 20 layers; 256-row
+        # tiles 1.05x; docs/performance.md, twenty-seventh session)
+        "tilelang_grouped_gemm_fp4_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256},
     },
 )
 
