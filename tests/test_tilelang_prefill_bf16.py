@@ -86,7 +86,8 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
     assert select(get_target("sm100"), prefill).name != "tilelang_grouped_gemm_fp4_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_M": 64, "block_K": 128, "threads": 128}, {"block_M": 256}])
+@pytest.mark.parametrize("over", [{}, {"block_M": 64, "block_K": 128, "threads": 128}, {"block_M": 256},
+                                  {"overlap": 1}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -101,6 +102,12 @@ def test_renders_and_builds_without_spills(over):
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
         assert "deepinfer_fp4x8_bf16" in src.text  # the weight widened a word at a time
+        if over.get("overlap"):  # the first half's MMAs in flight while the second half widens
+            # and no refill of a stage between the MMAs' issue and the wait for them
+            loop = src.text[src.text.index("for (int k = 0"):]
+            issue, wait = loop.index("wgmma_ss"), loop.index("wait_wgmma<0>")
+            assert loop.index("cp_async_gs") < loop.index("deepinfer_fp4x8_bf16") < issue < wait
+            assert "cp_async" not in loop[issue:wait]
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
         # the rows come in bf16, dequantised (in the widened K order) by the second kernel
         dq = src.meta["combine"]

@@ -93,15 +93,31 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256):
-    """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output)."""
+                                  stages=3, threads=256, overlap=0):
+    """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). overlap:
+    each K step's weight tile widened in two halves, the first half's wgmma issued before the
+    second half is widened, so that the widening overlaps the MMAs within the CTA (the step ends
+    waiting for both: the pipeline refills the stage it read next)."""
     from .tilelang_gemm import _tl
 
     _, T = _tl()
     assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
     kb, kw = block_K // 32, block_K // 8
-    assert (block_N * kw) % threads == 0
-    per_thread = block_N * kw // threads
+    parts = 2 if overlap else 1
+    assert (block_N * kw) % (threads * parts) == 0 and kw % (4 * parts) == 0
+    per_thread, pw = block_N * kw // (threads * parts), kw // parts  # words a thread, words a part's row
+    pk = block_K // parts
+
+    @T.macro
+    def widen(Wp_s, SW_s, B_s, wide, tx, part):
+        """Part `part` of the step's weight tile (its rows' words pw * part ..) into B_s, bf16."""
+        for it in T.serial(per_thread):
+            j = (it * threads + tx) // pw
+            c = part * pw + (it * threads + tx) % pw
+            T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c],
+                                     T.Cast("uint32", SW_s[j, c // 4]), T.address_of(wide[0])))
+            for v in T.vectorized(8):
+                B_s[j, c * 8 + v] = wide[v]
 
     @T.prim_func
     def grouped_gemm_fp4_bf16(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
@@ -126,16 +142,20 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
                     T.copy(X[r0, k * block_K], X_s)
                     T.copy(W[e, bx * block_N, k * kw], Wp_s)
                     T.copy(SW[e, bx * block_N, k * kb], SW_s)
-                    for it in T.serial(per_thread):
-                        j = (it * threads + tx) // kw
-                        c = (it * threads + tx) % kw
-                        T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c],
-                                                 T.Cast("uint32", SW_s[j, c // 4]), T.address_of(wide[0])))
-                        for v in T.vectorized(8):
-                            B_s[j, c * 8 + v] = wide[v]
-                    # generic-proxy stores read next by wgmma (async proxy) need this fence
-                    T.fence_proxy_async()
-                    T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    if overlap:
+                        for part in T.unroll(2):
+                            widen(Wp_s, SW_s, B_s, wide, tx, part)
+                            T.fence_proxy_async()
+                            T.sync_threads()
+                            T.wgmma_gemm(X_s[:, part * pk:(part + 1) * pk], B_s[:, part * pk:(part + 1) * pk], acc,
+                                         transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                            if part == 1:  # inside the loop: the pipeline puts its refills after it
+                                T.wait_wgmma(0)
+                    else:
+                        widen(Wp_s, SW_s, B_s, wide, tx, 0)
+                        # generic-proxy stores read next by wgmma (async proxy) need this fence
+                        T.fence_proxy_async()
+                        T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_M, block_N):
                     if mt * block_M + i < rows:
                         C[r0 + i, bx * block_N + j] = acc[i, j]
@@ -170,7 +190,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256)}
+         "threads": (128, 256), "overlap": (0, 1)}
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
 # code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
 MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256}
