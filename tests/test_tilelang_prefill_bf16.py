@@ -12,7 +12,7 @@ from deepinfer.codegen.targets import get_target
 from deepinfer.codegen.template import BATCH_INVARIANT, KernelSpec, select, templates
 from deepinfer.ir.types import quantized, tensor
 
-TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256}
+TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
 
 
 def moe_spec(rows, n=4608, k=5120, experts=96):
@@ -86,7 +86,7 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
     assert select(get_target("sm100"), prefill).name != "tilelang_grouped_gemm_fp4_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_M": 64, "block_K": 128, "threads": 128}, {"block_M": 256},
+@pytest.mark.parametrize("over", [{}, {"block_M": 64, "threads": 128}, {"block_M": 256, "block_K": 64},
                                   {"overlap": 1}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")

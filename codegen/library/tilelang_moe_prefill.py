@@ -193,7 +193,7 @@ KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 1
          "threads": (128, 256), "overlap": (0, 1)}
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
 # code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
-MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256}
+MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
 
 
 def default_config(target: Target, spec: KernelSpec) -> dict:

@@ -45,8 +45,9 @@ TARGET = Target(
         "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256},
         # the prefill MoE GEMM on bf16 wgmma, its weight widened a word a thread
         # (tilelang_moe_prefill): prefill 1.14x on an H100 (medium widths on 20 layers; 256-row
-        # tiles 1.05x; docs/performance.md, twenty-seventh session)
-        "tilelang_grouped_gemm_fp4_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 3, "threads": 256},
+        # tiles 1.05x); 128 deep on 2 stages 5% faster than 64 on 3 in the kernel sweep, the
+        # overlap knob 13% slower (docs/performance.md, twenty-seventh session)
+        "tilelang_grouped_gemm_fp4_bf16": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256},
     },
 )
 
