@@ -227,7 +227,8 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
                 template="tilelang_grouped_gemm_fp4" + ("_" + kind if kind else ""),
                 shape=f"rows={mtot} E={E} active={active} N={N} K={K}", config=c,
                 program=lambda: ([tlmf.grouped_gemm_fp4_bf16_program(mtot, N, K, E, **c),
-                                  tlmf.dequant_rows_program(mtot, K)] if bf16 else [make(mtot, N, K, E, **c)]),
+                                  tlmf.dequant_rows_program(mtot, K, rs=c.get("rs", 0))] if bf16
+                                 else [make(mtot, N, K, E, **c)]),
                 inputs=inputs, run=run, ref=ref,
                 # (bf16: the dequantised rows written and read again, 4 bytes an element)
                 bytes=mtot * K * 33 / 32 + active * N * K * (0.5 + 1 / 32) + mtot * N * 2 + (4 * mtot * K if bf16 else 0),
@@ -492,6 +493,9 @@ def tiny_cases():
         grouped_case("tiny 256-row tiles", [70, 0, 300, 5], 256, 512, 4, {"block_M": 256}, bf16=True),
         grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
         grouped_case("tiny overlapped", [70, 0, 131, 5], 256, 512, 4, {"overlap": 1}, bf16=True),
+        # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
+        grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
+        grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),
         grouped_case("tiny overlapped 128 deep", [70, 0, 131, 5], 256, 512, 4,
                      {"overlap": 1, "block_K": 128, "stages": 2}, bf16=True),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},

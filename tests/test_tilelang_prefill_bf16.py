@@ -63,10 +63,19 @@ def test_widened_words_are_the_ops_dequantised_weight():
     order = [mp.k_order_source(c) for c in range(8)]
     assert order == list(mp.K_ORDER) and [mp.k_order_source(c) for c in range(8, 16)] == [8 + c for c in mp.K_ORDER]
     assert torch.equal(got, ref[:, order])
+    # rs's order: a permutation within 32 that gives lane q of a quad the codes of word q for
+    # its A-fragment slots (2q, 2q + 1, 2q + 8, 2q + 9 of each 16-deep half), as pairs (i, i + 4)
+    rs = [mp.rs_order_source(c) for c in range(64)]
+    assert sorted(rs[:32]) == list(range(32)) and rs[32:] == [32 + c for c in rs[:32]]
+    for q in range(4):
+        slots = [h * 16 + e * 8 + 2 * q + b for h in (0, 1) for e in (0, 1) for b in (0, 1)]
+        assert sorted(rs[s] for s in slots) == list(range(8 * q, 8 * q + 8))
+        assert all(rs[s + 1] == rs[s] + 4 for s in slots[::2])  # the fragment's pair (k, k + 1): codes i, i + 4
     # the device code is generated from the same shifts and masks
     pre = mp.widen_prelude()
     assert "r[0] = ((w << 6u) & 0x01c001c0u) | ((w << 12u) & 0x80008000u);" in pre
     assert "r[3] = ((w >> 6u) & 0x01c001c0u) | (w & 0x80008000u);" in pre
+    assert "i == 1u ? (((w << 2u) & 0x01c001c0u) | ((w << 8u) & 0x80008000u))" in pre
 
 
 def test_prefill_calls_take_it_where_a_target_enables_it():
@@ -87,7 +96,7 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
 
 
 @pytest.mark.parametrize("over", [{}, {"block_M": 64, "threads": 128}, {"block_M": 256, "block_K": 64},
-                                  {"overlap": 1}])
+                                  {"overlap": 1}, {"rs": 1, "block_K": 64, "stages": 3}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -101,7 +110,9 @@ def test_renders_and_builds_without_spills(over):
         # one bf16 wgmma chain over the whole K: no fp8 MMA, no per-slice promotion
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
-        assert "deepinfer_fp4x8_bf16" in src.text  # the weight widened a word at a time
+        # the weight widened a word at a time, or a pair at a time into the register operand
+        assert ("wgmma_rs" in src.text and "deepinfer_fp4_pair_bf16(" in src.text if over.get("rs")
+                else "deepinfer_fp4x8_bf16(" in src.text)
         if over.get("overlap"):  # the first half's MMAs in flight while the second half widens
             # and no refill of a stage between the MMAs' issue and the wait for them
             loop = src.text[src.text.index("for (int k = 0"):]

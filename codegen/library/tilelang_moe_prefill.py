@@ -40,14 +40,27 @@ def k_order_source(c):
     return c - c % 8 + (c % 8) // 2 + 4 * (c % 2)
 
 
+def rs_order_source(c):
+    """rs's K order within each 32 (the weight as the register operand): slot c holds code
+    8q + 2h + e + 4b of its 32, where h, e, q, b are slot bits 4, 3, 2..1 and 0, so that lane q of
+    a quad finds the eight codes of its A-fragment slots (2q, 2q + 1, 2q + 8, 2q + 9 of each
+    16-deep half) in word q of the block, as the pairs (codes i, i + 4) fp4x8 widens."""
+    r = c % 32
+    return c - r + 8 * ((r % 8) // 2) + 2 * (r // 16) + (r % 16) // 8 + 4 * (r % 2)
+
+
 def _shift(expr: str, s: int) -> str:
     return f"({expr} << {s}u)" if s > 0 else f"({expr} >> {-s}u)" if s < 0 else expr
 
 
+def _pair_expr(i: int) -> str:
+    m, s = PAIR_SHIFTS[i]
+    return f"({_shift('w', m)} & 0x{MAG_MASK:08x}u) | ({_shift('w', s)} & 0x{SIGN_MASK:08x}u)"
+
+
 def widen_prelude() -> str:
-    """The device functions the program calls (TileLang has no bf16x2 multiply on raw words)."""
-    pairs = "\n".join(f"  r[{i}] = ({_shift('w', m)} & 0x{MAG_MASK:08x}u) | ({_shift('w', s)} & 0x{SIGN_MASK:08x}u);"
-                      for i, (m, s) in enumerate(PAIR_SHIFTS))
+    """The device functions the programs call (TileLang has no bf16x2 multiply on raw words)."""
+    pairs = "\n".join(f"  r[{i}] = {_pair_expr(i)};" for i in range(4))
     return r"""
 __device__ __forceinline__ unsigned deepinfer_bf16x2_mul(unsigned a, unsigned b) {
   unsigned r;  // fma with -0: exact for powers of two, subnormal inputs included
@@ -71,6 +84,14 @@ __device__ __forceinline__ void deepinfer_fp4x8_bf16(unsigned w, unsigned s, voi
   }
   __builtin_memcpy(out, r, 16);
 }
+// pair i of a word (codes i and i + 4) times 2^(s - 127), as deepinfer_fp4x8_bf16's r[i]
+__device__ __forceinline__ unsigned deepinfer_fp4_pair_bf16(unsigned w, unsigned i, unsigned s) {
+  unsigned r = i == 0u ? """ + "(" + _pair_expr(0) + ") : i == 1u ? (" + _pair_expr(1) + ") : i == 2u ? (" + _pair_expr(2) + ") : (" + _pair_expr(3) + r""");
+  // 2^(min(s, 128) - 1), then 2^(max(s, 128) - 128): no branch in the fragment's fill
+  unsigned e1 = min(s, 128u) + 126u, e2 = max(s, 128u) - 1u;
+  r = deepinfer_bf16x2_mul(r, (e1 << 7) | (e1 << 23));
+  return deepinfer_bf16x2_mul(r, (e2 << 7) | (e2 << 23));
+}
 """
 
 
@@ -93,11 +114,14 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, overlap=0):
+                                  stages=3, threads=256, overlap=0, rs=0):
     """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). overlap:
     each K step's weight tile widened in two halves, the first half's wgmma issued before the
     second half is widened, so that the widening overlaps the MMAs within the CTA (the step ends
-    waiting for both: the pipeline refills the stage it read next)."""
+    waiting for both: the pipeline refills the stage it read next). rs: rs_program instead."""
+    if rs:
+        return rs_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
+                          threads=threads)
     from .tilelang_gemm import _tl
 
     _, T = _tl()
@@ -163,9 +187,58 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
     return grouped_gemm_fp4_bf16
 
 
-def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
+def rs_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64, stages=3, threads=256):
+    """The weight as wgmma's register operand: C^T = W x^T, a CTA's block_N weight rows the MMA's
+    M (64 a warpgroup), block_M rows of x its N, x the shared-memory operand. The codes go from
+    the packed word straight into the A fragment (deepinfer_fp4_pair_bf16, one pair a call), so
+    the widened tile never passes through shared memory: per step the warpgroups read x and the
+    packed words only. X: the rows in bf16 in rs_order_source's K order. Each fragment element
+    is written by its own expression; which lane holds it is TileLang's layout, the order only
+    decides that a lane's elements share a word (whatever the layout, the values are right)."""
+    from .tilelang_gemm import _tl
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
+    kb, kw = block_K // 32, block_K // 8
+
+    @T.prim_func
+    def grouped_gemm_fp4_bf16_rs(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
+                                 SW: T.Tensor((E, N, K // 32), "uint8"), offsets: T.Tensor((E + 1,), "int32"),
+                                 C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=threads, prelude=widen_prelude()) as (bx, e):
+            X_s = T.alloc_shared((block_M, block_K), "bfloat16")
+            Wp_s = T.alloc_shared((block_N, kw), "uint32")
+            SW_s = T.alloc_shared((block_N, kb), "uint8")
+            Wf = T.alloc_fragment((block_N, block_K), "bfloat16")
+            acc = T.alloc_fragment((block_N, block_M), "float32")
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                r0 = start + mt * block_M
+                T.clear(acc)
+                for k in T.Pipelined(K // block_K, num_stages=stages):
+                    T.copy(X[r0, k * block_K], X_s)
+                    T.copy(W[e, bx * block_N, k * kw], Wp_s)
+                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
+                    for j, c in T.Parallel(block_N, block_K):
+                        code = rs_order_source(c)  # the code slot c holds: pair code % 4, half code % 8 // 4
+                        pair = T.call_extern("uint32", "deepinfer_fp4_pair_bf16", Wp_s[j, code // 8],
+                                             T.Cast("uint32", code % 4), T.Cast("uint32", SW_s[j, c // 32]))
+                        Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(
+                            pair, T.Cast("uint32", 16 * ((code % 8) // 4)))))
+                    T.gemm(Wf, X_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for j, i in T.Parallel(block_N, block_M):
+                    if mt * block_M + i < rows:
+                        C[r0 + i, bx * block_N + j] = acc[j, i]
+
+    return grouped_gemm_fp4_bf16_rs
+
+
+def dequant_rows_program(M: int, K: int, *, rs=0, block_M=16, threads=256):
     """A[m, 8g + p] = A8[m, 8g + K_ORDER[p]] * 2^(SA[m, k//32] - 127) in bf16 (exact): the rows
-    dequantised once, ahead of the GEMM, in the widened weight tile's K order."""
+    dequantised once, ahead of the GEMM, in the widened weight tile's K order (with rs: in
+    rs_order_source's)."""
+    order = rs_order_source if rs else k_order_source
     from .tilelang_gemm import _tl, e8m0_f32
 
     _, T = _tl()
@@ -178,7 +251,7 @@ def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
             for i, kk in T.Parallel(block_M, bk):
                 r, c = by * block_M + i, bx * bk + kk
                 if r < M:
-                    A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, k_order_source(c)]) * e8m0_f32(T, SA[r, c // 32]))
+                    A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, order(c)]) * e8m0_f32(T, SA[r, c // 32]))
 
     return dequant_rows_k_order
 
@@ -190,7 +263,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "overlap": (0, 1)}
+         "threads": (128, 256), "overlap": (0, 1), "rs": (0, 1)}
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
 # code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
 MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
@@ -209,7 +282,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
     src = source(grouped_gemm_fp4_bf16_program(mtot, n, k, e, **c), target.arch,
                  {"template": "tilelang_grouped_gemm_fp4_bf16", "config": c,
                   "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
-    dq = lower(dequant_rows_program(mtot, k), target.arch)
+    dq = lower(dequant_rows_program(mtot, k, rs=c.get("rs", 0)), target.arch)
     src.meta["combine"] = {"entry": dq["entry"], "text": dq["src"], "grid": dq["grid"], "block": dq["block"],
                            "smem_bytes": dq["smem"], "params": dq["params"]}
     return src
