@@ -492,12 +492,9 @@ def tiny_cases():
                      {"block_M": 64, "block_K": 128, "threads": 128}, bf16=True),
         grouped_case("tiny 256-row tiles", [70, 0, 300, 5], 256, 512, 4, {"block_M": 256}, bf16=True),
         grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
-        grouped_case("tiny overlapped", [70, 0, 131, 5], 256, 512, 4, {"overlap": 1}, bf16=True),
         # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
         grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
         grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),
-        grouped_case("tiny overlapped 128 deep", [70, 0, 131, 5], 256, 512, 4,
-                     {"overlap": 1, "block_K": 128, "stages": 2}, bf16=True),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of

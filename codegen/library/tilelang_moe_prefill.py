@@ -114,11 +114,10 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, overlap=0, rs=0):
-    """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). overlap:
-    each K step's weight tile widened in two halves, the first half's wgmma issued before the
-    second half is widened, so that the widening overlaps the MMAs within the CTA (the step ends
-    waiting for both: the pipeline refills the stage it read next). rs: rs_program instead."""
+                                  stages=3, threads=256, rs=0):
+    """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). rs:
+    rs_program instead. (Widening each step in two halves with the first half's wgmma in flight
+    lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.)"""
     if rs:
         return rs_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
                           threads=threads)
@@ -127,17 +126,15 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
     _, T = _tl()
     assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
     kb, kw = block_K // 32, block_K // 8
-    parts = 2 if overlap else 1
-    assert (block_N * kw) % (threads * parts) == 0 and kw % (4 * parts) == 0
-    per_thread, pw = block_N * kw // (threads * parts), kw // parts  # words a thread, words a part's row
-    pk = block_K // parts
+    assert (block_N * kw) % threads == 0
+    per_thread = block_N * kw // threads  # words a thread a step
 
     @T.macro
-    def widen(Wp_s, SW_s, B_s, wide, tx, part):
-        """Part `part` of the step's weight tile (its rows' words pw * part ..) into B_s, bf16."""
+    def widen(Wp_s, SW_s, B_s, wide, tx):
+        """The step's weight tile into B_s, bf16, a word a thread at a time."""
         for it in T.serial(per_thread):
-            j = (it * threads + tx) // pw
-            c = part * pw + (it * threads + tx) % pw
+            j = (it * threads + tx) // kw
+            c = (it * threads + tx) % kw
             T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c],
                                      T.Cast("uint32", SW_s[j, c // 4]), T.address_of(wide[0])))
             for v in T.vectorized(8):
@@ -166,20 +163,10 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
                     T.copy(X[r0, k * block_K], X_s)
                     T.copy(W[e, bx * block_N, k * kw], Wp_s)
                     T.copy(SW[e, bx * block_N, k * kb], SW_s)
-                    if overlap:
-                        for part in T.unroll(2):
-                            widen(Wp_s, SW_s, B_s, wide, tx, part)
-                            T.fence_proxy_async()
-                            T.sync_threads()
-                            T.wgmma_gemm(X_s[:, part * pk:(part + 1) * pk], B_s[:, part * pk:(part + 1) * pk], acc,
-                                         transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                            if part == 1:  # inside the loop: the pipeline puts its refills after it
-                                T.wait_wgmma(0)
-                    else:
-                        widen(Wp_s, SW_s, B_s, wide, tx, 0)
-                        # generic-proxy stores read next by wgmma (async proxy) need this fence
-                        T.fence_proxy_async()
-                        T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    widen(Wp_s, SW_s, B_s, wide, tx)
+                    # generic-proxy stores read next by wgmma (async proxy) need this fence
+                    T.fence_proxy_async()
+                    T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_M, block_N):
                     if mt * block_M + i < rows:
                         C[r0 + i, bx * block_N + j] = acc[i, j]
@@ -263,7 +250,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "overlap": (0, 1), "rs": (0, 1)}
+         "threads": (128, 256), "rs": (0, 1)}
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
 # code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
 MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
