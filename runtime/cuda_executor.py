@@ -133,9 +133,11 @@ class CudaPlanExecutor(SlotStateOps):
         cap = torch.cuda.get_device_capability(self.device)
         if cap != CAPABILITY[lp.target]:
             raise PlanError(f"plan {plan_dir}: compiled for {lp.target}, the GPU is sm_{cap[0]}{cap[1]}")
-        # submit(feed=...): a step's tokens from an earlier step's ids on the device. Off unless
-        # DEEPINFER_EARLY_SUBMIT=1 until it has run on a GPU (tests/gpu/test_cuda_executor.py)
-        self.feed_steps = os.environ.get("DEEPINFER_EARLY_SUBMIT") == "1"
+        # submit(feed=...): a step's tokens from an earlier step's ids on the device, so that the
+        # engine submits a step after an all-greedy one before its ids reach the host (the device
+        # idled 28% of a b1 step through LLM.generate without it on the H200, 2% with it:
+        # docs/performance.md, twenty-seventh session). DEEPINFER_EARLY_SUBMIT=0 turns it off.
+        self.feed_steps = os.environ.get("DEEPINFER_EARLY_SUBMIT", "1") != "0"
         self.params = {k: to_device(v, self.device) for k, v in lp.params.items()}
         lp.params = None
         opts = self.plan["options"]

@@ -146,17 +146,21 @@ def test_argmax_steps_return_the_logits_argmax(plan, monkeypatch, device_rows):
 
 
 def test_early_submitted_steps_give_the_tokens_of_plain_ones(plan, monkeypatch):
-    """DEEPINFER_EARLY_SUBMIT=1: a step after an all-greedy one is submitted before that step's
-    ids reach the host, its tokens fed from them on the device (LLMEngine._submit_early); greedy
-    generation of three lengths gives the tokens it gives without."""
+    """By default (DEEPINFER_EARLY_SUBMIT unset or 1) a step after an all-greedy one is submitted
+    before that step's ids reach the host, its tokens fed from them on the device
+    (LLMEngine._submit_early); greedy generation of three lengths gives the tokens it gives
+    with DEEPINFER_EARLY_SUBMIT=0."""
     prompts = [[5, 6, 7, 8], list(range(100, 160)), [9] * 20]
     kw = dict(max_num_seqs=4, max_model_len=1024, max_num_batched_tokens=512)
     runs = {}
-    for early in ("0", "1"):
-        monkeypatch.setenv("DEEPINFER_EARLY_SUBMIT", early)
+    for early in ("0", None):
+        if early is None:
+            monkeypatch.delenv("DEEPINFER_EARLY_SUBMIT", raising=False)
+        else:
+            monkeypatch.setenv("DEEPINFER_EARLY_SUBMIT", early)
         llm = LLM(plan=plan[0], weights=plan[1], **kw)
-        assert llm.engine.executor.feed_steps == (early == "1")
+        assert llm.engine.executor.feed_steps == (early is None)
         sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 7, 16)]
         runs[early] = [o.token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=sps,
                                                          use_tqdm=False)]
-    assert runs["0"] == runs["1"] and [len(t) for t in runs["1"]] == [12, 7, 16]
+    assert runs["0"] == runs[None] and [len(t) for t in runs[None]] == [12, 7, 16]
