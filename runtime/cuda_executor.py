@@ -81,6 +81,49 @@ class _Pending:
         return host_argmax(self.host) if self.argmax and self.host.dim() == 2 else self.host
 
 
+class InputStaging:
+    """A captured graph's static inputs as views of one device buffer, loaded from a step's host
+    tensors by one copy from pinned memory, where a copy each from pageable memory waits for the
+    host to stage it. Two pinned buffers alternate; each is rewritten only once its last copy has
+    run (a step submitted early queues its copy behind the step still running)."""
+
+    ALIGN = 256
+
+    def __init__(self, inputs: dict[str, torch.Tensor], device):
+        self.layout, off = {}, 0
+        for k, v in inputs.items():
+            n = v.numel() * v.element_size()
+            self.layout[k] = (off, n, v.dtype, tuple(v.shape))
+            off += -(-n // self.ALIGN) * self.ALIGN
+        self.flat = torch.zeros(max(off, self.ALIGN), dtype=torch.uint8, device=device)
+        self.views = {k: self.flat[o:o + n].view(dt).view(shape) for k, (o, n, dt, shape) in self.layout.items()}
+        for k, v in inputs.items():
+            self.views[k].copy_(v)
+        pin = self.flat.is_cuda
+        self.host = [torch.zeros_like(self.flat, device="cpu", pin_memory=pin) for _ in range(2)]
+        self.copied = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.turn = 0
+
+    def load(self, inputs: dict[str, torch.Tensor]) -> bool:
+        """The views take `inputs` (host tensors of the views' names, dtypes and shapes: False,
+        and nothing copied, otherwise)."""
+        if inputs.keys() != self.layout.keys() or any(
+                v.device.type != "cpu" or v.dtype != self.layout[k][2] or tuple(v.shape) != self.layout[k][3]
+                for k, v in inputs.items()):
+            return False
+        i, self.turn = self.turn, 1 - self.turn
+        if self.copied[i] is not None:
+            self.copied[i].synchronize()
+        buf = self.host[i]
+        for k, v in inputs.items():
+            o, n, _, _ = self.layout[k]
+            buf[o:o + n].copy_(v.contiguous().view(-1).view(torch.uint8))
+        self.flat.copy_(buf, non_blocking=True)
+        if self.copied[i] is not None:
+            self.copied[i].record()
+        return True
+
+
 def host_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax id (int64) of host logits: numpy's, the first maximum as torch.argmax
     takes it, on one thread, where torch's CPU reduction of a vocabulary-wide row spends most of
@@ -138,6 +181,9 @@ class CudaPlanExecutor(SlotStateOps):
         # idled 28% of a b1 step through LLM.generate without it on the H200, 2% with it:
         # docs/performance.md, twenty-seventh session). DEEPINFER_EARLY_SUBMIT=0 turns it off.
         self.feed_steps = os.environ.get("DEEPINFER_EARLY_SUBMIT", "1") != "0"
+        # a graph step's host inputs in one copy from pinned memory (InputStaging);
+        # DEEPINFER_STAGED_INPUTS=0: one copy an input from pageable memory, as before
+        self.staged_inputs = os.environ.get("DEEPINFER_STAGED_INPUTS", "1") != "0"
         self.params = {k: to_device(v, self.device) for k, v in lp.params.items()}
         lp.params = None
         opts = self.plan["options"]
@@ -245,9 +291,11 @@ class CudaPlanExecutor(SlotStateOps):
         if self.cuda_graphs and self.plan["bucket_kinds"].get(bucket) in ("decode", "verify"):
             cg = self._capture(graph, bucket, inputs)
             if cg is not None:
-                static_in, cuda_graph, static_out = cg
-                for k, v in inputs.items():
-                    static_in[k].copy_(v, non_blocking=True)
+                staging, cuda_graph, static_out = cg
+                # host inputs in one copy from pinned memory; device ones (a fed step's) as they are
+                if not (self.staged_inputs and staging.load(inputs)):
+                    for k, v in inputs.items():
+                        staging.views[k].copy_(v, non_blocking=True)
                 cuda_graph.replay()
                 return static_out
         return self._run(graph, bucket, {k: v.to(self.device, non_blocking=True) for k, v in inputs.items()})
@@ -265,7 +313,8 @@ class CudaPlanExecutor(SlotStateOps):
         key = (graph, bucket)
         if key in self._graphs:
             return self._graphs[key]
-        static_in = {k: v.to(self.device) for k, v in inputs.items()}
+        staging = InputStaging({k: v.to(self.device) for k, v in inputs.items()}, self.device)
+        static_in = staging.views
         self._graphs[key] = None
         try:
             # warm-up on a side stream (loads modules, fills the allocator's pools), as torch asks
@@ -290,7 +339,7 @@ class CudaPlanExecutor(SlotStateOps):
             self.graph_status[bucket] = f"eager: {where}: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
             return None
         self.graph_status[bucket] = "captured"
-        self._graphs[key] = (static_in, cuda_graph, static_out)
+        self._graphs[key] = (staging, cuda_graph, static_out)
         return self._graphs[key]
 
     def warm_up(self, max_seqs: int | None = None, reps: int = 5) -> list[tuple[str, int, int, float]]:

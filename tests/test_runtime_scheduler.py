@@ -1035,6 +1035,28 @@ def test_host_argmax_is_torchs_first_maximum():
     assert got.dtype == torch.int64 and got.tolist() == x.argmax(-1).tolist() and got[1] == 7 and got[2] == 0
 
 
+def test_input_staging_loads_a_steps_inputs_in_one_buffer():
+    """A captured graph's inputs are views of one buffer at aligned offsets, loaded from a step's
+    host tensors (two host buffers in turn); inputs of another name, dtype or shape are refused
+    and leave the views as they were (the executor then copies them one by one). On the CPU."""
+    from deepinfer.runtime.cuda_executor import InputStaging
+
+    first = {"token_ids": torch.tensor([1, 2, 3]), "positions": torch.tensor([[4, 5]], dtype=torch.int32),
+             "mask": torch.tensor([True, False])}
+    st = InputStaging(first, "cpu")
+    assert [st.layout[k][0] for k in first] == [0, 256, 512]
+    assert all(torch.equal(st.views[k], v) and st.views[k].dtype == v.dtype for k, v in first.items())
+    for step in range(3):
+        nxt = {"token_ids": torch.tensor([7, 8, 9]) + step, "positions": torch.tensor([[6, 7]], dtype=torch.int32),
+               "mask": torch.tensor([False, True])}
+        assert st.load(nxt) and all(torch.equal(st.views[k], v) for k, v in nxt.items())
+        assert st.turn == (step + 1) % 2
+    before = {k: v.clone() for k, v in st.views.items()}
+    for bad in ({**nxt, "token_ids": torch.tensor([1, 2])}, {**nxt, "positions": torch.tensor([[6, 7]])},
+                {k: v for k, v in nxt.items() if k != "mask"}):
+        assert not st.load(bad) and all(torch.equal(st.views[k], v) for k, v in before.items())
+
+
 
 def test_early_submitted_steps_give_the_same_tokens():
     """With an executor that takes `feed` (feed_steps), a step after an all-greedy one is
