@@ -114,9 +114,10 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, rs=0):
+                                  stages=3, threads=256, rs=0, skip_empty=0):
     """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). rs:
-    rs_program instead. (Widening each step in two halves with the first half's wgmma in flight
+    rs_program instead. skip_empty: a warpgroup skips its MMAs where its rows of the tile all lie
+    past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). (Widening each step in two halves with the first half's wgmma in flight
     lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.)"""
     if rs:
         return rs_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
@@ -128,6 +129,7 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
     kb, kw = block_K // 32, block_K // 8
     assert (block_N * kw) % threads == 0
     per_thread = block_N * kw // threads  # words a thread a step
+    skip = skip_empty and threads // 128 == block_M // 64 > 1  # FullRow: warpgroup w owns rows 64w..
 
     @T.macro
     def widen(Wp_s, SW_s, B_s, wide, tx):
@@ -166,7 +168,11 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
                     widen(Wp_s, SW_s, B_s, wide, tx)
                     # generic-proxy stores read next by wgmma (async proxy) need this fence
                     T.fence_proxy_async()
-                    T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    if skip:  # a warpgroup whose 64 rows all lie past the expert's end skips its MMAs
+                        if mt * block_M + (tx // 128) * 64 < rows:
+                            T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                    else:
+                        T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
                 for i, j in T.Parallel(block_M, block_N):
                     if mt * block_M + i < rows:
                         C[r0 + i, bx * block_N + j] = acc[i, j]
@@ -250,7 +256,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "rs": (0, 1)}
+         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1)}
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
 # code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
 MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
