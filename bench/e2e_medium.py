@@ -56,8 +56,9 @@ def plan_buckets(plan: dict) -> tuple[list[int], list[int]]:
 def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, tokens: int = 64,
                   early: bool = False) -> dict:
     """Decode through the engine (module docstring): tokens/s and the device's idle share. `early`:
-    with the executor's early-submitted steps (`feed_steps`); the row keeps the tokens so that the
-    caller can compare them with the plain engine's."""
+    with the executor's early-submitted steps (`feed_steps`), else without them, whatever the
+    executor's default; the row keeps the tokens so that the caller can compare them with the
+    plain engine's."""
     from runtime_sm90 import _trace_events, exposed_time
     from torch.profiler import ProfilerActivity, profile
 
@@ -73,7 +74,13 @@ def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, to
     prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(b)]
 
     def run(profiled: bool):
-        ex.feed_steps = early
+        prev, ex.feed_steps = getattr(ex, "feed_steps", False), early
+        try:
+            return engine_run(profiled)
+        finally:
+            ex.feed_steps = prev
+
+    def engine_run(profiled: bool):
         eng = LLMEngine(ex, Tokenizer(), max_num_seqs=b, max_num_batched_tokens=4096,
                         max_model_len=ex.plan["options"]["max_model_len"], seed=0, speculative=0)
         seqs = [s for p in prompts for s in eng.request_samples(eng.add_request(prompt_token_ids=p, params=sp))]
@@ -89,7 +96,6 @@ def engine_decode(ex, cfg, b: int, g: torch.Generator, prompt_len: int = 128, to
                 steps += 1
             sync()
             wall = time.perf_counter() - t
-        ex.feed_steps = False
         return wall, steps, sum(len(s.output_token_ids) for s in seqs) - b, prof, [s.output_token_ids for s in seqs]
 
     wall, steps, toks, _, ids = run(False)

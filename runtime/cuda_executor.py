@@ -55,7 +55,8 @@ def lanes_from_env() -> int:
 
 # sampled rows from which an argmax step reduces on the device: a 64-row step's logits are 33 MB
 # over PCIe, its ids 512 bytes; at a few rows the logits' copy costs less than the reduction
-# kernel after the graph (docs/performance.md, twenty-sixth session)
+# kernel after the graph (docs/performance.md, twenty-sixth session). With feed_steps (the
+# default) every argmax step reduces on the device: a later step may be fed from its ids.
 ARGMAX_DEVICE_ROWS = 8
 
 

@@ -273,8 +273,8 @@ def test_grouped_gemm_fp4_selection_by_row_count():
     """Decode and verify calls (up to 32 rows per expert on average) take the Triton template,
     each row count its own instance; prefill row counts stay on TileLang on sm100 and take the
     Triton template's prefill tiles on sm90, whose defaults say `prefill`. (sm90 as a target
-    without the warp-MMA template's defaults, which take its decode calls first:
-    tests/test_tilelang_moe_decode.py.)"""
+    without the warp-MMA and bf16 prefill templates' defaults, which take its decode and prefill
+    calls first: tests/test_tilelang_moe_decode.py, tests/test_tilelang_prefill_bf16.py.)"""
     import dataclasses
 
     from deepinfer.codegen.targets import get_target
@@ -290,8 +290,10 @@ def test_grouped_gemm_fp4_selection_by_row_count():
 
     sm90 = get_target("sm90")
     assert select(sm90, spec(8)).name == "tilelang_grouped_gemm_fp4_mma"
+    assert select(sm90, spec(513)).name == "tilelang_grouped_gemm_fp4_bf16"
     sm90 = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items()
-                                               if k != "tilelang_grouped_gemm_fp4_mma"})
+                                               if k not in ("tilelang_grouped_gemm_fp4_mma",
+                                                            "tilelang_grouped_gemm_fp4_bf16")})
     for target, t in (("sm90", sm90), ("sm100", get_target("sm100"))):
         for rows in (4, 8, 9, 32, 64, 512):
             chosen = select(t, spec(rows))
