@@ -117,10 +117,12 @@ def test_renders_and_builds_without_spills(over):
         # the rows come in bf16, dequantised (in the widened K order) by the second kernel
         dq = src.meta["combine"]
         assert [p for p, _ in dq["params"]] == ["A", "A8", "SA"]
+        # built: the GEMM at w13's widths, the dequantisation once (nvcc is most of the suite's time here)
+        builds = ([src.text] if n == 4608 else []) + ([dq["text"]] if n == 4608 and not over else [])
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
-            for text in (src.text, dq["text"]):
+            for text in builds:
                 rep = nvcc_report(text, t.arch)
                 assert rep["ok"], rep["log"]
                 assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
@@ -156,10 +158,12 @@ def test_gemm_renders_and_builds_without_spills(over):
         assert [p for p, _ in src.meta["params"]] == ["C", "SW", "W", "X"]
         dq = src.meta["combine"]
         assert [p for p, _ in dq["params"]] == ["A", "A8", "SA"] and dq["grid"][0] * dq["grid"][1] > 132
+        # built: the GEMM at w13's widths, the dequantisation once (nvcc is most of the suite's time here)
+        builds = ([src.text] if n == 4608 else []) + ([dq["text"]] if n == 4608 and not over else [])
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
-            for text in (src.text, dq["text"]):
+            for text in builds:
                 rep = nvcc_report(text, t.arch)
                 assert rep["ok"], rep["log"]
                 assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
