@@ -7,13 +7,14 @@
 #   bench/plan_set.sh OUT_DIR [NAME ...]      (default: every variant below)
 #
 #   main      this checkout as it is (the RoPE folded into the attention and wo_a at prefill on bf16
-#             MMAs are on in main since the twenty-fifth session)
-#   bfm       the prefill MoE GEMM on bf16 MMAs (tilelang_grouped_gemm_fp4_bf16)
+#             MMAs are on in main since the twenty-fifth session, the prefill MoE GEMM on bf16 MMAs
+#             since the twenty-seventh)
+#   skip      the prefill MoE GEMM's warpgroups past their expert's end skip their MMAs (skip_empty)
 #   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
 #   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
 #   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program; wo_a's
 #             output quantisation, inside grouped_linear's launches, keeps 4)
-#   all       bfm + bfg + bfp
+#   all       skip + bfg + bfp
 #   tmal      wo_a's bf16 program lowered with TMA copies from a producer warpgroup (the tma knob)
 #   alltma    all, its three bf16 prefill programs lowered with TMA copies
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
@@ -27,15 +28,14 @@ set -uo pipefail
 out=$(realpath -m "$1"); shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
-moe='{"block_M": 64, "block_N": 128, "block_K": 128, "stages": 3, "threads": 128}'
 rows='{"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}'
-bfm=("tilelang_grouped_gemm_fp4_bf16=$moe")
+skip=('tilelang_grouped_gemm_fp4_bf16={"skip_empty": 1}')
 bfg=("tilelang_gemm_fp8_bf16=$rows")
 bfp=('tilelang_attention={"prefill_stages": 2}')
-all=("${bfm[@]}" "${bfg[@]}" "${bfp[@]}")
+all=("${skip[@]}" "${bfg[@]}" "${bfp[@]}")
 tmal=('tilelang_grouped_linear_bf16={"tma": 1}')
 alltma=("${all[@]}")
-for key in tilelang_grouped_gemm_fp4_bf16 tilelang_grouped_linear_bf16 tilelang_gemm_fp8_bf16; do
+for key in tilelang_grouped_linear_bf16 tilelang_gemm_fp8_bf16; do  # (the MoE program takes no tma knob)
     alltma+=("$key={\"tma\": 1}")
 done
 srows=()
@@ -47,13 +47,13 @@ for op in swiglu_quant_fp8 swiglu_gu_quant_fp8 swiglu_weighted_quant_fp8 moe_gat
     rows1+=("triton_$op={\"ROWS\": 1}")
 done
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(main bfm bfg bfp rows1 all e2e small smallall)
+[ ${#names[@]} -gt 0 ] || names=(main skip bfg bfp rows1 all e2e small smallall)
 vp="$root/bench/variant_plan.sh"
 for name in "${names[@]}"; do
     t0=$(date +%s)
     case $name in
         main) "$vp" main "$out" ;;
-        bfm|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
+        skip|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
         e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
         e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
         e2esrows) VARIANT_E2E=1 "$vp" e2esrows "$out" "${srows[@]}" ;;
