@@ -16,7 +16,7 @@
 #             output quantisation, inside grouped_linear's launches, keeps 4)
 #   all       skip + bfg + bfp
 #   tmal      wo_a's bf16 program lowered with TMA copies from a producer warpgroup (the tma knob)
-#   alltma    all, its three bf16 prefill programs lowered with TMA copies
+#   alltma    all, the two bf16 linear programs lowered with TMA copies
 #   e2e       main with bench/e2e_medium.py's buckets; e2eall: all with them
 #   e2esrows  e2e with the decode linears' K split up to 128 rows (split_rows: b128's router and
 #             wo_a in 64-row tiles, not 4 and 256 unsplit programs)
