@@ -227,26 +227,12 @@ def rs_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, b
     return grouped_gemm_fp4_bf16_rs
 
 
-def dequant_rows_program(M: int, K: int, *, rs=0, block_M=16, threads=256):
-    """A[m, 8g + p] = A8[m, 8g + K_ORDER[p]] * 2^(SA[m, k//32] - 127) in bf16 (exact): the rows
-    dequantised once, ahead of the GEMM, in the widened weight tile's K order (with rs: in
-    rs_order_source's)."""
-    order = rs_order_source if rs else k_order_source
-    from .tilelang_gemm import _tl, e8m0_f32
+def dequant_rows_program(M: int, K: int, *, rs=0):
+    """The rows dequantised into bf16 once, ahead of the GEMM, in its widened weight tile's K order
+    (K_ORDER within each 8; with rs, rs_order_source's within each 32)."""
+    from .tilelang_prefill_bf16 import dequant_rows_program as dequant
 
-    _, T = _tl()
-    bk = next(b for b in (512, 256, 128, 64, 32) if K % b == 0)
-
-    @T.prim_func
-    def dequant_rows_k_order(A8: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
-                             A: T.Tensor((M, K), "bfloat16")):
-        with T.Kernel(K // bk, T.ceildiv(M, block_M), threads=threads) as (bx, by):
-            for i, kk in T.Parallel(block_M, bk):
-                r, c = by * block_M + i, bx * bk + kk
-                if r < M:
-                    A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, order(c)]) * e8m0_f32(T, SA[r, c // 32]))
-
-    return dequant_rows_k_order
+    return dequant(M, K, order=rs_order_source if rs else k_order_source)
 
 
 def _dims(spec: KernelSpec):

@@ -73,22 +73,25 @@ def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "b
     return rows_bf16_gemm
 
 
-def dequant_rows_program(M: int, K: int, *, block_M=16, threads=256):
-    """A[m, k] = A8[m, k] * 2^(SA[m, k//32] - 127) in bf16 (exact): gemm_fp8's rows dequantised once,
-    ahead of the GEMM, where each of its N tiles would convert them again."""
+def dequant_rows_program(M: int, K: int, *, order=None, block_M=16, threads=256):
+    """A[m, c] = A8[m, order(c)] * 2^(SA[m, c//32] - 127) in bf16 (exact): the rows dequantised once,
+    ahead of a GEMM whose N tiles would each convert them again (gemm_fp8's here). `order`: the
+    column of A8 that column c of A takes (a permutation within each 32, on TileLang expressions:
+    tilelang_moe_prefill's widened K orders); the identity where None."""
     from .tilelang_gemm import _tl, e8m0_f32
 
     _, T = _tl()
     bk = next(b for b in (512, 256, 128, 64, 32) if K % b == 0)
-    assert M % block_M == 0
+    order = order or (lambda c: c)
 
     @T.prim_func
     def dequant_rows(A8: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
                      A: T.Tensor((M, K), "bfloat16")):
-        with T.Kernel(K // bk, M // block_M, threads=threads) as (bx, by):
+        with T.Kernel(K // bk, T.ceildiv(M, block_M), threads=threads) as (bx, by):
             for i, kk in T.Parallel(block_M, bk):
                 r, c = by * block_M + i, bx * bk + kk
-                A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, c]) * e8m0_f32(T, SA[r, c // 32]))
+                if r < M:
+                    A[r, c] = T.Cast("bfloat16", T.Cast("float32", A8[r, order(c)]) * e8m0_f32(T, SA[r, c // 32]))
 
     return dequant_rows
 
