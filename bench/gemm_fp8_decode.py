@@ -141,16 +141,19 @@ def run(kernels, c, mma, x, n):
         return out
     if mma:  # the warp-MMA program reads both operands as 32-bit words
         a, b = a.view(torch.uint8).view(torch.uint32), b.view(torch.uint8).view(torch.uint32)
+    sa, sb = x["SA"], x["SB"]
+    if c.get("words"):  # the scales as 32-bit words (tilelang_gemm.scale_operands)
+        sa, sb = sa.view(torch.uint32), sb.view(torch.uint32)
     out = torch.empty(x["A"].shape[0], n, device="cuda", dtype=torch.bfloat16)
     if c["split_k"] > 1:
         p = torch.empty(c["split_k"], ROWS, n, device="cuda", dtype=torch.float32)
         if tlgd.cluster_split(c):
-            kernels[0](a, x["SA"], b, x["SB"], out, p)
+            kernels[0](a, sa, b, sb, out, p)
         else:
-            kernels[0](a, x["SA"], b, x["SB"], p)
+            kernels[0](a, sa, b, sb, p)
             kernels[1](p, out)
     else:
-        kernels[0](a, x["SA"], b, x["SB"], out)
+        kernels[0](a, sa, b, sb, out)
     return out
 
 

@@ -78,8 +78,9 @@ def rel_err(out, ref):
 # TileLang program(s)), inputs (callable -> dict), run (kernels, inputs -> output), ref (inputs -> fp32
 # reference), bytes, flops, peak ("fp8" | "bf16"), tol (max-rel tolerance).
 
-def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16=False):
-    """The TileLang gemm_fp8 program, or with `mma` the decode program on warp MMAs
+def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16=False, shipped=False):
+    """The TileLang gemm_fp8 program (over gemm_default_config, or with `shipped` over the plan's
+    gemm_fp8_default_config), or with `mma` the decode program on warp MMAs
     (tilelang_gemm_decode; the row count read off A, split partials added here in split order),
     or with `persistent` the 64-row program on a persistent grid (tilelang_gemm_decode; `config`
     its whole config), or with `bf16` the prefill program on bf16 MMAs (tilelang_prefill_bf16, over
@@ -91,11 +92,15 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
     elif mma:
         c = tlgd.mma_config(TARGET, N, K, {"split_k": 1, **(config or {})})
     else:
-        c = dict(tlg.gemm_default_config(TARGET, M, N, K), **(config or {}))
+        base = tlg.gemm_fp8_default_config if shipped else tlg.gemm_default_config
+        c = dict(base(TARGET, M, N, K), **(config or {}))
 
     def inputs():
-        return {"A": rand_fp8(M, K), "SA": rand_e8m0(M, K // 32), "B": rand_fp8(N, K),
-                "SB": rand_e8m0(-(-N // 32), K // 32)}
+        x = {"A": rand_fp8(M, K), "SA": rand_e8m0(M, K // 32), "B": rand_fp8(N, K),
+             "SB": rand_e8m0(-(-N // 32), K // 32)}
+        if c.get("words"):  # the scales read as 32-bit words (tilelang_gemm.scale_operands); the ref views back
+            x["SA"], x["SB"] = x["SA"].view(torch.uint32), x["SB"].view(torch.uint32)
+        return x
 
     def run(k, x):
         if persistent:  # rows a kernel argument (read off A); partials [split, 64, N] summed in order
@@ -135,7 +140,8 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
         return out
 
     def ref(x):
-        return get_op("gemm_fp8").ref(QTensor(x["A"], x["SA"]), QTensor(x["B"], x["SB"]), out_dtype="f32")
+        sa, sb = x["SA"].view(torch.uint8), x["SB"].view(torch.uint8)
+        return get_op("gemm_fp8").ref(QTensor(x["A"], sa), QTensor(x["B"], sb), out_dtype="f32")
 
     def program():
         if persistent:
@@ -471,6 +477,10 @@ def tiny_cases():
         gemm_fp8_case("tiny bf16", 256, 256, 512, bf16=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
         gemm_fp8_case("tiny overlapped scaling", 200, 256, 512, {"overlap": 1}),
+        # the scales read as 32-bit words by cp.async (tilelang_gemm.scale_operands): a partial row
+        # tile, plain and overlapped
+        gemm_fp8_case("tiny word scales", 200, 256, 512, {"words": 1}),
+        gemm_fp8_case("tiny word scales overlapped", 200, 256, 512, {"words": 1, "overlap": 1}),
         # the persistent grid: two tiles a CTA through one pipeline, with and without a K split
         gemm_fp8_case("tiny persistent split-K", 11, 256, 1024,
                       {"block_N": 64, "block_K": 128, "stages": 3, "split_k": 2, "group": 2}, persistent=True),
@@ -479,6 +489,7 @@ def tiny_cases():
         linear_case("tiny", 7, 64, 96),
         # wo_a's grouped product on bf16 MMAs: two groups, two row tiles, two column tiles a group
         grouped_linear_case("tiny", 256, 2, 256, 512),
+        grouped_linear_case("tiny scales once", 256, 2, 256, 512, {"scales_once": 1}),
         grouped_case("tiny", [3, 0, 7, 1], 64, 128, 4, {"block_M": 64, "block_N": 64, "threads": 128}),
         grouped_case("tiny", [3, 0, 12, 1], 64, 256, 4, mma=True),  # 12 rows: two passes of 8
         grouped_case("tiny direct", [3, 0, 12, 1], 64, 256, 4, {"STAGES": 0, "RT": 1}, mma=True),
@@ -547,6 +558,12 @@ def real_cases():
         out.append(gemm_fp8_case(f"decode b{m} wo_b f16 MMAs", m, 5120, 8192, {"split_k": 2, "F16": 1}, mma=True))
     out.append(gemm_fp8_case("prefill 4K wo_b", 4096, 5120, 8192))
     out.append(gemm_fp8_case("prefill 4K wq_b", 4096, 32768, 1280))
+    # FP8_GEMM_CONFIGS: a JSON list of configs over the plan's prefill config (overlapped scaling
+    # where sm90 sets it), each a further wo_b / wq_b / shared-expert pair; [] for none
+    for over in json.loads(os.environ.get("FP8_GEMM_CONFIGS", "[]")):
+        tag = " shipped" + "".join(f" {a}{b}" for a, b in sorted(over.items()))
+        for name, n, k in (("wo_b", 5120, 8192), ("wq_b", 32768, 1280), ("shared w13", 4608, 5120)):
+            out.append(gemm_fp8_case(f"prefill 4K {name}{tag}", 4096, n, k, over, shipped=True))
     for over in [{}] + json.loads(os.environ.get("BF16_GEMM_CONFIGS", "[]")):
         tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
         out.append(gemm_fp8_case("prefill 4K wo_b" + tag, 4096, 5120, 8192, over, bf16=True))
@@ -583,6 +600,15 @@ def real_cases():
         out.append(grouped_case("prefill 4K w2" + tag, counts, 5120, 2304, 384, over, bf16=True))
         out.append(grouped_case("prefill 4K medium w13" + tag, counts96, 4608, 5120, 96, over, bf16=True))
         out.append(grouped_case("prefill 4K medium w2" + tag, counts96, 5120, 2304, 96, over, bf16=True))
+    # MMA_MOE_CONFIGS: a JSON list of configs over sm90's decode MoE defaults, each the medium
+    # config's (96 experts) w13 and w2 at 1, 8 and 64 tokens ('[{}]': the defaults alone)
+    sel_b = {b: torch.bincount(torch.stack([torch.randperm(96, generator=g)[:6] for _ in range(b)]).flatten(),
+                               minlength=96).tolist() for b in (1, 8, 64)}
+    for over in json.loads(os.environ.get("MMA_MOE_CONFIGS", "[]")):
+        tag = "".join(f" {a}{b}" for a, b in sorted(over.items()))
+        for b, cnt in sel_b.items():
+            out.append(grouped_case(f"decode b{b} medium w13{tag}", cnt, 4608, 5120, 96, over, mma=True))
+            out.append(grouped_case(f"decode b{b} medium w2{tag}", cnt, 5120, 2304, 96, over, mma=True))
     for b in (1, 64):
         out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)]))
     # ATTN_CONFIGS: a JSON list of config objects over the default, each a further sparse decode
@@ -652,7 +678,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results", "tilelang_h200.json"))
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--tiny-only", action="store_true")
-    ap.add_argument("--only", default="", help="substring filter on case names")
+    ap.add_argument("--only", default="", help="substring filter on case names ('|' between alternatives)")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--graphs", action="store_true",
                     help="time each call replayed from a CUDA graph, as a plan's decode steps run (the host's "
@@ -673,7 +699,7 @@ def main():
     tiny, real = tiny_cases(), ([] if args.tiny_only else real_cases())
     flags = [(i, True) for i in range(len(tiny))] + [(i, False) for i in range(len(real))]
     cases = tiny + real
-    sel = [k for k, c in enumerate(cases) if args.only in c["name"]]
+    sel = [k for k, c in enumerate(cases) if any(p in c["name"] for p in args.only.split("|"))]
     cases = [cases[k] for k in sel]
     flags = [flags[k] for k in sel]
     t0 = time.time()

@@ -176,6 +176,33 @@ def e8m0_f32(T, b):
     return T.reinterpret(T.shift_left(T.Cast("int32", b), 23), "float32")
 
 
+def e8m0_word_f32(T, w, i: int):
+    """e8m0_f32 of byte i of a 32-bit word holding four consecutive ue8m0 scales (little-endian:
+    byte i is the scale of the word's i-th 32-deep block)."""
+    return T.reinterpret(T.bitwise_and(T.shift_left(T.shift_right(w, T.uint32(8 * i)), T.uint32(23)),
+                                       T.uint32(0x7F800000)), "float32")
+
+
+def scale_operands(T, words: int, rows_a, rows_b: int, K: int, block_K: int):
+    """The two scale tensors' parameter types, their per-step shared tiles' shapes, and the fp32
+    scale of (tile row, 32-deep block kk of the step) read from such a tile.
+
+    words = 0: one ue8m0 byte per 32 K (uint8 [rows, K/32]); TileLang copies a step's few bytes a
+    row with plain loads, which the threads wait on inside the pipelined loop (a load's full
+    latency every K step, the loop's async copies notwithstanding). words = 1: the same bytes read
+    as uint32 [rows, K/128] (four 32-deep blocks a word; block_K a multiple of 128), so a step's
+    scales are 4-byte cp.async copies in the pipeline like the operands'. The host passes the same
+    uint8 tensors (the launch passes pointers; K/32 is a multiple of 4)."""
+    if words:
+        assert block_K % 128 == 0 and K % 128 == 0, "word scales take 128-deep K steps"
+        n = block_K // 128
+        return ((rows_a, K // 128), "uint32"), ((rows_b, K // 128), "uint32"), n, "uint32", \
+            lambda S_s, r, kk: e8m0_word_f32(T, S_s[r, kk // 4], kk % 4)
+    n = block_K // 32
+    return ((rows_a, K // 32), "uint8"), ((rows_b, K // 32), "uint8"), n, "uint8", \
+        lambda S_s, r, kk: e8m0_f32(T, S_s[r, kk])
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -187,7 +214,7 @@ def out_dtype_name(spec: KernelSpec) -> str:
 # ---- gemm_fp8 ---------------------------------------------------------------------------------
 
 def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
-                     block_K=128, stages=3, threads=256, split_k=1, overlap=0):
+                     block_K=128, stages=3, threads=256, split_k=1, overlap=0, words=0):
     """C[M, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32], fp32 accumulation.
 
     split_k > 1 gives each CTA a contiguous range of K and makes C an fp32 buffer that the CTAs
@@ -195,10 +222,11 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     the GPU otherwise. overlap: each 32-deep block's wgmma is issued before the block before it
     is scaled into the accumulator (two product tiles; wait for all but the newest), so at
     prefill sizes the tensor cores work while the scaling runs, not after it; the same products
-    and sums in the same order."""
+    and sums in the same order. words: the scales as 32-bit words (scale_operands)."""
     tilelang, T = _tl()
     assert K % 32 == 0 and block_K % 32 == 0 and block_N % 32 == 0
     kb = block_K // 32
+    (sa_shape, sa_t), (sb_shape, sb_t), sw, s_t, scale = scale_operands(T, words, M, ceil_div(N, 32), K, block_K)
     assert not overlap or kb % 2 == 0, "overlap takes the scale blocks in pairs"
     k_iters = ceil_div(K, block_K)
     assert k_iters % split_k == 0, "split_k must divide the number of K tiles"
@@ -209,17 +237,17 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
     def scale_into(acc, prod, SA_s, SB_s, kk):
         """acc += block kk's product times its row and weight scales."""
         for i, j in T.Parallel(block_M, block_N):
-            acc[i, j] += prod[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+            acc[i, j] += prod[i, j] * (scale(SA_s, i, kk) * scale(SB_s, j // 32, kk))
 
     @T.prim_func
-    def gemm_fp8(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor((M, K // 32), "uint8"),
-                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+    def gemm_fp8(A: T.Tensor((M, K), "float8_e4m3"), SA: T.Tensor(sa_shape, sa_t),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor(sb_shape, sb_t),
                  C: T.Tensor((M, N), c_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k, threads=threads) as (bx, by, bz):
             A_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
             B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
-            SA_s = T.alloc_shared((block_M, kb), "uint8")
-            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            SA_s = T.alloc_shared((block_M, sw), s_t)
+            SB_s = T.alloc_shared((block_N // 32, sw), s_t)
             tmp = T.alloc_fragment((block_M, block_N), "float32")
             if overlap:
                 tmp2 = T.alloc_fragment((block_M, block_N), "float32")
@@ -230,8 +258,8 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
                 k = bz * per_split + ko
                 T.copy(A[by * block_M, k * block_K], A_s)
                 T.copy(B[bx * block_N, k * block_K], B_s)
-                T.copy(SA[by * block_M, k * kb], SA_s)
-                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
+                T.copy(SA[by * block_M, k * sw], SA_s)
+                T.copy(SB[bx * (block_N // 32), k * sw], SB_s)
                 if overlap:  # blocks in pairs, tmp / tmp2 alternating: each scaled after the next is issued
                     for kp in T.unroll(kb // 2):
                         T.wgmma_gemm(A_s[:, 64 * kp:64 * kp + 32], B_s[:, 64 * kp:64 * kp + 32], tmp, transpose_B=True,
@@ -261,12 +289,13 @@ def gemm_fp8_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, blo
 
 
 def gemm_fp8_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, block_M=64, block_N=64, block_K=128,
-                          stages=4, threads=128, split_k=1):
+                          stages=4, threads=128, split_k=1, words=0):
     """gemm_fp8_program's product for at most `block_M` rows, their count `m` a kernel argument:
     the activation and its scales are read as [m, K] (rows past m load as zeros, the copies are
     predicated) and C is written for its m rows, so the host pads nothing. split_k > 1 writes one
     fp32 partial tile per split into P [split_k, block_M, N] (every element once: nothing to zero)
-    and `gemm_split_sum_program` adds them in split order, a fixed order (no atomics)."""
+    and `gemm_split_sum_program` adds them in split order, a fixed order (no atomics). words: the
+    scales as 32-bit words (scale_operands)."""
     _, T = _tl()
     assert K % 32 == 0 and block_K % 32 == 0 and block_N % 32 == 0
     kb = block_K // 32
@@ -275,16 +304,17 @@ def gemm_fp8_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, block_
     per_split = k_iters // split_k
     m = T.dynamic("m")
     out_shape, c_dtype = ((split_k, block_M, N), "float32") if split_k > 1 else ((m, N), out_dtype)
+    (sa_shape, sa_t), (sb_shape, sb_t), sw, s_t, scale = scale_operands(T, words, m, ceil_div(N, 32), K, block_K)
 
     @T.prim_func
-    def gemm_fp8(A: T.Tensor((m, K), "float8_e4m3"), SA: T.Tensor((m, K // 32), "uint8"),
-                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor((ceil_div(N, 32), K // 32), "uint8"),
+    def gemm_fp8(A: T.Tensor((m, K), "float8_e4m3"), SA: T.Tensor(sa_shape, sa_t),
+                 B: T.Tensor((N, K), "float8_e4m3"), SB: T.Tensor(sb_shape, sb_t),
                  C: T.Tensor(out_shape, c_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), split_k, threads=threads) as (bx, bz):
             A_s = T.alloc_shared((block_M, block_K), "float8_e4m3")
             B_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
-            SA_s = T.alloc_shared((block_M, kb), "uint8")
-            SB_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            SA_s = T.alloc_shared((block_M, sw), s_t)
+            SB_s = T.alloc_shared((block_N // 32, sw), s_t)
             tmp = T.alloc_fragment((block_M, block_N), "float32")
             acc = T.alloc_fragment((block_M, block_N), "float32")
             T.clear(acc)
@@ -292,13 +322,13 @@ def gemm_fp8_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, block_
                 k = bz * per_split + ko
                 T.copy(A[0, k * block_K], A_s)
                 T.copy(B[bx * block_N, k * block_K], B_s)
-                T.copy(SA[0, k * kb], SA_s)
-                T.copy(SB[bx * (block_N // 32), k * kb], SB_s)
+                T.copy(SA[0, k * sw], SA_s)
+                T.copy(SB[bx * (block_N // 32), k * sw], SB_s)
                 for kk in T.unroll(kb):
                     T.gemm(A_s[:, kk * 32:(kk + 1) * 32], B_s[:, kk * 32:(kk + 1) * 32], tmp, transpose_B=True,
                            clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                     for i, j in T.Parallel(block_M, block_N):
-                        acc[i, j] += tmp[i, j] * (e8m0_f32(T, SA_s[i, kk]) * e8m0_f32(T, SB_s[j // 32, kk]))
+                        acc[i, j] += tmp[i, j] * (scale(SA_s, i, kk) * scale(SB_s, j // 32, kk))
             if split_k > 1:
                 T.copy(acc, C[bz, 0, bx * block_N])
             else:
@@ -429,7 +459,7 @@ def _mnk(spec: KernelSpec):
 
 
 GEMM_KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-              "threads": (128, 256), "split_k": (1, 2, 4, 8)}
+              "threads": (128, 256), "split_k": (1, 2, 4, 8), "words": (0, 1)}
 
 
 def _decode_split(target: Target, tiles: int, k_steps: int) -> int:
@@ -585,7 +615,7 @@ register(Template(
     name="tilelang_linear",
     ops=("linear",),
     targets=building("cuda", defaults="tilelang_gemm"),
-    knobs=dict(GEMM_KNOBS, block_K=(32, 64)),
+    knobs={**{k: v for k, v in GEMM_KNOBS.items() if k != "words"}, "block_K": (32, 64)},
     render=_render_linear,
     default_config=_linear_default_config,
     supports=_linear_supports,

@@ -28,18 +28,21 @@ from ..template import KernelSource, KernelSpec, Template, batch_invariant, regi
 
 
 KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256)}
+         "threads": (128, 256), "scales_once": (0, 1)}
 # the programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's tma
 # knob)
 ROWS_KNOBS = dict(KNOBS, tma=(0, 1))
 
 
 def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "bfloat16", *, block_M=128,
-                           block_N=128, block_K=64, stages=4, threads=256):
+                           block_N=128, block_K=64, stages=4, threads=256, scales_once=0):
     """C[m, g*NG + n] = sum_k X[m, g*KG + k] * W[g*NG + n, k] sw[(g*NG + n)//32, k//32]: grouped_linear's
     block-diagonal product (group g of X's features meets rows g of W), and with G 1 gemm_fp8's on
     rows dequantised ahead (dequant_rows_program). X is bf16: its tiles go to the wgmma as loaded,
-    only the weight's are dequantised. A CTA's N tile lies in one group (NG whole tiles)."""
+    only the weight's are dequantised. A CTA's N tile lies in one group (NG whole tiles).
+    scales_once: the CTA's weight scales for the whole K (block_N/32 x KG/32 bytes) copied before
+    the loop, rather than a step's few bytes with plain loads inside it, which every thread then
+    waits on once a step (TileLang copies them with cp.async only from 4 bytes a row)."""
     from .tilelang_gemm import _tl, e8m0_f32
 
     _, T = _tl()
@@ -53,19 +56,22 @@ def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "b
         with T.Kernel(G * tiles, T.ceildiv(M, block_M), threads=threads) as (bx, by):
             X_s = T.alloc_shared((block_M, block_K), "bfloat16")
             W8_s = T.alloc_shared((block_N, block_K), "float8_e4m3")
-            SW_s = T.alloc_shared((block_N // 32, kb), "uint8")
+            SW_s = T.alloc_shared((block_N // 32, KG // 32 if scales_once else kb), "uint8")
             B_s = T.alloc_shared((block_N, block_K), "bfloat16")
             acc = T.alloc_fragment((block_M, block_N), "float32")
             T.use_swizzle(panel_size=8)
             T.clear(acc)
+            if scales_once:
+                T.copy(SW[bx * (block_N // 32), 0], SW_s)
             for k in T.Pipelined(KG // block_K, num_stages=stages):
                 # W's row bx * block_N is group bx // tiles's row (bx % tiles) * block_N
                 T.copy(X[by * block_M, (bx // tiles) * KG + k * block_K], X_s)
                 T.copy(W[bx * block_N, k * block_K], W8_s)
-                T.copy(SW[bx * (block_N // 32), k * kb], SW_s)
+                if not scales_once:
+                    T.copy(SW[bx * (block_N // 32), k * kb], SW_s)
                 for j, kk in T.Parallel(block_N, block_K):
-                    B_s[j, kk] = T.Cast("bfloat16", T.Cast("float32", W8_s[j, kk])
-                                        * e8m0_f32(T, SW_s[j // 32, kk // 32]))
+                    sb = SW_s[j // 32, k * kb + kk // 32] if scales_once else SW_s[j // 32, kk // 32]
+                    B_s[j, kk] = T.Cast("bfloat16", T.Cast("float32", W8_s[j, kk]) * e8m0_f32(T, sb))
                 T.fence_proxy_async()  # generic-proxy stores read next by wgmma (async proxy)
                 T.gemm(X_s, B_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
             T.copy(acc, C[by * block_M, bx * block_N])
