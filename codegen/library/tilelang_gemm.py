@@ -502,9 +502,12 @@ def gemm_fp8_default_config(target: Target, m: int, n: int, k: int) -> dict:
     c = gemm_default_config(target, m, n, k)
     if batch_invariant(target) or block_scaled_gemm(target, n, k):
         return c
+    own = target.defaults.get("tilelang_gemm", {})
+    if own.get("words") and c["block_K"] % 128 == 0 and k % 128 == 0:
+        c = dict(c, words=1)  # the scales as words by cp.async where the target says so (scale_operands)
     if m > DECODE_ROWS:
         # prefill tiles with the scaling overlapped where the target turns it on (gemm_fp8_program)
-        on = target.defaults.get("tilelang_gemm", {}).get("prefill_overlap", 0)
+        on = own.get("prefill_overlap", 0)
         return dict(c, overlap=1) if on and (c["block_K"] // 32) % 2 == 0 else c
     if c["split_k"] > 1:
         steps = ceil_div(k, c["block_K"])
