@@ -314,3 +314,52 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
     freq = rope_frequencies(attrs, torch.device("cpu"))
     assert torch.equal(freq, yarn_freqs(64, 10000.0, (16, 65536, 32, 1)))
     assert rope_frequencies({}, torch.device("cpu")).shape == (1,)
+
+
+def test_word_scales_are_async_copies_in_the_pipeline():
+    """`words` in a target's tilelang_gemm defaults reads lin8's ue8m0 scales as 32-bit words (four
+    32-deep blocks a word), so each K step's scales are cp.async copies like the operands': with
+    bytes, TileLang loads a step's two bytes a row with plain loads that every thread waits on
+    inside the loop. Only for K steps and K in whole words; the host's uint8 tensors are the same."""
+    import dataclasses
+    import re
+
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+
+    sm90 = get_target("sm90")
+    on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_gemm=dict(
+        sm90.defaults["tilelang_gemm"], words=1)))
+    off = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_gemm={
+        k: v for k, v in sm90.defaults["tilelang_gemm"].items() if k != "words"}))
+    assert "words" not in tlg.gemm_fp8_default_config(off, 64, 5120, 8192)
+    for m in (64, 4096):
+        assert tlg.gemm_fp8_default_config(on, m, 5120, 8192)["words"] == 1
+    assert "words" not in tlg.gemm_fp8_default_config(on, 64, 5120, 2336)  # K not whole words
+    for m, n, k in ((64, 5120, 8192), (4096, 1280, 5120)):
+        spec = gemm_spec(m, n, k)
+        tpl = select(on, spec)
+        src = tpl.render(on, spec, tpl.default_config(on, spec)).text
+        plain = tpl.render(off, spec, tpl.default_config(off, spec)).text
+        assert re.search(r"cp_async_gs(_conditional)?<4>\(\(&\(\(\(uint\*\)SA_s\)", src)
+        assert re.search(r"cp_async_gs(_conditional)?<4>\(\(&\(\(\(uint\*\)SB_s\)", src)
+        assert "(uchar*)SA_s" not in src and "(uchar*)SA_s" in plain
+        assert "const uint* __restrict__ SA" in src and "const uchar* __restrict__ SA" in plain
+
+
+def test_grouped_linear_scales_once_reads_them_before_the_loop():
+    """`scales_once` (wo_a's bf16 program): the CTA's weight scales for its whole K are read once,
+    not a step's few bytes in every step of the pipelined loop."""
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+    from deepinfer.codegen.library import tilelang_prefill_bf16 as tlmp
+
+    import re
+
+    c = dict(tlmp.ROWS_TILES)
+    once = tlg.lower(tlmp.rows_bf16_gemm_program(256, 2, 256, 4096, **c, scales_once=1), "sm_90a")["src"]
+    each = tlg.lower(tlmp.rows_bf16_gemm_program(256, 2, 256, 4096, **c), "sm_90a")["src"]
+
+    def reads(src):
+        return len(re.findall(r"\bSW(\[| \+)", src))
+
+    assert reads(once) == 1
+    assert reads(each) > c["stages"] - 1  # the pipeline's prologue, and the loop body
