@@ -211,7 +211,8 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
         elif bf16:  # the rows into bf16 first (the second kernel), then the GEMM on them; W as 32-bit words
             a = torch.full((mtot, K), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[1](x["X"], x["SX"], a)
-            k[0](a, x["W"].view(torch.uint32), x["SW"], x["offs"], out)
+            sw = x["SW"].view(torch.uint32) if c.get("words") else x["SW"]  # words: 4 scale bytes a word
+            k[0](a, x["W"].view(torch.uint32), sw, x["offs"], out)
         else:
             k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
         return out
@@ -505,6 +506,8 @@ def tiny_cases():
         grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
         # a warpgroup past the expert's end skips its MMAs (experts of 70, 131 and 5 rows)
         grouped_case("tiny skip", [70, 0, 131, 5], 256, 512, 4, {"skip_empty": 1}, bf16=True),
+        # the scales as words copied by cp.async; scales past 2^1
+        grouped_case("tiny word scales", [70, 0, 131, 5], 256, 512, 4, {"words": 1}, bf16=True, sw=(120, 131)),
         # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
         grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
         grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),
