@@ -117,6 +117,19 @@ def main():
             row["case"] = label
             rows.append(row)
             print({k: v for k, v in row.items() if k != "config"}, flush=True)
+    # TRITON_CONFIGS: {"op": [config, ...]}, each config over the op's default at every size, e.g.
+    # '{"hc_mix": [{"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 2}]}' (a sweep of a target's settings)
+    for op, cfgs in json.loads(os.environ.get("TRITON_CONFIGS", "{}")).items():
+        for label, n in sizes.items():
+            for over in cfgs:
+                cfg = dict(triton_ops.default_config(triton_check.case_op(op), n), **over)
+                try:
+                    row = run_case(op, n, cfg, bench, ceil, check=not args.no_check)
+                except Exception as e:  # noqa: BLE001
+                    row = {"op": op, "n": n, "config": cfg, "error": f"{type(e).__name__}: {str(e).strip()[-300:]}"}
+                row["case"] = label + " " + "".join(f"{a}{b}" for a, b in sorted(over.items()))
+                rows.append(row)
+                print({k: v for k, v in row.items() if k != "config"}, flush=True)
     # hc_pre's split-K knob at each size: the default is chosen from these times
     splits = []
     if "hc_pre" in ops:
