@@ -41,8 +41,10 @@ TARGET = Target(
         "tilelang_gemm_fp8_mma": {"RT": 2, "WK": 4, "KU": 2, "STAGES": 3, "NT": 1, "CTAS": 4},
         # wo_a at prefill on bf16 wgmma (tilelang_prefill_bf16): prefill 1.07x on an H100 (the
         # medium widths on 20 layers); the fp8-linear bf16 program lost there and stays off
-        # (docs/performance.md, twenty-fifth session)
-        "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256},
+        # (docs/performance.md, twenty-fifth session). Its weight scales read once before the K
+        # loop: the 4K call 809 -> 761 us on an H100 (twenty-eighth session)
+        "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256,
+                                         "scales_once": 1},
         # the prefill MoE GEMM on bf16 wgmma, its weight widened a word a thread
         # (tilelang_moe_prefill): prefill 1.14x on an H100 (medium widths on 20 layers; 256-row
         # tiles 1.05x); 128 deep on 2 stages 5% faster than 64 on 3 in the kernel sweep, the
