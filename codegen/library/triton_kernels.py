@@ -1710,12 +1710,13 @@ def moe_permute_kernel(sel_ptr, adj_ptr, order_ptr, off_ptr, N: tl.constexpr, E:
 
 
 @triton.jit
-def _fp4_twice(code):
-    """e2m1 codes (int32 0..15) -> twice their value (0, +-1, 2, 3, 4, 6, 8, 12) in fp32: small
-    integers, so an fp16 MMA of them accumulates exactly in fp32."""
-    m = code & 7
-    v = tl.where(m < 2, m, (2 + (m & 1)) << tl.maximum((m >> 1) - 1, 0)).to(tl.float32)
-    return tl.where((code & 8) != 0, -v, v)
+def _fp4_f16(code):
+    """e2m1 codes (int32 0..15) -> their value x 2^-14 in fp16, by placing the code's bits: the
+    magnitude (e1 e0 m) where fp16 reads the exponent's low bits over the top mantissa bit (the
+    0.5 code lands on fp16's subnormal 2^-15, exactly), the sign on fp16's. Four integer
+    operations a code; products of two are multiples of 2^-30 below 2^-22, so an fp16 MMA of a
+    32-deep block accumulates them exactly in fp32."""
+    return (((code & 7) << 9) | ((code & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -1747,8 +1748,8 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
     kernel reads nothing there).
 
     Scores are bf16 arithmetic as the reference's (ir/numerics.py). Its dot is exact (fp64)
-    rounded to fp32, then to bf16: here each 32-wide scale block is an integer dot of twice the
-    e2m1 values (fp16 MMAs, exact in fp32; not bf16, whose dot the interpreter gets wrong), the
+    rounded to fp32, then to bf16: here each 32-wide scale block is a dot of the e2m1 values x
+    2^-14 (_fp4_f16; fp16 MMAs, exact in fp32; not bf16, whose dot the interpreter gets wrong), the
     blocks scaled by their 2^(sq + sk) and summed in fp64, which holds them exactly, then rounded
     the same way. Each head term w * relu(dot) is exact in fp32 and rounded to bf16; the terms are
     summed in fp64 like the reference's sum32 (in another order: the same sum unless the 32 terms
@@ -1783,13 +1784,15 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
                 kb = tl.load(kd_ptr + krow[:, None] * (D // 2) + b * 16 + j[None, :], mask=live[:, None],
                              other=0).to(tl.int32)
                 # low nibbles are the even elements, high the odd: two 16-deep MMAs make the block
-                s = tl.dot(_fp4_twice(kb & 15).to(tl.float16), tl.trans(_fp4_twice(qb & 15).to(tl.float16)))
-                s = tl.dot(_fp4_twice(kb >> 4).to(tl.float16), tl.trans(_fp4_twice(qb >> 4).to(tl.float16)), s)
-                sq = tl.load(qs_ptr + qrow * NB + b, mask=hm, other=0).to(tl.int32)
-                sk = tl.load(ks_ptr + krow * NB + b, mask=live, other=0).to(tl.int32)
-                # 2^(sq - 127) * 2^(sk - 127) / 4 as fp64 bits (twice each value: the 1/4)
-                e = (sk[:, None] + sq[None, :] + (1023 - 256)).to(tl.int64)
-                dot += s.to(tl.float64) * (e << 52).to(tl.float64, bitcast=True)
+                s = tl.dot(_fp4_f16(kb & 15), tl.trans(_fp4_f16(qb & 15)))
+                s = tl.dot(_fp4_f16(kb >> 4), tl.trans(_fp4_f16(qb >> 4)), s)
+                sq = tl.load(qs_ptr + qrow * NB + b, mask=hm, other=0).to(tl.int64)
+                sk = tl.load(ks_ptr + krow * NB + b, mask=live, other=0).to(tl.int64)
+                # 2^(sq - 127 + 14) and 2^(sk - 127 + 14) as fp64 bits, per head and per entry (the
+                # codes' 2^-14 each): their product per element is exact
+                fq = ((sq + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
+                fk = ((sk + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
+                dot += s.to(tl.float64) * (fk[:, None] * fq[None, :])
             p = _round_like(w[None, :] * tl.maximum(_round_like(dot.to(tl.float32), tl.bfloat16), 0.0), tl.bfloat16)
             score = _round_like(tl.sum(p.to(tl.float64), axis=1).to(tl.float32), tl.bfloat16)
             key = tl.where(live, _score_key(score), -2139095041)
