@@ -53,14 +53,19 @@ def moved_bytes(op: str, ins, out) -> int:
 launcher = triton_check.launcher
 
 
+# TRITON_DIMS: widths over triton_check.REAL for every case, e.g. '{"index_cap_fixed": 10240}' (the
+# indexer's entries a row at a 20K-token model length)
+DIMS = dict(triton_check.REAL, **json.loads(os.environ.get("TRITON_DIMS", "{}")))
+
+
 def run_case(op, n, cfg, bench, ceil, check=True):
     ref_op = triton_check.case_op(op)
-    ins, attrs = triton_check.make_case(op, triton_check.REAL, n, "cuda", seed=n)
+    ins, attrs = triton_check.make_case(op, DIMS, n, "cuda", seed=n)
     cfg = dict(cfg or triton_ops.default_config(ref_op, n))
     kw = triton_ops.launch_attrs(ref_op, attrs)
     row = {"op": op, "n": n, "config": cfg}
     if check:
-        why = triton_check.check(op, launcher(op), triton_check.REAL, n, device="cuda", cfg=cfg, seed=n)
+        why = triton_check.check(op, launcher(op), DIMS, n, device="cuda", cfg=cfg, seed=n)
         row["check"] = "pass" if why is None else "FAIL: " + why
     fresh = [QTensor(v.data.clone(), v.scale.clone()) if isinstance(v, QTensor) else
              (v.clone() if isinstance(v, torch.Tensor) else v) for v in ins]

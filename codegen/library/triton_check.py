@@ -632,11 +632,12 @@ def indexer_case(case: str, dims: dict, n: int, device, g: torch.Generator, cap:
     to give rows with nothing visible, exactly k, k + 1 and every entry visible; keys drawn from a
     few distinct rows (exact score ties at the k-th place); pages past a sequence's end are -1;
     pools of every size down to one block (visible -inf entries then make up the top-k). `cap`:
-    the entries per row (default: bounded by the CPU reference's cost at n rows)."""
+    the entries per row (default: dims' index_cap_fixed, else bounded by the CPU reference's cost
+    at n rows)."""
     ratio = 2 if case == "indexer_topk" else 1
     H, D, k, tb = dims["heads"], dims["index_dim"], dims["index_topk"], dims["topk_blocks"]
     pe = dims["entries"] * (2 if ratio == 1 else 1)
-    cap = cap or max(2 * k, min(dims["index_cap"], (1 << 21) // max(n, 1)))
+    cap = cap or dims.get("index_cap_fixed") or max(2 * k, min(dims["index_cap"], (1 << 21) // max(n, 1)))
     maxp = -(-cap // pe)
     cap = maxp * pe
     seqs = max(1, min(n, 64) - 2)

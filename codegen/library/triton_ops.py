@@ -912,8 +912,8 @@ def indexer_topk_dims(n, h, d, pe, maxp, attrs: dict, cand_width: int | None, cf
     emit = bool(attrs["emit_candidates"])
     return {"score": dict(H=h, HP=max(16, _p2(h)), D=d, PE=pe, MAXP=maxp, RATIO=attrs["ratio"], CAP=cap, BS=bs,
                           NBLK=nblk, SCALE=attrs.get("w_scale") is not None, CAND=cand_width is not None, EMIT=emit,
-                          BC=cfg["BC"]),
-            "score_grid": (n, -(-cap // cfg["BC"])),
+                          BC=cfg["BC"], ROW_LOOP=int(cfg.get("ROW_LOOP", 0))),
+            "score_grid": (n,) if cfg.get("ROW_LOOP") else (n, -(-cap // cfg["BC"])),
             "select": dict(RATIO=attrs["ratio"], CAP=cap, K=k, KK=min(k, cap), BS=bs, NBLK=nblk, TB=tb,
                            KB=min(tb, nblk), BLOCK=cfg["BLOCK"]),
             "select_grid": (n, 1 + emit),
@@ -957,6 +957,10 @@ def _indexer_topk_supports(t, spec):
 
 
 INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8)
+# from this many rows (prefill) a score program walks one row's tiles below its vis, rather than a
+# program for every (row, tile) of the capacity (indexer_score_kernel's ROW_LOOP); decode rows keep
+# their tiles in parallel
+INDEXER_ROWS_MIN = 256
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -1216,11 +1220,13 @@ OPS = [
         dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
         supports=_moe_permute_supports),
     # the fused indexer (scores, pool, top-k): exact index outputs, one score tile per program
-    # and one selecting program per row and output
+    # (prefill: one row's tiles) and one selecting program per row and output
     _Op("indexer_topk", "launch_indexer_topk", _l_indexer_topk,
-        dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16)),
+        dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16),
+             ROW_LOOP=(0, 1)),
         INDEXER_DEFAULT, lambda a: {k: a[k] for k in ("ratio", "k", "emit_candidates", "block_size", "topk_blocks",
-                                                      "w_scale")}, _indexer_topk_supports),
+                                                      "w_scale")}, _indexer_topk_supports,
+        by_rows=lambda n: {"ROW_LOOP": int(n >= INDEXER_ROWS_MIN)}),
 ]
 
 
