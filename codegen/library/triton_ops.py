@@ -956,11 +956,7 @@ def _indexer_topk_supports(t, spec):
             and not (spec.attr["emit_candidates"] and len(spec.in_types) > 6))
 
 
-INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8)
-# from this many rows (prefill) a score program walks one row's tiles below its vis, rather than a
-# program for every (row, tile) of the capacity (indexer_score_kernel's ROW_LOOP); decode rows keep
-# their tiles in parallel
-INDEXER_ROWS_MIN = 256
+INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8, ROW_LOOP=0)
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -1220,13 +1216,13 @@ OPS = [
         dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
         supports=_moe_permute_supports),
     # the fused indexer (scores, pool, top-k): exact index outputs, one score tile per program
-    # (prefill: one row's tiles) and one selecting program per row and output
+    # (ROW_LOOP: one row's tiles; 4% slower at a 4K prefill on an H100, off: docs/performance.md,
+    # twenty-eighth session) and one selecting program per row and output
     _Op("indexer_topk", "launch_indexer_topk", _l_indexer_topk,
         dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16),
              ROW_LOOP=(0, 1)),
         INDEXER_DEFAULT, lambda a: {k: a[k] for k in ("ratio", "k", "emit_candidates", "block_size", "topk_blocks",
-                                                      "w_scale")}, _indexer_topk_supports,
-        by_rows=lambda n: {"ROW_LOOP": int(n >= INDEXER_ROWS_MIN)}),
+                                                      "w_scale")}, _indexer_topk_supports),
 ]
 
 
