@@ -120,7 +120,7 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
     past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). words:
     the weight's scales read as 32-bit words (128-deep steps: one a row a step), so that they are
     cp.async copies in the pipeline rather than plain loads every thread waits on each step
-    (tilelang_gemm.scale_operands). (Widening each step in two halves with the first half's wgmma
+    (tilelang_gemm.scale_operands; 6% slower at the medium 4K on an H100). (Widening each step in two halves with the first half's wgmma
     in flight lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.) ws:
     ws_program instead."""
     if rs:
