@@ -188,12 +188,11 @@ def scale_operands(T, words: int, rows_a, rows_b: int, K: int, block_K: int):
     scale of (tile row, 32-deep block kk of the step) read from such a tile.
 
     words = 0: one ue8m0 byte per 32 K (uint8 [rows, K/32]); TileLang copies a step's few bytes a
-    row with plain loads, which the threads wait on inside the pipelined loop. words = 1: the same
-    bytes read as uint32 [rows, K/128] (four 32-deep blocks a word; block_K a multiple of 128), so
-    a step's scales are 4-byte cp.async copies in the pipeline like the operands'. The host passes
-    the same uint8 tensors (the launch passes pointers; K/32 is a multiple of 4). Measured on an
-    H100: no faster at decode rows, 1-3% slower at prefill (the loads were hidden already:
-    docs/performance.md, twenty-eighth session), so no target sets it."""
+    row with plain loads, which the threads wait on inside the pipelined loop (a load's full
+    latency every K step, the loop's async copies notwithstanding). words = 1: the same bytes read
+    as uint32 [rows, K/128] (four 32-deep blocks a word; block_K a multiple of 128), so a step's
+    scales are 4-byte cp.async copies in the pipeline like the operands'. The host passes the same
+    uint8 tensors (the launch passes pointers; K/32 is a multiple of 4)."""
     if words:
         assert block_K % 128 == 0 and K % 128 == 0, "word scales take 128-deep K steps"
         n = block_K // 128
