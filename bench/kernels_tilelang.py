@@ -211,8 +211,7 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
         elif bf16:  # the rows into bf16 first (the second kernel), then the GEMM on them; W as 32-bit words
             a = torch.full((mtot, K), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[1](x["X"], x["SX"], a)
-            sw = x["SW"].view(torch.uint32) if c.get("words") else x["SW"]  # words: 4 scale bytes a word
-            k[0](a, x["W"].view(torch.uint32), sw, x["offs"], out)
+            k[0](a, x["W"].view(torch.uint32), x["SW"], x["offs"], out)
         else:
             k[0](x["X"], x["SX"], x["W"], x["SW"], x["offs"], out)
         return out
@@ -511,8 +510,6 @@ def tiny_cases():
         grouped_case("tiny ws", [70, 0, 131, 5], 256, 512, 4, {"ws": 1}, bf16=True, sw=(120, 131)),
         grouped_case("tiny ws 3 stages", [70, 0, 131, 5], 256, 512, 4, {"ws": 1, "stages": 3}, bf16=True),
         grouped_case("tiny ws 128 threads", [70, 0, 300, 5], 256, 512, 4, {"ws": 1, "threads": 128}, bf16=True),
-        # the scales as words copied by cp.async; scales past 2^1
-        grouped_case("tiny word scales", [70, 0, 131, 5], 256, 512, 4, {"words": 1}, bf16=True, sw=(120, 131)),
         # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
         grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
         grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),

@@ -53,30 +53,6 @@ def test_hc_pre_with_split_k_matches_reference_interpreted(split, bm):
     assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
 
-INDEXER_OPS = [c for c in triton_check.CASES if triton_check.case_op(c) == "indexer_topk"]
-
-
-def test_indexer_scores_walking_a_rows_tiles_match_reference_interpreted():
-    """indexer_score_kernel's ROW_LOOP (a tuner's choice): a program per row, last row first,
-    walking the row's tiles below vis, with and without a pool and block keys; the same keys and
-    selections as the tiled grid's (the reference)."""
-    dims = dict(triton_check.TINY)
-    got = triton_check.run_interpreted(INDEXER_OPS, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, ROW_LOOP=1))
-    assert got == {op: None for op in INDEXER_OPS}, got
-
-
-def test_indexer_row_loop_launches_a_program_a_row():
-    """ROW_LOOP's score launch is one program a row (grid (n,)); the default keeps a program for
-    every (row, tile) of the capacity at every row count."""
-    attrs = {"block_size": 8, "topk_blocks": 0, "k": 512, "emit_candidates": False, "ratio": 2}
-    for n in (64, 4096):
-        cfg = triton_ops.default_config("indexer_topk", n)
-        dims = triton_ops.indexer_topk_dims(n, 32, 128, 64, 160, attrs, None, cfg)
-        assert cfg["ROW_LOOP"] == 0 and dims["score_grid"] == (n, 160) and dims["score"]["ROW_LOOP"] == 0
-        dims = triton_ops.indexer_topk_dims(n, 32, 128, 64, 160, attrs, None, dict(cfg, ROW_LOOP=1))
-        assert dims["score_grid"] == (n,) and dims["score"]["ROW_LOOP"] == 1
-
-
 ROW_KERNEL_OPS = ["swiglu_quant_fp8", "swiglu_gu_quant_fp8", "swiglu_weighted_quant_fp8", "moe_gather_rows", "quant_fp8"]
 
 

@@ -114,13 +114,12 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, rs=0, skip_empty=0, words=0, ws=0):
+                                  stages=3, threads=256, rs=0, skip_empty=0, ws=0):
     """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). rs:
     rs_program instead. skip_empty: a warpgroup skips its MMAs where its rows of the tile all lie
-    past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). words:
-    the weight's scales read as 32-bit words (128-deep steps: one a row a step), so that they are
-    cp.async copies in the pipeline rather than plain loads every thread waits on each step
-    (tilelang_gemm.scale_operands; 6% slower at the medium 4K on an H100). (Widening each step in two halves with the first half's wgmma
+    past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). (The
+    scales read as 32-bit words, cp.async copies rather than plain loads in the loop, were 6%
+    slower at the medium 4K on an H100: docs/performance.md, twenty-eighth session.) (Widening each step in two halves with the first half's wgmma
     in flight lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.) ws:
     ws_program instead."""
     if rs:
@@ -137,35 +136,25 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
     assert (block_N * kw) % threads == 0
     per_thread = block_N * kw // threads  # words a thread a step
     skip = skip_empty and threads // 128 == block_M // 64 > 1  # FullRow: warpgroup w owns rows 64w..
-    if words:
-        assert block_K % 128 == 0 and K % 128 == 0, "word scales take 128-deep K steps"
-    sk, s_t = (block_K // 128, "uint32") if words else (kb, "uint8")  # a step's scale elements a row
-
-    def scale_byte(SW_s, j, b):
-        """Scale block b of the step for tile row j, as a uint32."""
-        if words:
-            return T.bitwise_and(T.shift_right(SW_s[j, b // 4], T.Cast("uint32", 8 * (b % 4))), T.uint32(0xFF))
-        return T.Cast("uint32", SW_s[j, b])
-
     @T.macro
     def widen(Wp_s, SW_s, B_s, wide, tx):
         """The step's weight tile into B_s, bf16, a word a thread at a time."""
         for it in T.serial(per_thread):
             j = (it * threads + tx) // kw
             c = (it * threads + tx) % kw
-            T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c], scale_byte(SW_s, j, c // 4),
-                                     T.address_of(wide[0])))
+            T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[j, c],
+                                     T.Cast("uint32", SW_s[j, c // 4]), T.address_of(wide[0])))
             for v in T.vectorized(8):
                 B_s[j, c * 8 + v] = wide[v]
 
     @T.prim_func
     def grouped_gemm_fp4_bf16(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
-                              SW: T.Tensor((E, N, K // (32 * 4 if words else 32)), s_t),
-                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+                              SW: T.Tensor((E, N, K // 32), "uint8"), offsets: T.Tensor((E + 1,), "int32"),
+                              C: T.Tensor((Mtot, N), "bfloat16")):
         with T.Kernel(N // block_N, E, threads=threads, prelude=widen_prelude()) as (bx, e):
             X_s = T.alloc_shared((block_M, block_K), "bfloat16")
             Wp_s = T.alloc_shared((block_N, kw), "uint32")
-            SW_s = T.alloc_shared((block_N, sk), s_t)
+            SW_s = T.alloc_shared((block_N, kb), "uint8")
             B_s = T.alloc_shared((block_N, block_K), "bfloat16")
             wide = T.alloc_local((8,), "bfloat16")
             acc = T.alloc_fragment((block_M, block_N), "float32")
@@ -180,7 +169,7 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
                     # Mtot) and never stored
                     T.copy(X[r0, k * block_K], X_s)
                     T.copy(W[e, bx * block_N, k * kw], Wp_s)
-                    T.copy(SW[e, bx * block_N, k * sk], SW_s)
+                    T.copy(SW[e, bx * block_N, k * kb], SW_s)
                     widen(Wp_s, SW_s, B_s, wide, tx)
                     # generic-proxy stores read next by wgmma (async proxy) need this fence
                     T.fence_proxy_async()
@@ -345,7 +334,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "rs": (0, 1), "words": (0, 1), "skip_empty": (0, 1), "ws": (0, 1)}
+         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1), "ws": (0, 1)}
 # (skip_empty passed its tiny case on an H100 and timed even at the medium 4K: a tuner's choice,
 # off in the defaults; docs/performance.md, twenty-eighth session)
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by

@@ -1741,13 +1741,11 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
                          w_scale, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PE: tl.constexpr,
                          MAXP: tl.constexpr, RATIO: tl.constexpr, CAP: tl.constexpr, BS: tl.constexpr,
                          NBLK: tl.constexpr, SCALE: tl.constexpr, CAND: tl.constexpr, EMIT: tl.constexpr,
-                         BC: tl.constexpr, ROW_LOOP: tl.constexpr = 0):
+                         BC: tl.constexpr):
     """Keys of score[t, c] = sum_h w[t, h] * relu(qI[t, h] . kI[c]) for the BC entries of tile
     program_id(1) of row t, -inf past vis = (pos + 1) // RATIO (and outside the pool, CAND);
     with EMIT also each BS-entry block's max. Tiles wholly past vis are not written (the select
-    kernel reads nothing there). ROW_LOOP (prefill-sized calls): program p takes row n - 1 - p and
-    walks its tiles below vis, so no program starts for a tile past vis (at a 4K prefill against
-    a 10K-entry capacity, nine of ten), and the rows of the most tiles (a step's last) start first.
+    kernel reads nothing there).
 
     Scores are bf16 arithmetic as the reference's (ir/numerics.py). Its dot is exact (fp64)
     rounded to fp32, then to bf16: here each 32-wide scale block is a dot of the e2m1 values x
@@ -1757,69 +1755,51 @@ def indexer_score_kernel(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, pos_ptr, seq_ptr
     summed in fp64 like the reference's sum32 (in another order: the same sum unless the 32 terms
     span more than 2^29, and then only where the fp64 rounding reaches the fp32 one), and the sum
     rounded to fp32, then bf16."""
-    if ROW_LOOP:
-        t = (tl.num_programs(0) - 1 - tl.program_id(0)).to(tl.int64)
-    else:
-        t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64)
+    c0 = tl.program_id(1) * BC
     vis = tl.minimum((tl.load(pos_ptr + t).to(tl.int64) + 1) // RATIO, CAP)
-    if ROW_LOOP:
-        for c0 in range(0, vis, BC):
-            _indexer_tile(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, seq_ptr, bt_ptr, map_ptr, key_ptr, bkey_ptr, w_scale,
-                          t, c0, vis, H, HP, D, PE, MAXP, CAP, BS, NBLK, SCALE, CAND, EMIT, BC)
-    else:
-        c0 = tl.program_id(1) * BC
-        if c0 < vis:
-            _indexer_tile(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, seq_ptr, bt_ptr, map_ptr, key_ptr, bkey_ptr, w_scale,
-                          t, c0, vis, H, HP, D, PE, MAXP, CAP, BS, NBLK, SCALE, CAND, EMIT, BC)
-
-
-@triton.jit
-def _indexer_tile(qd_ptr, qs_ptr, w_ptr, kd_ptr, ks_ptr, seq_ptr, bt_ptr, map_ptr, key_ptr, bkey_ptr, w_scale, t, c0, vis,
-                  H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PE: tl.constexpr, MAXP: tl.constexpr,
-                  CAP: tl.constexpr, BS: tl.constexpr, NBLK: tl.constexpr, SCALE: tl.constexpr, CAND: tl.constexpr,
-                  EMIT: tl.constexpr, BC: tl.constexpr):
-    """indexer_score_kernel's keys for entries c0 .. c0 + BC of row t (c0 below vis)."""
-    NB: tl.constexpr = D // 32
-    c = c0 + tl.arange(0, BC)
-    cm = c < vis
-    live = cm
-    if CAND:
-        live = cm & (tl.load(map_ptr + t * NBLK + c // BS, mask=cm, other=0) != 0)
-    key = tl.full([BC], -2139095041, tl.int32)
-    if tl.max(live.to(tl.int32), axis=0) > 0:
-        seq = tl.load(seq_ptr + t).to(tl.int64)
-        page = tl.load(bt_ptr + seq * MAXP + c // PE, mask=live, other=0).to(tl.int64)
-        krow = page * PE + c % PE
-        h = tl.arange(0, HP)
-        hm = h < H
-        qrow = t * H + h
-        w = tl.load(w_ptr + qrow, mask=hm, other=0.0).to(tl.float32)
-        if SCALE:
-            w = _round_like(w * w_scale, w_ptr.dtype.element_ty)
-        j = tl.arange(0, 16)
-        dot = tl.zeros([BC, HP], tl.float64)
-        for b in tl.static_range(NB):
-            qb = tl.load(qd_ptr + qrow[:, None] * (D // 2) + b * 16 + j[None, :], mask=hm[:, None],
-                         other=0).to(tl.int32)
-            kb = tl.load(kd_ptr + krow[:, None] * (D // 2) + b * 16 + j[None, :], mask=live[:, None],
-                         other=0).to(tl.int32)
-            # low nibbles are the even elements, high the odd: two 16-deep MMAs make the block
-            s = tl.dot(_fp4_f16(kb & 15), tl.trans(_fp4_f16(qb & 15)))
-            s = tl.dot(_fp4_f16(kb >> 4), tl.trans(_fp4_f16(qb >> 4)), s)
-            sq = tl.load(qs_ptr + qrow * NB + b, mask=hm, other=0).to(tl.int64)
-            sk = tl.load(ks_ptr + krow * NB + b, mask=live, other=0).to(tl.int64)
-            # 2^(sq - 127 + 14) and 2^(sk - 127 + 14) as fp64 bits, per head and per entry (the
-            # codes' 2^-14 each): their product per element is exact
-            fq = ((sq + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
-            fk = ((sk + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
-            dot += s.to(tl.float64) * (fk[:, None] * fq[None, :])
-        p = _round_like(w[None, :] * tl.maximum(_round_like(dot.to(tl.float32), tl.bfloat16), 0.0), tl.bfloat16)
-        score = _round_like(tl.sum(p.to(tl.float64), axis=1).to(tl.float32), tl.bfloat16)
-        key = tl.where(live, _score_key(score), -2139095041)
-    tl.store(key_ptr + t * CAP + c, key, mask=c < CAP)
-    if EMIT:
-        bb = c0 // BS + tl.arange(0, BC // BS)
-        tl.store(bkey_ptr + t * NBLK + bb, tl.max(tl.reshape(key, [BC // BS, BS]), axis=1), mask=bb < NBLK)
+    if c0 < vis:
+        NB: tl.constexpr = D // 32
+        c = c0 + tl.arange(0, BC)
+        cm = c < vis
+        live = cm
+        if CAND:
+            live = cm & (tl.load(map_ptr + t * NBLK + c // BS, mask=cm, other=0) != 0)
+        key = tl.full([BC], -2139095041, tl.int32)
+        if tl.max(live.to(tl.int32), axis=0) > 0:
+            seq = tl.load(seq_ptr + t).to(tl.int64)
+            page = tl.load(bt_ptr + seq * MAXP + c // PE, mask=live, other=0).to(tl.int64)
+            krow = page * PE + c % PE
+            h = tl.arange(0, HP)
+            hm = h < H
+            qrow = t * H + h
+            w = tl.load(w_ptr + qrow, mask=hm, other=0.0).to(tl.float32)
+            if SCALE:
+                w = _round_like(w * w_scale, w_ptr.dtype.element_ty)
+            j = tl.arange(0, 16)
+            dot = tl.zeros([BC, HP], tl.float64)
+            for b in tl.static_range(NB):
+                qb = tl.load(qd_ptr + qrow[:, None] * (D // 2) + b * 16 + j[None, :], mask=hm[:, None],
+                             other=0).to(tl.int32)
+                kb = tl.load(kd_ptr + krow[:, None] * (D // 2) + b * 16 + j[None, :], mask=live[:, None],
+                             other=0).to(tl.int32)
+                # low nibbles are the even elements, high the odd: two 16-deep MMAs make the block
+                s = tl.dot(_fp4_f16(kb & 15), tl.trans(_fp4_f16(qb & 15)))
+                s = tl.dot(_fp4_f16(kb >> 4), tl.trans(_fp4_f16(qb >> 4)), s)
+                sq = tl.load(qs_ptr + qrow * NB + b, mask=hm, other=0).to(tl.int64)
+                sk = tl.load(ks_ptr + krow * NB + b, mask=live, other=0).to(tl.int64)
+                # 2^(sq - 127 + 14) and 2^(sk - 127 + 14) as fp64 bits, per head and per entry (the
+                # codes' 2^-14 each): their product per element is exact
+                fq = ((sq + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
+                fk = ((sk + (1023 - 127 + 14)) << 52).to(tl.float64, bitcast=True)
+                dot += s.to(tl.float64) * (fk[:, None] * fq[None, :])
+            p = _round_like(w[None, :] * tl.maximum(_round_like(dot.to(tl.float32), tl.bfloat16), 0.0), tl.bfloat16)
+            score = _round_like(tl.sum(p.to(tl.float64), axis=1).to(tl.float32), tl.bfloat16)
+            key = tl.where(live, _score_key(score), -2139095041)
+        tl.store(key_ptr + t * CAP + c, key, mask=c < CAP)
+        if EMIT:
+            bb = c0 // BS + tl.arange(0, BC // BS)
+            tl.store(bkey_ptr + t * NBLK + bb, tl.max(tl.reshape(key, [BC // BS, BS]), axis=1), mask=bb < NBLK)
 
 
 @triton.jit

@@ -912,8 +912,8 @@ def indexer_topk_dims(n, h, d, pe, maxp, attrs: dict, cand_width: int | None, cf
     emit = bool(attrs["emit_candidates"])
     return {"score": dict(H=h, HP=max(16, _p2(h)), D=d, PE=pe, MAXP=maxp, RATIO=attrs["ratio"], CAP=cap, BS=bs,
                           NBLK=nblk, SCALE=attrs.get("w_scale") is not None, CAND=cand_width is not None, EMIT=emit,
-                          BC=cfg["BC"], ROW_LOOP=int(cfg.get("ROW_LOOP", 0))),
-            "score_grid": (n,) if cfg.get("ROW_LOOP") else (n, -(-cap // cfg["BC"])),
+                          BC=cfg["BC"]),
+            "score_grid": (n, -(-cap // cfg["BC"])),
             "select": dict(RATIO=attrs["ratio"], CAP=cap, K=k, KK=min(k, cap), BS=bs, NBLK=nblk, TB=tb,
                            KB=min(tb, nblk), BLOCK=cfg["BLOCK"]),
             "select_grid": (n, 1 + emit),
@@ -956,7 +956,7 @@ def _indexer_topk_supports(t, spec):
             and not (spec.attr["emit_candidates"] and len(spec.in_types) > 6))
 
 
-INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8, ROW_LOOP=0)
+INDEXER_DEFAULT = dict(BC=64, BLOCK=1024, num_warps=4, num_stages=1, SEL_WARPS=8)
 
 
 # ---- templates ---------------------------------------------------------------------------------
@@ -1216,11 +1216,10 @@ OPS = [
         dict(BLOCK=(256, 512, 1024, 2048), EC=(16, 32, 64), **ROW), dict(BLOCK=1024, EC=32, num_warps=4, num_stages=1),
         supports=_moe_permute_supports),
     # the fused indexer (scores, pool, top-k): exact index outputs, one score tile per program
-    # (ROW_LOOP: one row's tiles; 4% slower at a 4K prefill on an H100, off: docs/performance.md,
-    # twenty-eighth session) and one selecting program per row and output
+    # and one selecting program per row and output (a program walking one row's tiles was 4%
+    # slower at a 4K prefill on an H100: docs/performance.md, twenty-eighth session)
     _Op("indexer_topk", "launch_indexer_topk", _l_indexer_topk,
-        dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16),
-             ROW_LOOP=(0, 1)),
+        dict(BC=(32, 64, 128), BLOCK=(256, 512, 1024, 2048), num_warps=(4, 8), num_stages=(1, 2), SEL_WARPS=(4, 8, 16)),
         INDEXER_DEFAULT, lambda a: {k: a[k] for k in ("ratio", "k", "emit_candidates", "block_size", "topk_blocks",
                                                       "w_scale")}, _indexer_topk_supports),
 ]
