@@ -332,8 +332,10 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         opart = torch.empty((sp, n, H, D) if sp > 1 else (1, 1, 1, 1), device=DEV)
         ml = torch.empty((sp, n, H, 2) if sp > 1 else (1, 1, 1, 2), device=DEV)
         freq = rope_frequencies(rope_attrs, DEV)
-        k[0](x["q"], x["kv"], x["kvs"], x["ring"], x["rings"], x["ckv"], x["ckvs"], x["top"], x["sink"], x["pos"],
-             x["tseq"], x["slots"], x["bt"], out, opart, ml, freq)
+        words = (lambda v: v.view(torch.uint8).view(torch.uint32)) if c.get("ws") else (lambda v: v)  # noqa: E731
+        # (ws: its parameters read the key buffers through 32-bit words)
+        k[0](x["q"], words(x["kv"]), words(x["kvs"]), words(x["ring"]), words(x["rings"]), words(x["ckv"]),
+             words(x["ckvs"]), x["top"], x["sink"], x["pos"], x["tseq"], x["slots"], x["bt"], out, opart, ml, freq)
         if sp > 1:
             k[1](opart, ml, x["sink"], out, x["pos"], freq)
         return out
@@ -545,6 +547,12 @@ def tiny_cases():
         attention_case("tiny unsplit", "window", [(90, 2), (3, 1)], D=128, window=64, R=70, config={"splits": 1},
                        rope=32),
         attention_case("tiny", "dspark", [(150, 5), (10, 5)], D=128, window=64, R=70, rope=32),
+        # prefill's program with its roles apart (ws): window keys from the step's rows, the ring
+        # and before position 0, three top-k blocks with masked entries; positions past 65536
+        attention_case("tiny ws", "sparse", [(0, 100), (300, 40), (40, 2)], D=256, window=64, R=70, topk=192,
+                       ratio=2, PE=16, config={"splits": 1, "ws": 1}),
+        attention_case("tiny ws", "sparse", [(70000, 3), (200, 60)], D=256, window=64, R=70, topk=192, ratio=2,
+                       PE=16, config={"splits": 1, "ws": 1}, rope=32),
         indexer_case("tiny", [(300, 2), (50, 1)], PE=32),
         indexer_case("tiny pool", [(300, 2), (50, 1)], PE=32, cand_blocks=8),
     ]
@@ -630,6 +638,8 @@ def real_cases():
         out.append(attention_case(f"decode b{b}", "sparse", [(8000 + 37 * i, 1) for i in range(b)], rope=64))
     out.append(attention_case("prefill 4K", "sparse", [(2048, 4096)], rope=64))
     out.append(attention_case("prefill 4K pipelined", "sparse", [(2048, 4096)], config={"stages": 2}, rope=64))
+    out.append(attention_case("prefill 4K ws", "sparse", [(2048, 4096)], config={"ws": 1}))
+    out.append(attention_case("prefill 4K ws", "sparse", [(2048, 4096)], config={"ws": 1}, rope=64))
     out.append(attention_case("decode b64", "window", [(8000 + 37 * i, 1) for i in range(64)]))
     out.append(attention_case("draft b64", "dspark", [(8000 + 37 * i, 5) for i in range(64)]))
     out.append(indexer_case("decode b64 ctx 8K", [(8000 + 37 * i, 1) for i in range(64)]))

@@ -50,30 +50,52 @@ def fp4_f16_value(T, nib):
     return T.Cast("float32", T.reinterpret(T.Cast("uint16", h), "float16"))
 
 
-def rotated(T, re, im, ang, part: int):
-    """Part 0 or 1 of the pair (re, im) rotated by the fp32 angle `ang` as the `rope` op does
-    (ir/ops/attention.py rotate_tail): the angle reduced mod 2 pi in fp64 (rows reach positions
-    whose angles lose fp32's sin and cos), products in fp32, rounded to bf16. An expression of the
-    operands, not a value: callers read the pair from another buffer than the one they write.
-    The reduced angle is within pi, where the fast sine and cosine are within 2^-21 (far inside a
-    bf16 step of the product) and cosf's large-argument path, with its stack frame, never runs."""
+def reduced_angle(T, ang):
+    """The fp32 angle reduced mod 2 pi in fp64 (rows reach positions whose angles lose fp32's sin
+    and cos), as an fp32 expression within pi, where the fast sine and cosine are within 2^-21 (far
+    inside a bf16 step of the rotation's products) and cosf's large-argument path, with its stack
+    frame, never runs."""
     a = T.Cast("float64", ang)
     k = T.floor(a * T.float64(0.15915494309189535) + T.float64(0.5))
-    r = T.Cast("float32", (a - k * T.float64(6.283185307179586)) - k * T.float64(2.4492935982947064e-16))
-    cos, sin = T.call_extern("float32", "__cosf", r), T.call_extern("float32", "__sinf", r)
+    return T.Cast("float32", (a - k * T.float64(6.283185307179586)) - k * T.float64(2.4492935982947064e-16))
+
+
+def rotate_cs(T, re, im, cos, sin, part: int):
+    """Part 0 or 1 of the pair (re, im) rotated by the angle of (cos, sin), as the `rope` op does
+    (ir/ops/attention.py rotate_tail): products in fp32, rounded to bf16."""
     re, im = T.Cast("float32", re), T.Cast("float32", im)
     if part == 0:
         return T.Cast("bfloat16", re * cos - im * sin)
     return T.Cast("bfloat16", re * sin + im * cos)
 
 
+def rotated(T, re, im, ang, part: int):
+    """rotate_cs by the fp32 angle `ang` (reduced_angle). An expression of the operands, not a
+    value: callers read the pair from another buffer than the one they write."""
+    r = reduced_angle(T, ang)
+    return rotate_cs(T, re, im, T.call_extern("float32", "__cosf", r), T.call_extern("float32", "__sinf", r), part)
+
+
+def ws_supports(d: Mapping[str, Any]) -> bool:
+    """Shapes the program with its roles apart takes: 64 heads, D in two halves of whole 128-wide
+    word groups, the rotated tail inside the second half (tilelang_sparse_prefill)."""
+    return d["H"] == 64 and d["D"] % 256 == 0 and d["D"] - d.get("rope", 0) >= d["D"] // 2
+
+
 def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
                       pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
-                      block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1, rope: int = 0):
+                      block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1, rope: int = 0,
+                      ws: int = 0):
     """The attention kernel (and, when splits > 1, the partial-output layout the combine reads).
     `stages` 2 (mode "sparse", one split: prefill): the top-k blocks in a software pipeline, the
     packed rows of block b + 1 copied asynchronously while block b is widened and multiplied,
-    instead of each gather waiting on memory with nothing else in flight."""
+    instead of each gather waiting on memory with nothing else in flight. `ws` (mode "sparse",
+    one split): the program with its roles apart (tilelang_sparse_prefill)."""
+    if ws and mode == "sparse" and splits == 1 and ws_supports(dict(H=H, D=D, rope=rope)) and block_I == 64:
+        from .tilelang_sparse_prefill import sparse_ws_program
+
+        return sparse_ws_program(n, H, D, slots, R, window, topk=topk, pages=pages, PE=PE, nseq=nseq, maxp=maxp,
+                                 block_I=block_I, rope=rope)
     _, T = _tl()
     assert mode in ("sparse", "window", "dspark")
     assert window % block_I == 0 and H == 64 and D % 64 == 0 and rope % 2 == 0 and rope <= D
@@ -333,14 +355,15 @@ def attention_dims(spec: KernelSpec) -> dict:
 ATTN_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
 ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1,)}
-# stages 2 changes the program of sparse calls alone (attention_program's `piped`)
-KNOBS_BY_OP = {"sparse_attn": dict(ATTN_KNOBS, stages=(1, 2))}
+# stages 2 and ws (tilelang_sparse_prefill) change the program of unsplit sparse calls alone
+KNOBS_BY_OP = {"sparse_attn": dict(ATTN_KNOBS, stages=(1, 2), ws=(0, 1))}
 
 
 def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not,
     unless the target's unsplit program spills (`target.defaults["tilelang_attention"]`). An
-    unsplit sparse call takes the target's `prefill_stages` (the pipelined top-k blocks; 1: off)."""
+    unsplit sparse call takes the target's `prefill_stages` (the pipelined top-k blocks; 1: off) and
+    `prefill_ws` (the program with its roles apart; 0: off)."""
     d = attention_dims(spec)
     mode = MODES[spec.op]
     nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
@@ -353,8 +376,10 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     tdef = target.defaults["tilelang_attention"]
     if splits < tdef["min_splits"]:
         splits = next((s for s in (2, 3, 4, 5) if s >= tdef["min_splits"] and nb % s == 0), 1)
-    stages = tdef.get("prefill_stages", 1) if mode == "sparse" and splits == 1 else 1
-    return {"block_I": 64, "splits": splits, "threads": 256, "stages": stages}
+    unsplit = mode == "sparse" and splits == 1
+    stages = tdef.get("prefill_stages", 1) if unsplit else 1
+    out = {"block_I": 64, "splits": splits, "threads": 256, "stages": stages}
+    return dict(out, ws=1) if unsplit and tdef.get("prefill_ws", 0) and ws_supports(d) else out
 
 
 def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:

@@ -1,0 +1,321 @@
+"""TileLang sparse attention at prefill with its roles apart: the `sparse_attn` calls of one split
+(one CTA a row, all 64 heads), knob `ws` of tilelang_sparse_attn (attention_program hands such
+calls to sparse_ws_program).
+
+The single-role program (tilelang_attention) has every thread gather a key block, widen it, then
+run both MMAs and the softmax, in turn: the gathers wait on memory with nothing in flight and the
+widening (a code at a time) takes as many issue slots as the MMAs take cycles. Here three
+warpgroups:
+- the producer (threads 256..383) reads block b + 1's packed key rows into registers, widens them
+  a 32-bit word at a time (deepinfer_fp4x8_bf16n, deepinfer_fp8x4_bf16n: shifts, masks, byte
+  permutes and bf16x2 multiplies, exact) and stores them into a two-deep ring of bf16 tiles,
+  while
+- warpgroup 0 computes block b's scores over all D (S = q k^T, 64 heads x 64 keys, no
+  exchange of row maxima between warpgroups), the online softmax and its half of O += P K, and
+- warpgroup 1 the other half of O += P K, with the probabilities and the rescale factors that
+  warpgroup 0 leaves in shared memory.
+mbarriers: k_ready / k_free a ring stage (producer -> both, both -> producer) and s_ready /
+s_free (warpgroup 0 -> 1, 1 -> 0; s_ready's last phase carries the softmax denominator).
+
+The numerics are the single-role program's: the same scores (fp32 sums of exact bf16 products),
+the same online softmax in the exp2 domain, P rounded to bf16 before P K, the sink in the
+denominator, the output rounded to bf16 before the inverse RoPE.
+"""
+import torch
+
+from .tilelang_attention import LOG2E, NEG, reduced_angle, rotate_cs
+from .tilelang_gemm import _tl, ceil_div
+
+PRODUCER = 128  # the producer warpgroup's threads
+# bf16 exponent fields: 2^120 (an e4m3 byte placed in bf16's bits reads as its value x 2^-120),
+# 2^126 (an e2m1 code's bits placed as deepinfer_fp4x8_bf16n places them read as value x 2^-126)
+BF16_2P120, BF16_2P126 = 247, 253
+FP4_MAG_MASK, FP4_SIGN_MASK = 0x01C001C0, 0x80008000
+# per bf16 pair i (codes i and i + 4 of a word): the shifts that put both magnitudes (e1 e0 m) at
+# bits 6..8 of their halves and both signs at bit 15
+FP4_PAIR_SHIFTS = tuple((6 - 4 * i, 12 - 4 * i) for i in range(4))
+
+
+def _shift(expr: str, s: int) -> str:
+    return f"({expr} << {s}u)" if s > 0 else f"({expr} >> {-s}u)" if s < 0 else expr
+
+
+def widen_prelude() -> str:
+    pairs = "\n".join(f"  unsigned r{i} = ({_shift('w', m)} & 0x{FP4_MAG_MASK:08x}u) | "
+                      f"({_shift('w', s)} & 0x{FP4_SIGN_MASK:08x}u);" for i, (m, s) in enumerate(FP4_PAIR_SHIFTS))
+    return r"""
+__device__ __forceinline__ unsigned deepinfer_bf16x2_fma0(unsigned a, unsigned b) {
+  unsigned r;  // a * b + (-0): exact for powers of two and short significands, subnormals included
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+  return r;
+}
+// an e4m3 byte's value as bf16 in both halves (exact: 4 significant bits)
+__device__ __forceinline__ unsigned deepinfer_e4m3_bf16x2(unsigned b) {
+  unsigned x = ((b & 0x7Fu) << 4) | ((b & 0x80u) << 8);
+  return deepinfer_bf16x2_fma0(x | (x << 16), """ + f"0x{(BF16_2P120 << 7) | (BF16_2P120 << 23):08x}u" + r""");
+}
+// eight e2m1 codes (code k at bits 4k..4k+3) times sc (an e4m3 scale as bf16 in both halves), as
+// eight bf16 in code order: pairs (code i, code i + 4) placed by shifts and masks (value x 2^-126),
+// times 2^126, times the scale (each product exact: at most 6 significant bits), then the pairs'
+// halves permuted into order
+__device__ __forceinline__ void deepinfer_fp4x8_bf16n(unsigned w, unsigned sc, void* out) {
+""" + pairs + r"""
+  const unsigned p126 = """ + f"0x{(BF16_2P126 << 7) | (BF16_2P126 << 23):08x}u" + r""";
+  r0 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r0, p126), sc);
+  r1 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r1, p126), sc);
+  r2 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r2, p126), sc);
+  r3 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r3, p126), sc);
+  unsigned o[4] = {__byte_perm(r0, r1, 0x5410u), __byte_perm(r2, r3, 0x5410u),
+                   __byte_perm(r0, r1, 0x7632u), __byte_perm(r2, r3, 0x7632u)};
+  __builtin_memcpy(out, o, 16);
+}
+// two words of four e4m3 values each times 2^(s - 127) (s a ue8m0 byte), as eight bf16 in order:
+// each byte placed in bf16's bits (value x 2^-120), times 2^120 (exact), times 2^(s - 127) (one
+// rounding, as the fp32 product's cast to bf16)
+__device__ __forceinline__ void deepinfer_fp8x8_bf16n(unsigned u0, unsigned u1, unsigned s, void* out) {
+  const unsigned p120 = """ + f"0x{(BF16_2P120 << 7) | (BF16_2P120 << 23):08x}u" + r""";
+  const unsigned f = (s << 7) | (s << 23);
+  unsigned o[4] = {__byte_perm(u0, 0u, 0x4140u), __byte_perm(u0, 0u, 0x4342u),
+                   __byte_perm(u1, 0u, 0x4140u), __byte_perm(u1, 0u, 0x4342u)};
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned x = ((o[i] << 4) & 0x07F007F0u) | ((o[i] << 8) & 0x80008000u);
+    o[i] = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(x, p120), f);
+  }
+  __builtin_memcpy(out, o, 16);
+}
+"""
+
+
+def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float64 values of bf16 bit patterns (int64 tensor, 16 bits each), subnormals included."""
+    e, m = (bits >> 7) & 0xFF, bits & 0x7F
+    mag = torch.where(e == 0, m.double() * 2.0 ** -133, (128 + m).double() * 2.0 ** (e - 134).double())
+    return torch.where((bits >> 15) & 1 == 1, -mag, mag)
+
+
+def fp4_words_to_bf16n(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """What deepinfer_fp4x8_bf16n computes, on the host from the same shifts and masks (words
+    int64 [...], e4m3 scales as float [...] -> float64 [..., 8] in code order); the two multiplies
+    are exact, so their product is the placed value times 2^126 times the scale. The tests hold it
+    to the op's dequantisation."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    out = [None] * 8
+    for i, (m, s) in enumerate(FP4_PAIR_SHIFTS):
+        pair = (((w << m) if m >= 0 else (w >> -m)) & FP4_MAG_MASK) | (((w << s) if s >= 0 else (w >> -s)) & FP4_SIGN_MASK)
+        out[i] = _bf16_bits(pair & 0xFFFF)
+        out[i + 4] = _bf16_bits(pair >> 16)
+    return torch.stack(out, -1) * 2.0 ** 126 * scales.double().unsqueeze(-1)
+
+
+def fp8_words_to_bf16n(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """What deepinfer_fp8x8_bf16n computes for one word (int64 [...] of four e4m3 bytes, ue8m0
+    bytes s) -> float64 [..., 4] before the final rounding (the tests compare after rounding to
+    bf16 on both sides)."""
+    u = u.to(torch.int64) & 0xFFFFFFFF
+    out = []
+    for k in range(4):
+        b = (u >> (8 * k)) & 0xFF
+        out.append(_bf16_bits(((b & 0x7F) << 4) | ((b & 0x80) << 8)))
+    return torch.stack(out, -1) * 2.0 ** 120 * 2.0 ** (s.to(torch.int64) - 127).double().unsqueeze(-1)
+
+
+def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int, pages: int = 1,
+                      PE: int = 1, nseq: int = 1, maxp: int = 1, block_I: int = 64, rope: int = 0, **_):
+    """The program (one CTA a row, 384 threads). The key buffers are read through 32-bit words
+    (the launch passes pointers): the step's and the ring's fp8 rows [.., D/4] with their ue8m0
+    scales [.., D/128], the compressed fp4 rows [.., D/8] with their e4m3 scales [.., D/64]."""
+    _, T = _tl()
+    assert H == 64 and block_I == 64 and D % 256 == 0 and window % 64 == 0 and rope % 2 == 0
+    DH = D // 2
+    assert D - rope >= DH, "the rotated tail lies in warpgroup 1's half"
+    BI = block_I
+    NW, NX = window // BI, ceil_div(topk, BI)
+    NB = NW + NX
+    scale2 = D ** -0.5 * LOG2E
+    pages_ = max(pages, 1)
+    HW8, HW4 = DH // 8, DH // 4  # a half row's words: fp4 (8 codes a word), fp8 (4 values)
+    hr = max(rope // 2, 1)
+
+    @T.prim_func
+    def attn_ws(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor((n, D // 4), "uint32"),
+                KVS: T.Tensor((n, D // 128), "uint32"), RING: T.Tensor((slots, R, D // 4), "uint32"),
+                RINGS: T.Tensor((slots, R, D // 128), "uint32"), CKV: T.Tensor((pages_, PE, D // 8), "uint32"),
+                CKVS: T.Tensor((pages_, PE, D // 64), "uint32"), TOP: T.Tensor((n, max(topk, 1)), "int32"),
+                SINK: T.Tensor((H,), "float32"), POS: T.Tensor((n,), "int64"), TSEQ: T.Tensor((n,), "int32"),
+                SLOTS: T.Tensor((nseq,), "int32"), BT: T.Tensor((nseq, maxp), "int32"),
+                O: T.Tensor((n, H, D), "bfloat16"), OP: T.Tensor((1, 1, 1, 1), "float32"),
+                ML: T.Tensor((1, 1, 1, 2), "float32"), FREQ: T.Tensor((hr,), "float32")):
+        with T.Kernel(n, 1, threads=256 + PRODUCER, prelude=widen_prelude()) as (t, sp):
+            Q_l = T.alloc_shared((H, DH), "bfloat16")
+            Q_r = T.alloc_shared((H, DH), "bfloat16")
+            K_s = T.alloc_shared((4, BI, DH), "bfloat16")  # [2 * stage + half]
+            S_s = T.alloc_shared((H, BI), "bfloat16")
+            alpha_s = T.alloc_shared((H,), "float32")
+            lsum_s = T.alloc_shared((H,), "float32")
+            kvalid = T.alloc_shared((2, BI), "int32")
+            cs_s = T.alloc_shared((hr, 4), "float32")  # cos, sin of +angle; cos, sin of -angle
+            k_ready = T.alloc_barrier([PRODUCER] * 2)
+            k_free = T.alloc_barrier([256] * 2)
+            s_ready = T.alloc_barrier(128)
+            s_free = T.alloc_barrier(128)
+            acc_s = T.alloc_fragment((H, BI), "float32")
+            acc_o = T.alloc_fragment((H, DH), "float32")
+            acc_o2 = T.alloc_fragment((H, DH), "float32")
+            m = T.alloc_fragment((H,), "float32")
+            m_prev = T.alloc_fragment((H,), "float32")
+            alpha = T.alloc_fragment((H,), "float32")
+            l = T.alloc_fragment((H,), "float32")
+            l_blk = T.alloc_fragment((H,), "float32")
+            cw = T.alloc_local((HW4,), "uint32")
+            sw = T.alloc_local((4,), "uint32")
+            wide = T.alloc_local((8,), "bfloat16")
+            tx = T.get_thread_binding()
+
+            seq = TSEQ[t]
+            p = T.Cast("int32", POS[t])
+            slot = SLOTS[seq]
+            if rope:  # q's RoPE on the way in; the angles' cosines and sines once a row
+                for j in T.Parallel(hr):
+                    ang = T.Cast("float32", POS[t]) * FREQ[j]
+                    cs_s[j, 0] = T.call_extern("float32", "__cosf", reduced_angle(T, ang))
+                    cs_s[j, 1] = T.call_extern("float32", "__sinf", reduced_angle(T, ang))
+                    cs_s[j, 2] = T.call_extern("float32", "__cosf", reduced_angle(T, -ang))
+                    cs_s[j, 3] = T.call_extern("float32", "__sinf", reduced_angle(T, -ang))
+                T.sync_threads()
+            T.copy(Q[t, :, 0:DH], Q_l)
+            for h, d in T.Parallel(H, DH - rope):
+                Q_r[h, d] = Q[t, h, DH + d]
+            if rope:
+                for h, j in T.Parallel(H, rope // 2):
+                    c = D - rope + 2 * j
+                    Q_r[h, c - DH] = rotate_cs(T, Q[t, h, c], Q[t, h, c + 1], cs_s[j, 0], cs_s[j, 1], 0)
+                    Q_r[h, c + 1 - DH] = rotate_cs(T, Q[t, h, c], Q[t, h, c + 1], cs_s[j, 0], cs_s[j, 1], 1)
+            T.fence_proxy_async()  # q's tiles are read next by wgmma (the async proxy)
+            T.sync_threads()
+
+            if tx < 128:  # warpgroup 0: scores, softmax, O's first half
+                T.set_max_nreg(240, 1)
+                T.fill(acc_o, 0)
+                T.fill(l, 0)
+                T.fill(m, NEG)
+                for b in T.serial(NB):
+                    s = b % 2
+                    T.mbarrier_wait_parity(k_ready[s], (b // 2) & 1)
+                    for h, i in T.Parallel(H, BI):
+                        acc_s[h, i] = T.if_then_else(kvalid[s, i] != 0, 0, -T.infinity("float32"))
+                    T.gemm(Q_l, K_s[2 * s, :, :], acc_s, transpose_B=True)
+                    T.gemm(Q_r, K_s[2 * s + 1, :, :], acc_s, transpose_B=True)
+                    for h, i in T.Parallel(H, BI):
+                        acc_s[h, i] = acc_s[h, i] * scale2
+                    T.copy(m, m_prev)
+                    T.reduce_max(acc_s, m, dim=1, clear=False)
+                    for h in T.Parallel(H):
+                        alpha[h] = T.exp2(m_prev[h] - m[h])
+                    for h, i in T.Parallel(H, BI):
+                        acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
+                    T.reduce_sum(acc_s, l_blk, dim=1)
+                    for h in T.Parallel(H):
+                        l[h] = l[h] * alpha[h] + l_blk[h]
+                    for h, d in T.Parallel(H, DH):
+                        acc_o[h, d] = acc_o[h, d] * alpha[h]
+                    if b > 0:  # warpgroup 1 has read the previous block's P and factors
+                        T.mbarrier_wait_parity(s_free, (b - 1) & 1)
+                    T.copy(acc_s, S_s)
+                    T.copy(alpha, alpha_s)
+                    T.fence_proxy_async()  # S_s is read next by wgmma (the async proxy)
+                    T.mbarrier_arrive(s_ready)
+                    T.gemm(S_s, K_s[2 * s, :, :], acc_o)
+                    T.mbarrier_arrive(k_free[s])
+                for h in T.Parallel(H):
+                    l[h] = l[h] + T.exp2(SINK[h] * LOG2E - m[h])
+                T.mbarrier_wait_parity(s_free, (NB - 1) & 1)
+                T.copy(l, lsum_s)
+                T.mbarrier_arrive(s_ready)  # its last phase: the denominators
+                for h, d in T.Parallel(H, DH):
+                    acc_o[h, d] = acc_o[h, d] / l[h]
+                T.copy(acc_o, Q_l)
+                T.copy(Q_l, O[t, :, 0:DH])
+            elif tx < 256:  # warpgroup 1: O's second half
+                T.set_max_nreg(168, 1)
+                T.fill(acc_o2, 0)
+                for b in T.serial(NB):
+                    s = b % 2
+                    T.mbarrier_wait_parity(s_ready, b & 1)
+                    for h, d in T.Parallel(H, DH):
+                        acc_o2[h, d] = acc_o2[h, d] * alpha_s[h]
+                    T.gemm(S_s, K_s[2 * s + 1, :, :], acc_o2)
+                    T.mbarrier_arrive(s_free)
+                    T.mbarrier_arrive(k_free[s])
+                T.mbarrier_wait_parity(s_ready, NB & 1)
+                for h, d in T.Parallel(H, DH):
+                    acc_o2[h, d] = acc_o2[h, d] / lsum_s[h]
+                T.copy(acc_o2, Q_r)  # rounded to bf16 (q's buffer: no MMA reads it now)
+                for h, d in T.Parallel(H, DH - rope):
+                    O[t, h, DH + d] = Q_r[h, d]
+                if rope:
+                    for h, j in T.Parallel(H, rope // 2):
+                        c = D - rope + 2 * j
+                        O[t, h, c] = rotate_cs(T, Q_r[h, c - DH], Q_r[h, c + 1 - DH], cs_s[j, 2], cs_s[j, 3], 0)
+                        O[t, h, c + 1] = rotate_cs(T, Q_r[h, c - DH], Q_r[h, c + 1 - DH], cs_s[j, 2], cs_s[j, 3], 1)
+            else:  # the producer: two threads a key row, a half row (one of the two tiles) each
+                T.set_max_nreg(104, 0)
+                q = tx - 256
+                i = q // 2
+                hf = q % 2
+                for b in T.serial(NB):
+                    s = b % 2
+                    T.mbarrier_wait_parity(k_free[s], ((b // 2) & 1) ^ 1)
+                    if b < NW:  # window keys: this step's rows or the ring, fp8 with ue8m0 per 32
+                        kp = p - window + 1 + b * BI + i
+                        rr = t - (p - kp)
+                        step = rr >= 0 and TSEQ[T.max(rr, 0)] == seq
+                        sr = T.min(T.max(rr, 0), n - 1)
+                        rs = T.max(slot, 0)
+                        ri = T.max(kp, 0) % R
+                        if hf == 0:
+                            kvalid[s, i] = T.Cast("int32", kp >= 0)
+                        for half in T.unroll(2):  # a half row in two passes of 32 words
+                            if step:
+                                for v in T.vectorized(HW4 // 2):
+                                    cw[v] = KV[sr, hf * HW4 + half * (HW4 // 2) + v]
+                                for v in T.vectorized(2):
+                                    sw[v] = KVS[sr, hf * (D // 256) + v]
+                            else:
+                                for v in T.vectorized(HW4 // 2):
+                                    cw[v] = RING[rs, ri, hf * HW4 + half * (HW4 // 2) + v]
+                                for v in T.vectorized(2):
+                                    sw[v] = RINGS[rs, ri, hf * (D // 256) + v]
+                            for k in T.unroll(HW4 // 4):  # 8 values (two words) at a time
+                                col = half * (DH // 2) + 8 * k  # within the half row
+                                T.evaluate(T.call_extern(
+                                    "handle", "deepinfer_fp8x8_bf16n", cw[2 * k], cw[2 * k + 1],
+                                    T.bitwise_and(T.shift_right(sw[col // 128], T.Cast("uint32", 8 * ((col // 32) % 4))),
+                                                  T.uint32(0xFF)),
+                                    T.address_of(wide[0])))
+                                for v in T.vectorized(8):
+                                    K_s[2 * s + hf, i, col + v] = wide[v]
+                    else:  # top-k entries: the compressed cache, e2m1 with an e4m3 scale per 16
+                        j = (b - NW) * BI + i
+                        c = TOP[t, T.min(j, topk - 1)]
+                        cc = T.max(c, 0)
+                        pg = T.max(BT[seq, T.min(cc // PE, maxp - 1)], 0)
+                        rw = cc % PE
+                        if hf == 0:
+                            kvalid[s, i] = T.Cast("int32", j < topk and c >= 0)
+                        for v in T.vectorized(HW8):
+                            cw[v] = CKV[pg, rw, hf * HW8 + v]
+                        for v in T.vectorized(4):
+                            sw[v] = CKVS[pg, rw, hf * (D // 128) + v]
+                        for k in T.unroll(HW8):  # a word: 8 codes, half a scale block
+                            T.evaluate(T.call_extern(
+                                "handle", "deepinfer_fp4x8_bf16n", cw[k],
+                                T.call_extern("uint32", "deepinfer_e4m3_bf16x2", T.bitwise_and(
+                                    T.shift_right(sw[k // 8], T.Cast("uint32", 8 * ((k // 2) % 4))), T.uint32(0xFF))),
+                                T.address_of(wide[0])))
+                            for v in T.vectorized(8):
+                                K_s[2 * s + hf, i, 8 * k + v] = wide[v]
+                    T.fence_proxy_async()  # the tiles are read next by wgmma (the async proxy)
+                    T.mbarrier_arrive(k_ready[s])
+
+    return attn_ws
