@@ -385,6 +385,8 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
 def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     d = attention_dims(spec)
     c = dict(attention_default_config(target, spec), **config)
+    if target.arch != "sm_90a":  # ws is Hopper's program (wgmma, setmaxnreg): elsewhere the plain one
+        c.pop("ws", None)
     func = attention_program(MODES[spec.op], **d, **c)
     r = lower(func, target.arch, ATTN_PASS_CONFIGS)
     meta = {"template": f"tilelang_{spec.op}", "config": c, "dims": d, "params": r["params"]}

@@ -27,6 +27,11 @@ from .tilelang_attention import LOG2E, NEG, reduced_angle, rotate_cs
 from .tilelang_gemm import _tl, ceil_div
 
 PRODUCER = 128  # the producer warpgroup's threads
+# registers a thread of each warpgroup after setmaxnreg: a CTA's 384 threads start at 168 (its
+# launch's budget, 64512 registers), and setmaxnreg only moves registers within the CTA, so the
+# three must sum to at most 3 x 168 (an increase that cannot be met waits forever)
+REGS_WG0, REGS_WG1 = 240, 168
+REGS_PRODUCER = 3 * 168 - REGS_WG0 - REGS_WG1
 # bf16 exponent fields: 2^120 (an e4m3 byte placed in bf16's bits reads as its value x 2^-120),
 # 2^126 (an e2m1 code's bits placed as deepinfer_fp4x8_bf16n places them read as value x 2^-126)
 BF16_2P120, BF16_2P126 = 247, 253
@@ -195,7 +200,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
             T.sync_threads()
 
             if tx < 128:  # warpgroup 0: scores, softmax, O's first half
-                T.set_max_nreg(240, 1)
+                T.set_max_nreg(REGS_WG0, 1)
                 T.fill(acc_o, 0)
                 T.fill(l, 0)
                 T.fill(m, NEG)
@@ -237,7 +242,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                 T.copy(acc_o, Q_l)
                 T.copy(Q_l, O[t, :, 0:DH])
             elif tx < 256:  # warpgroup 1: O's second half
-                T.set_max_nreg(168, 1)
+                T.set_max_nreg(REGS_WG1, 1)
                 T.fill(acc_o2, 0)
                 for b in T.serial(NB):
                     s = b % 2
@@ -259,7 +264,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                         O[t, h, c] = rotate_cs(T, Q_r[h, c - DH], Q_r[h, c + 1 - DH], cs_s[j, 2], cs_s[j, 3], 0)
                         O[t, h, c + 1] = rotate_cs(T, Q_r[h, c - DH], Q_r[h, c + 1 - DH], cs_s[j, 2], cs_s[j, 3], 1)
             else:  # the producer: two threads a key row, a half row (one of the two tiles) each
-                T.set_max_nreg(104, 0)
+                T.set_max_nreg(REGS_PRODUCER, 0)
                 q = tx - 256
                 i = q // 2
                 hf = q % 2
