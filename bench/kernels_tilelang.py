@@ -507,11 +507,6 @@ def tiny_cases():
         grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
         # a warpgroup past the expert's end skips its MMAs (experts of 70, 131 and 5 rows)
         grouped_case("tiny skip", [70, 0, 131, 5], 256, 512, 4, {"skip_empty": 1}, bf16=True),
-        # producer and consumer warpgroups (ws): several row tiles of an expert, one empty, one
-        # ending mid-tile (4 steps a row tile), on 2 and 3 stages; one consumer warpgroup
-        grouped_case("tiny ws", [70, 0, 131, 5], 256, 512, 4, {"ws": 1}, bf16=True, sw=(120, 131)),
-        grouped_case("tiny ws 3 stages", [70, 0, 131, 5], 256, 512, 4, {"ws": 1, "stages": 3}, bf16=True),
-        grouped_case("tiny ws 128 threads", [70, 0, 300, 5], 256, 512, 4, {"ws": 1, "threads": 128}, bf16=True),
         # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
         grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
         grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),

@@ -128,34 +128,6 @@ def test_renders_and_builds_without_spills(over):
                 assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_warp_specialised_program_renders_and_builds_without_spills(stages):
-    """ws: a producer warpgroup (threads 0..127) copies each step by cp.async one step ahead and
-    widens the weight; the consumers' wgmma chain reads the `stages`-deep ring. Two mbarriers a
-    stage (full: the producer's 128 arrivals; empty: the consumers'), the producer waiting for a
-    step's three copy groups with the next step's in flight, the widened tile fenced for wgmma."""
-    pytest.importorskip("tilelang")
-    t = enabled(dict(TILES, stages=stages, ws=1))
-    spec = moe_spec(4096 * 6, experts=384)
-    tpl = select(t, spec)
-    cfg = tpl.default_config(t, spec)
-    src = tpl.render(t, spec, cfg)
-    assert src.block == (128 + cfg["threads"], 1, 1) and src.grid == (4608 // 128, 384, 1)
-    text = src.text
-    assert "if (((int)threadIdx.x) < 128) {" in text  # the producer's branch, the consumers' in its else
-    assert text.count(".init(128)") == stages and text.count(".init(256)") == stages
-    assert "tl::cp_async_wait<3>();" in text and "tl::cp_async_wait<0>();" in text
-    assert "tl::fence_proxy_async();" in text and "deepinfer_fp4x8_bf16(" in text
-    assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in text
-    assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
-    if shutil.which("nvcc"):
-        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
-
-        rep = nvcc_report(text, t.arch)
-        assert rep["ok"], rep["log"]
-        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
-
-
 GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
 
 

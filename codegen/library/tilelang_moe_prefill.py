@@ -114,19 +114,17 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, rs=0, skip_empty=0, ws=0):
+                                  stages=3, threads=256, rs=0, skip_empty=0):
     """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). rs:
     rs_program instead. skip_empty: a warpgroup skips its MMAs where its rows of the tile all lie
     past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). (The
     scales read as 32-bit words, cp.async copies rather than plain loads in the loop, were 6%
     slower at the medium 4K on an H100: docs/performance.md, twenty-eighth session.) (Widening each step in two halves with the first half's wgmma
-    in flight lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.) ws:
-    ws_program instead."""
+    in flight lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.) (A producer
+    warpgroup widening each step while consumer warpgroups ran the wgmma chain, by hand with
+    mbarriers, was 1.4-1.7x slower at the medium 4K on an H100: twenty-ninth session.)"""
     if rs:
         return rs_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
-                          threads=threads)
-    if ws:
-        return ws_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
                           threads=threads)
     from .tilelang_gemm import _tl
 
@@ -183,93 +181,6 @@ def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=
                         C[r0 + i, bx * block_N + j] = acc[i, j]
 
     return grouped_gemm_fp4_bf16
-
-
-WS_PRODUCER = 128  # the producer warpgroup's threads (ws_program)
-
-
-def ws_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=128, stages=3, threads=256):
-    """The program with its roles apart (warp specialisation by hand): a producer warpgroup
-    (threads 0..127) copies each step's rows, packed weight words and scales into a `stages`-deep
-    ring by cp.async, one step ahead, and widens the weight into the step's bf16 tile; `threads`
-    consumer threads run the wgmma chain over the ring and store the tile. Two mbarriers a stage:
-    `full` (the producer's 128 threads arrive once the step's copies have landed and its tile is
-    widened and fenced for the async proxy) and `empty` (the consumers arrive once their MMAs of
-    the step are complete). So the widening of step g + 1 runs while the tensor cores work on step
-    g, where the single-role program alternates them within each CTA. The steps of a CTA run over
-    its expert's row tiles and K as one sequence (g = row tile x K steps + k); both roles count it
-    alike."""
-    from .tilelang_gemm import _tl
-
-    _, T = _tl()
-    # 128-deep steps at least: a row's step scales are then 4 bytes, the least cp.async copies
-    assert K % block_K == 0 and block_K % 128 == 0 and N % block_N == 0, "ws takes 128-deep K steps"
-    kb, kw = block_K // 32, block_K // 8
-    ksteps = K // block_K
-    P = WS_PRODUCER
-    assert (block_N * kw) % P == 0
-    per_thread = block_N * kw // P  # words a producer thread widens a step
-
-    @T.prim_func
-    def grouped_gemm_fp4_bf16_ws(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
-                                 SW: T.Tensor((E, N, K // 32), "uint8"), offsets: T.Tensor((E + 1,), "int32"),
-                                 C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // block_N, E, threads=P + threads, prelude=widen_prelude()) as (bx, e):
-            X_s = T.alloc_shared((stages, block_M, block_K), "bfloat16")
-            Wp_s = T.alloc_shared((stages, block_N, kw), "uint32")
-            SW_s = T.alloc_shared((stages, block_N, kb), "uint8")
-            B_s = T.alloc_shared((stages, block_N, block_K), "bfloat16")
-            full = T.alloc_barrier([P] * stages)
-            empty = T.alloc_barrier([threads] * stages)
-            wide = T.alloc_local((8,), "bfloat16")
-            acc = T.alloc_fragment((block_M, block_N), "float32")
-            tx = T.get_thread_binding()
-            start = offsets[e]
-            rows = offsets[e + 1] - start
-            steps = T.ceildiv(rows, block_M) * ksteps
-            if tx < P:
-                for g in T.serial(steps + 1):
-                    if g < steps:  # step g's copies, once the consumers have released its stage
-                        s = g % stages
-                        T.mbarrier_wait_parity(empty[s], ((g // stages) & 1) ^ 1)
-                        r0 = start + (g // ksteps) * block_M
-                        k = g % ksteps
-                        # rows past the expert's end are read (other experts', or guarded at
-                        # Mtot) and never stored
-                        T.async_copy(X[r0:r0 + block_M, k * block_K:(k + 1) * block_K], X_s[s, :, :])
-                        T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, k * kw:(k + 1) * kw], Wp_s[s, :, :])
-                        T.async_copy(SW[e, bx * block_N:(bx + 1) * block_N, k * kb:(k + 1) * kb], SW_s[s, :, :])
-                    if g > 0:  # step g - 1 widened once its copies (three groups) have landed
-                        h = (g - 1) % stages
-                        if g < steps:
-                            T.ptx_wait_group(3)
-                        else:
-                            T.ptx_wait_group(0)
-                        for it in T.serial(per_thread):
-                            j = (it * P + tx) // kw
-                            c = (it * P + tx) % kw
-                            T.evaluate(T.call_extern("handle", "deepinfer_fp4x8_bf16", Wp_s[h, j, c],
-                                                     T.Cast("uint32", SW_s[h, j, c // 4]), T.address_of(wide[0])))
-                            for v in T.vectorized(8):
-                                B_s[h, j, c * 8 + v] = wide[v]
-                        # the copies' and the widening's generic-proxy writes, read next by wgmma
-                        T.fence_proxy_async()
-                        T.mbarrier_arrive(full[h])
-            else:
-                for mt in T.serial(T.ceildiv(rows, block_M)):
-                    T.clear(acc)
-                    for k in T.serial(ksteps):
-                        g = mt * ksteps + k
-                        s = g % stages
-                        T.mbarrier_wait_parity(full[s], (g // stages) & 1)
-                        T.gemm(X_s[s, :, :], B_s[s, :, :], acc, transpose_B=True)
-                        T.mbarrier_arrive(empty[s])  # the gemm has waited for its MMAs
-                    r0 = start + mt * block_M
-                    for i, j in T.Parallel(block_M, block_N):
-                        if mt * block_M + i < rows:
-                            C[r0 + i, bx * block_N + j] = acc[i, j]
-
-    return grouped_gemm_fp4_bf16_ws
 
 
 def rs_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64, stages=3, threads=256):
@@ -334,7 +245,7 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1), "ws": (0, 1)}
+         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1)}
 # (skip_empty passed its tiny case on an H100 and timed even at the medium 4K: a tuner's choice,
 # off in the defaults; docs/performance.md, twenty-eighth session)
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
