@@ -85,7 +85,7 @@ def test_prefill_calls_take_it_where_a_target_enables_it_and_it_builds():
     assert cfg["ws"] == 1 and cfg["splits"] == 1
     src = tpl.render(on, prefill, cfg)
     assert src.block[0] == 384 and src.grid[0] == 4096
-    for s in ("warpgroup_reg_alloc<240>", "warpgroup_reg_dealloc<96>", "k_ready", "k_free", "s_ready", "s_free",
+    for s in ("warpgroup_reg_alloc<232>", "warpgroup_reg_dealloc<104>", "k_ready", "k_free", "s_ready", "s_free",
               "deepinfer_fp4x8_bf16n(", "deepinfer_fp8x8_bf16n(", "__cosf"):
         assert s in src.text, s
     # Q's two halves (64 KB), the ring of two stages of two 64 x 256 bf16 tiles (128 KB), P (8 KB)

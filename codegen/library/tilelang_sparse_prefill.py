@@ -30,7 +30,7 @@ PRODUCER = 128  # the producer warpgroup's threads
 # registers a thread of each warpgroup after setmaxnreg: a CTA's 384 threads start at 168 (its
 # launch's budget, 64512 registers), and setmaxnreg only moves registers within the CTA, so the
 # three must sum to at most 3 x 168 (an increase that cannot be met waits forever)
-REGS_WG0, REGS_WG1 = 240, 168
+REGS_WG0, REGS_WG1 = 232, 168
 REGS_PRODUCER = 3 * 168 - REGS_WG0 - REGS_WG1
 # bf16 exponent fields: 2^120 (an e4m3 byte placed in bf16's bits reads as its value x 2^-120),
 # 2^126 (an e2m1 code's bits placed as deepinfer_fp4x8_bf16n places them read as value x 2^-126)
@@ -142,6 +142,38 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
     HW8, HW4 = DH // 8, DH // 4  # a half row's words: fp4 (8 codes a word), fp8 (4 values)
     hr = max(rope // 2, 1)
 
+    @T.macro
+    def load_topk(CKV, CKVS, kidx, cw, sw, x, i, hf):
+        """Top-k block x's half row of codes and scales for key i into registers (a row of -1:
+        row 0's, never used)."""
+        r = T.max(kidx[x * BI + i], 0)
+        for v in T.vectorized(HW8):
+            cw[v] = CKV[r // PE, r % PE, hf * HW8 + v]
+        for v in T.vectorized(4):
+            sw[v] = CKVS[r // PE, r % PE, hf * (D // 128) + v]
+
+    @T.macro
+    def produce_topk(CKV, CKVS, kidx, kvalid, K_s, k_free, k_ready, cw, sw, cwn, swn, wide, x, i, hf):
+        """Top-k block x (block NW + x of the ring's sequence) from cw / sw, block x + 1's words
+        loaded into cwn / swn first."""
+        b = NW + x
+        s = b % 2
+        if x + 1 < NX:
+            load_topk(CKV, CKVS, kidx, cwn, swn, x + 1, i, hf)
+        T.mbarrier_wait_parity(k_free[s], ((b // 2) & 1) ^ 1)
+        if hf == 0:
+            kvalid[s, i] = T.Cast("int32", kidx[x * BI + i] >= 0)
+        for k in T.unroll(HW8):  # a word: 8 codes, half a scale block
+            T.evaluate(T.call_extern(
+                "handle", "deepinfer_fp4x8_bf16n", cw[k],
+                T.call_extern("uint32", "deepinfer_e4m3_bf16x2", T.bitwise_and(
+                    T.shift_right(sw[k // 8], T.Cast("uint32", 8 * ((k // 2) % 4))), T.uint32(0xFF))),
+                T.address_of(wide[0])))
+            for v in T.vectorized(8):
+                K_s[2 * s + hf, i, 8 * k + v] = wide[v]
+        T.fence_proxy_async()  # the tiles are read next by wgmma (the async proxy)
+        T.mbarrier_arrive(k_ready[s])
+
     @T.prim_func
     def attn_ws(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor((n, D // 4), "uint32"),
                 KVS: T.Tensor((n, D // 128), "uint32"), RING: T.Tensor((slots, R, D // 4), "uint32"),
@@ -172,8 +204,13 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
             alpha = T.alloc_fragment((H,), "float32")
             l = T.alloc_fragment((H,), "float32")
             l_blk = T.alloc_fragment((H,), "float32")
-            cw = T.alloc_local((HW4,), "uint32")
+            cw = T.alloc_local((HW4 // 2,), "uint32")  # a window pass's words
             sw = T.alloc_local((4,), "uint32")
+            cwa = T.alloc_local((HW8,), "uint32")  # two top-k blocks' words, in turn
+            cwb = T.alloc_local((HW8,), "uint32")
+            swa = T.alloc_local((4,), "uint32")
+            swb = T.alloc_local((4,), "uint32")
+            kidx = T.alloc_shared((NX * BI,), "int32")
             wide = T.alloc_local((8,), "bfloat16")
             tx = T.get_thread_binding()
 
@@ -268,59 +305,57 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                 q = tx - 256
                 i = q // 2
                 hf = q % 2
-                for b in T.serial(NB):
-                    s = b % 2
-                    T.mbarrier_wait_parity(k_free[s], ((b // 2) & 1) ^ 1)
-                    if b < NW:  # window keys: this step's rows or the ring, fp8 with ue8m0 per 32
-                        kp = p - window + 1 + b * BI + i
-                        rr = t - (p - kp)
-                        step = rr >= 0 and TSEQ[T.max(rr, 0)] == seq
-                        sr = T.min(T.max(rr, 0), n - 1)
-                        rs = T.max(slot, 0)
-                        ri = T.max(kp, 0) % R
-                        if hf == 0:
-                            kvalid[s, i] = T.Cast("int32", kp >= 0)
-                        for half in T.unroll(2):  # a half row in two passes of 32 words
-                            if step:
-                                for v in T.vectorized(HW4 // 2):
-                                    cw[v] = KV[sr, hf * HW4 + half * (HW4 // 2) + v]
-                                for v in T.vectorized(2):
-                                    sw[v] = KVS[sr, hf * (D // 256) + v]
-                            else:
-                                for v in T.vectorized(HW4 // 2):
-                                    cw[v] = RING[rs, ri, hf * HW4 + half * (HW4 // 2) + v]
-                                for v in T.vectorized(2):
-                                    sw[v] = RINGS[rs, ri, hf * (D // 256) + v]
-                            for k in T.unroll(HW4 // 4):  # 8 values (two words) at a time
-                                col = half * (DH // 2) + 8 * k  # within the half row
-                                T.evaluate(T.call_extern(
-                                    "handle", "deepinfer_fp8x8_bf16n", cw[2 * k], cw[2 * k + 1],
-                                    T.bitwise_and(T.shift_right(sw[col // 128], T.Cast("uint32", 8 * ((col // 32) % 4))),
-                                                  T.uint32(0xFF)),
-                                    T.address_of(wide[0])))
-                                for v in T.vectorized(8):
-                                    K_s[2 * s + hf, i, col + v] = wide[v]
-                    else:  # top-k entries: the compressed cache, e2m1 with an e4m3 scale per 16
-                        j = (b - NW) * BI + i
+                # every top-k entry's cache row (page x PE + row; -1: none), resolved once a row:
+                # the block loop then reads its rows' words with one memory latency, not three
+                for jj in T.unroll(ceil_div(NX * BI, PRODUCER)):
+                    j = jj * PRODUCER + q
+                    if j < NX * BI:
                         c = TOP[t, T.min(j, topk - 1)]
                         cc = T.max(c, 0)
-                        pg = T.max(BT[seq, T.min(cc // PE, maxp - 1)], 0)
-                        rw = cc % PE
-                        if hf == 0:
-                            kvalid[s, i] = T.Cast("int32", j < topk and c >= 0)
-                        for v in T.vectorized(HW8):
-                            cw[v] = CKV[pg, rw, hf * HW8 + v]
-                        for v in T.vectorized(4):
-                            sw[v] = CKVS[pg, rw, hf * (D // 128) + v]
-                        for k in T.unroll(HW8):  # a word: 8 codes, half a scale block
+                        kidx[j] = T.if_then_else(j < topk and c >= 0,
+                                                 T.max(BT[seq, T.min(cc // PE, maxp - 1)], 0) * PE + cc % PE, -1)
+                for b in T.serial(NW):  # window keys: this step's rows or the ring, fp8, ue8m0 per 32
+                    s = b % 2
+                    T.mbarrier_wait_parity(k_free[s], ((b // 2) & 1) ^ 1)
+                    kp = p - window + 1 + b * BI + i
+                    rr = t - (p - kp)
+                    step = rr >= 0 and TSEQ[T.max(rr, 0)] == seq
+                    sr = T.min(T.max(rr, 0), n - 1)
+                    rs = T.max(slot, 0)
+                    ri = T.max(kp, 0) % R
+                    if hf == 0:
+                        kvalid[s, i] = T.Cast("int32", kp >= 0)
+                    for half in T.unroll(2):  # a half row in two passes of 32 words
+                        if step:
+                            for v in T.vectorized(HW4 // 2):
+                                cw[v] = KV[sr, hf * HW4 + half * (HW4 // 2) + v]
+                            for v in T.vectorized(2):
+                                sw[v] = KVS[sr, hf * (D // 256) + v]
+                        else:
+                            for v in T.vectorized(HW4 // 2):
+                                cw[v] = RING[rs, ri, hf * HW4 + half * (HW4 // 2) + v]
+                            for v in T.vectorized(2):
+                                sw[v] = RINGS[rs, ri, hf * (D // 256) + v]
+                        for k in T.unroll(HW4 // 4):  # 8 values (two words) at a time
+                            col = half * (DH // 2) + 8 * k  # within the half row
                             T.evaluate(T.call_extern(
-                                "handle", "deepinfer_fp4x8_bf16n", cw[k],
-                                T.call_extern("uint32", "deepinfer_e4m3_bf16x2", T.bitwise_and(
-                                    T.shift_right(sw[k // 8], T.Cast("uint32", 8 * ((k // 2) % 4))), T.uint32(0xFF))),
+                                "handle", "deepinfer_fp8x8_bf16n", cw[2 * k], cw[2 * k + 1],
+                                T.bitwise_and(T.shift_right(sw[col // 128], T.Cast("uint32", 8 * ((col // 32) % 4))),
+                                              T.uint32(0xFF)),
                                 T.address_of(wide[0])))
                             for v in T.vectorized(8):
-                                K_s[2 * s + hf, i, 8 * k + v] = wide[v]
+                                K_s[2 * s + hf, i, col + v] = wide[v]
                     T.fence_proxy_async()  # the tiles are read next by wgmma (the async proxy)
                     T.mbarrier_arrive(k_ready[s])
+                # the top-k blocks, e2m1 with an e4m3 scale per 16: block x + 1's words are loaded
+                # (into the other register buffer) before block x is widened, so their latency
+                # overlaps the widening
+                load_topk(CKV, CKVS, kidx, cwa, swa, 0, i, hf)
+                for x2 in T.serial(ceil_div(NX, 2)):
+                    produce_topk(CKV, CKVS, kidx, kvalid, K_s, k_free, k_ready, cwa, swa, cwb, swb, wide,
+                                 2 * x2, i, hf)
+                    if 2 * x2 + 1 < NX:
+                        produce_topk(CKV, CKVS, kidx, kvalid, K_s, k_free, k_ready, cwb, swb, cwa, swa, wide,
+                                     2 * x2 + 1, i, hf)
 
     return attn_ws
