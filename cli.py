@@ -432,6 +432,8 @@ def cmd_autotune(args) -> int:
         raise TuneError("-o names the tuned plan that --apply writes")
     if args.step_curve and not args.apply:
         raise TuneError("--step-curve times the tuned plan that --apply writes: only with --apply")
+    if args.prune_stale and not args.cost_model_only:
+        raise TuneError("--prune-stale rewrites the database that --cost-model-only updates here: only with it")
     if (args.model or args.target) and not args.cost_model_only:
         raise TuneError("--model and --target rank a compile's instances by the cost model: only with "
                         "--cost-model-only (the other modes read a compiled plan's kernels)")
@@ -474,7 +476,17 @@ def cmd_autotune(args) -> int:
         why = " (the cpu target runs the ops' torch references, which have no configs)" if target == "cpu" else ""
         raise TuneError(f"nothing to tune in {what}" + (f" for {args.only}" if args.only else "") + why)
     print(table(run))
-    print(f"wrote {db_path} ({len(db.rows)} rows) in {run.seconds:.1f} s")
+    pruned = ""
+    if args.prune_stale:
+        from .autotune.tuner import fingerprint
+        from .codegen.targets import get_manifest
+
+        t = get_manifest(target).target
+        current = {name: fingerprint(t, name)["toolchain"] for name in sorted({r.template for r in run.results})}
+        gone = db.prune_stale(current, t.arch)
+        db.save(db_path)
+        pruned = f", {gone} stale rows of the tuned templates dropped"
+    print(f"wrote {db_path} ({len(db.rows)} rows{pruned}) in {run.seconds:.1f} s")
     return 0
 
 
@@ -564,6 +576,9 @@ def add_autotune(sub):
                    "tuned is kept; a rerun goes on)")
     p.add_argument("--cost-model-only", action="store_true",
                    help="rank candidates by the analytic cost model (no hardware); rows are marked measured: false")
+    p.add_argument("--prune-stale", action="store_true",
+                   help="with --cost-model-only: afterwards drop the database's rows of the tuned templates that "
+                        "builds here can no longer use (another toolchain or template code)")
     p.add_argument("--build-candidates", metavar="DIR",
                    help="build each instance's top-k configs by the cost model and its default, with this host's "
                         "toolchain, into DIR (a manifest and cubins; rerunning skips what DIR holds)")

@@ -136,6 +136,17 @@ class TuningDB:
         if not any(row_key(r) == k for r in self.rows):
             self.rows.append(row)
 
+    def prune_stale(self, current: dict[str, dict], arch: str) -> int:
+        """Drop the rows of the templates in `current` (template -> the toolchain a build here
+        has, template code included) built for `arch` with another toolchain: rows no lookup
+        here can use again (a template edit leaves its old rows behind otherwise). Rows of other
+        templates and arches, and the unread lines, stay. Returns how many rows went."""
+        keep = [r for r in self.rows if not (r["template"] in current and r["fingerprint"].get("arch") == arch
+                                             and toolchain_of(r["fingerprint"]) != current[r["template"]])]
+        gone = len(self.rows) - len(keep)
+        self.rows = keep
+        return gone
+
     def save(self, path=None) -> Path:
         """Written whole and atomically: a reader sees the old file or the new one. The lines
         `load` could not read follow the rows, as they were."""

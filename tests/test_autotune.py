@@ -240,6 +240,28 @@ def test_tune_with_a_fake_timer_then_compile_takes_the_rows(plan, tmp_path, caps
     assert "--cost-model-only" in capsys.readouterr().err
     assert main(["autotune", str(plan), "--cost-model-only", "--only", "nope"]) == 2
     assert "no template or instance 'nope'" in capsys.readouterr().err
+    # --prune-stale: the tuned template's rows of another template code go, other templates' stay
+    with pytest.warns(TuningDBWarning):
+        db = TuningDB.load(out_db)
+    current = [r for r in db.rows if r["template"] == "triton_hc_expand"]
+    assert current
+
+    def edited(row, template=None):
+        fp = dict(row["fingerprint"], toolchain=dict(row["fingerprint"]["toolchain"], template_code="an older edit"))
+        return dict(row, fingerprint=fp, template=template or row["template"], bucket=row["bucket"] + 1)
+
+    db.rows += [edited(current[0]), edited(current[0], "triton_rms_norm")]
+    db.save()
+    assert main(["autotune", str(plan), "--db", str(out_db), "--cost-model-only", "--only", "triton_hc_expand",
+                 "--prune-stale"]) == 0
+    assert "1 stale rows of the tuned templates dropped" in capsys.readouterr().out
+    with pytest.warns(TuningDBWarning):
+        left = TuningDB.load(out_db).rows
+    assert [r["template"] for r in left if r["fingerprint"]["toolchain"]["template_code"] == "an older edit"] == \
+        ["triton_rms_norm"]
+    assert len(left) == len(current) + 1 and out_db.read_text().endswith("\nmy notes\n")
+    assert main(["autotune", str(plan), "--db", str(out_db), "--prune-stale", "--measure", str(tmp_path)]) == 2
+    assert "--prune-stale rewrites the database" in capsys.readouterr().err
 
 
 def test_fingerprint_names_device_toolchain_and_template_code():
