@@ -76,6 +76,28 @@ def rotated(T, re, im, ang, part: int):
     return rotate_cs(T, re, im, T.call_extern("float32", "__cosf", r), T.call_extern("float32", "__sinf", r), part)
 
 
+def softmax_step(T, H: int, BI: int, width: int):
+    """The online softmax's step (a macro) over a key block's scaled, masked scores acc_s [H, BI]
+    in the exp2 domain: the running max m (m_prev its last value), the rescale factor alpha, the
+    block's probabilities into acc_s, the running sums l (l_blk the block's), and the output
+    accumulator acc_o [H, width] rescaled."""
+    @T.macro
+    def step(acc_s, acc_o, m, m_prev, alpha, l, l_blk):
+        T.copy(m, m_prev)
+        T.reduce_max(acc_s, m, dim=1, clear=False)
+        for h in T.Parallel(H):
+            alpha[h] = T.exp2(m_prev[h] - m[h])
+        for h, i in T.Parallel(H, BI):
+            acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
+        T.reduce_sum(acc_s, l_blk, dim=1)
+        for h in T.Parallel(H):
+            l[h] = l[h] * alpha[h] + l_blk[h]
+        for h, d in T.Parallel(H, width):
+            acc_o[h, d] = acc_o[h, d] * alpha[h]
+
+    return step
+
+
 def ws_supports(d: Mapping[str, Any]) -> bool:
     """Shapes the program with its roles apart takes: 64 heads, D in two halves of whole 128-wide
     word groups, the rotated tail inside the second half (tilelang_sparse_prefill)."""
@@ -112,6 +134,8 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     op_shape = (splits, n, H, D) if splits > 1 else (1, 1, 1, 1)
     ml_shape = (splits, n, H, 2) if splits > 1 else (1, 1, 1, 2)
 
+    softmax = softmax_step(T, H, BI, D)
+
     @T.macro
     def attend(Q_s, K_s, P_s, kvalid, acc_s, acc_o, m, m_prev, alpha, l, l_blk):
         """One key block: S = q k^T, the online softmax's step, O += P K."""
@@ -119,17 +143,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
         T.gemm(Q_s, K_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
         for h, i in T.Parallel(H, BI):
             acc_s[h, i] = T.if_then_else(kvalid[i] != 0, acc_s[h, i] * scale2, -T.infinity("float32"))
-        T.copy(m, m_prev)
-        T.reduce_max(acc_s, m, dim=1, clear=False)
-        for h in T.Parallel(H):
-            alpha[h] = T.exp2(m_prev[h] - m[h])
-        for h, i in T.Parallel(H, BI):
-            acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
-        T.reduce_sum(acc_s, l_blk, dim=1)
-        for h in T.Parallel(H):
-            l[h] = l[h] * alpha[h] + l_blk[h]
-        for h, d in T.Parallel(H, D):
-            acc_o[h, d] = acc_o[h, d] * alpha[h]
+        softmax(acc_s, acc_o, m, m_prev, alpha, l, l_blk)
         T.copy(acc_s, P_s)
         T.gemm(P_s, K_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 

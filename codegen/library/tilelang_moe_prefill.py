@@ -53,21 +53,26 @@ def _shift(expr: str, s: int) -> str:
     return f"({expr} << {s}u)" if s > 0 else f"({expr} >> {-s}u)" if s < 0 else expr
 
 
-def _pair_expr(i: int) -> str:
+def pair_expr(i: int) -> str:
+    """Pair i of a word w (codes i and i + 4) placed in bf16's bits, as C source (value x 2^-126)."""
     m, s = PAIR_SHIFTS[i]
     return f"({_shift('w', m)} & 0x{MAG_MASK:08x}u) | ({_shift('w', s)} & 0x{SIGN_MASK:08x}u)"
 
 
-def widen_prelude() -> str:
-    """The device functions the programs call (TileLang has no bf16x2 multiply on raw words)."""
-    pairs = "\n".join(f"  r[{i}] = {_pair_expr(i)};" for i in range(4))
-    return r"""
+# TileLang has no bf16x2 multiply on raw words: the programs' preludes start with this one
+BF16X2_MUL = r"""
 __device__ __forceinline__ unsigned deepinfer_bf16x2_mul(unsigned a, unsigned b) {
   unsigned r;  // fma with -0: exact for powers of two, subnormal inputs included
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
   return r;
 }
-// a word of eight e2m1 codes (low nibble first) times 2^(s - 127) as eight bf16, codes in the
+"""
+
+
+def widen_prelude() -> str:
+    """The device functions the programs call."""
+    pairs = "\n".join(f"  r[{i}] = {pair_expr(i)};" for i in range(4))
+    return BF16X2_MUL + r"""// a word of eight e2m1 codes (low nibble first) times 2^(s - 127) as eight bf16, codes in the
 // order 0 4 1 5 2 6 3 7; the pair bits hold value x 2^-126, so the factor is 2^(s - 1), in two
 // steps where that passes bf16's largest exponent
 __device__ __forceinline__ void deepinfer_fp4x8_bf16(unsigned w, unsigned s, void* out) {
@@ -86,7 +91,7 @@ __device__ __forceinline__ void deepinfer_fp4x8_bf16(unsigned w, unsigned s, voi
 }
 // pair i of a word (codes i and i + 4) times 2^(s - 127), as deepinfer_fp4x8_bf16's r[i]
 __device__ __forceinline__ unsigned deepinfer_fp4_pair_bf16(unsigned w, unsigned i, unsigned s) {
-  unsigned r = i == 0u ? """ + "(" + _pair_expr(0) + ") : i == 1u ? (" + _pair_expr(1) + ") : i == 2u ? (" + _pair_expr(2) + ") : (" + _pair_expr(3) + r""");
+  unsigned r = i == 0u ? """ + "(" + pair_expr(0) + ") : i == 1u ? (" + pair_expr(1) + ") : i == 2u ? (" + pair_expr(2) + ") : (" + pair_expr(3) + r""");
   // 2^(min(s, 128) - 1), then 2^(max(s, 128) - 128): no branch in the fragment's fill
   unsigned e1 = min(s, 128u) + 126u, e2 = max(s, 128u) - 1u;
   r = deepinfer_bf16x2_mul(r, (e1 << 7) | (e1 << 23));
@@ -103,14 +108,23 @@ def fp4_words_to_bf16(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     e1 = torch.where(s < 129, s + 126, torch.full_like(s, 254))
     factor = 2.0 ** (e1 - 127).double() * torch.where(s > 128, 2.0 ** (s - 128).double(), torch.ones_like(s).double())
     out = []
-    for m, sh in PAIR_SHIFTS:
-        pair = (((w << m) if m >= 0 else (w >> -m)) & MAG_MASK) | (((w << sh) if sh >= 0 else (w >> -sh)) & SIGN_MASK)
+    for pair in word_pairs(w):
         for half in (0, 1):  # code i, then code i + 4: K_ORDER's order
-            bits = (pair >> (16 * half)) & 0xFFFF
-            e, mant = (bits >> 7) & 0xFF, bits & 0x7F
-            mag = torch.where(e == 0, mant.double() * 2.0 ** -133, (128 + mant).double() * 2.0 ** (e - 134).double())
-            out.append(torch.where((bits >> 15) == 1, -mag, mag) * factor)
+            out.append(bf16_bits_value((pair >> (16 * half)) & 0xFFFF) * factor)
     return torch.stack(out, -1)
+
+
+def word_pairs(w: torch.Tensor) -> list[torch.Tensor]:
+    """The four pairs pair_expr places, on the host (int64 words -> int64 bf16x2 bit patterns)."""
+    return [(((w << m) if m >= 0 else (w >> -m)) & MAG_MASK) | (((w << s) if s >= 0 else (w >> -s)) & SIGN_MASK)
+            for m, s in PAIR_SHIFTS]
+
+
+def bf16_bits_value(bits: torch.Tensor) -> torch.Tensor:
+    """float64 values of bf16 bit patterns (int64, 16 bits each), subnormals included."""
+    e, mant = (bits >> 7) & 0xFF, bits & 0x7F
+    mag = torch.where(e == 0, mant.double() * 2.0 ** -133, (128 + mant).double() * 2.0 ** (e - 134).double())
+    return torch.where((bits >> 15) == 1, -mag, mag)
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,

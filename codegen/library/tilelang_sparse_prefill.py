@@ -23,8 +23,9 @@ denominator, the output rounded to bf16 before the inverse RoPE.
 """
 import torch
 
-from .tilelang_attention import LOG2E, NEG, reduced_angle, rotate_cs
+from .tilelang_attention import LOG2E, NEG, reduced_angle, rotate_cs, softmax_step
 from .tilelang_gemm import _tl, ceil_div
+from .tilelang_moe_prefill import BF16X2_MUL, bf16_bits_value, pair_expr, word_pairs
 
 PRODUCER = 128  # the producer warpgroup's threads
 # registers a thread of each warpgroup after setmaxnreg: a CTA's 384 threads start at 168 (its
@@ -33,31 +34,16 @@ PRODUCER = 128  # the producer warpgroup's threads
 REGS_WG0, REGS_WG1 = 232, 168
 REGS_PRODUCER = 3 * 168 - REGS_WG0 - REGS_WG1
 # bf16 exponent fields: 2^120 (an e4m3 byte placed in bf16's bits reads as its value x 2^-120),
-# 2^126 (an e2m1 code's bits placed as deepinfer_fp4x8_bf16n places them read as value x 2^-126)
+# 2^126 (an e2m1 code's pair bits, pair_expr, read as value x 2^-126)
 BF16_2P120, BF16_2P126 = 247, 253
-FP4_MAG_MASK, FP4_SIGN_MASK = 0x01C001C0, 0x80008000
-# per bf16 pair i (codes i and i + 4 of a word): the shifts that put both magnitudes (e1 e0 m) at
-# bits 6..8 of their halves and both signs at bit 15
-FP4_PAIR_SHIFTS = tuple((6 - 4 * i, 12 - 4 * i) for i in range(4))
-
-
-def _shift(expr: str, s: int) -> str:
-    return f"({expr} << {s}u)" if s > 0 else f"({expr} >> {-s}u)" if s < 0 else expr
 
 
 def widen_prelude() -> str:
-    pairs = "\n".join(f"  unsigned r{i} = ({_shift('w', m)} & 0x{FP4_MAG_MASK:08x}u) | "
-                      f"({_shift('w', s)} & 0x{FP4_SIGN_MASK:08x}u);" for i, (m, s) in enumerate(FP4_PAIR_SHIFTS))
-    return r"""
-__device__ __forceinline__ unsigned deepinfer_bf16x2_fma0(unsigned a, unsigned b) {
-  unsigned r;  // a * b + (-0): exact for powers of two and short significands, subnormals included
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
-  return r;
-}
-// an e4m3 byte's value as bf16 in both halves (exact: 4 significant bits)
+    pairs = "\n".join(f"  unsigned r{i} = {pair_expr(i)};" for i in range(4))
+    return BF16X2_MUL + r"""// an e4m3 byte's value as bf16 in both halves (exact: 4 significant bits)
 __device__ __forceinline__ unsigned deepinfer_e4m3_bf16x2(unsigned b) {
   unsigned x = ((b & 0x7Fu) << 4) | ((b & 0x80u) << 8);
-  return deepinfer_bf16x2_fma0(x | (x << 16), """ + f"0x{(BF16_2P120 << 7) | (BF16_2P120 << 23):08x}u" + r""");
+  return deepinfer_bf16x2_mul(x | (x << 16), """ + f"0x{(BF16_2P120 << 7) | (BF16_2P120 << 23):08x}u" + r""");
 }
 // eight e2m1 codes (code k at bits 4k..4k+3) times sc (an e4m3 scale as bf16 in both halves), as
 // eight bf16 in code order: pairs (code i, code i + 4) placed by shifts and masks (value x 2^-126),
@@ -66,17 +52,17 @@ __device__ __forceinline__ unsigned deepinfer_e4m3_bf16x2(unsigned b) {
 __device__ __forceinline__ void deepinfer_fp4x8_bf16n(unsigned w, unsigned sc, void* out) {
 """ + pairs + r"""
   const unsigned p126 = """ + f"0x{(BF16_2P126 << 7) | (BF16_2P126 << 23):08x}u" + r""";
-  r0 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r0, p126), sc);
-  r1 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r1, p126), sc);
-  r2 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r2, p126), sc);
-  r3 = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(r3, p126), sc);
+  r0 = deepinfer_bf16x2_mul(deepinfer_bf16x2_mul(r0, p126), sc);
+  r1 = deepinfer_bf16x2_mul(deepinfer_bf16x2_mul(r1, p126), sc);
+  r2 = deepinfer_bf16x2_mul(deepinfer_bf16x2_mul(r2, p126), sc);
+  r3 = deepinfer_bf16x2_mul(deepinfer_bf16x2_mul(r3, p126), sc);
   unsigned o[4] = {__byte_perm(r0, r1, 0x5410u), __byte_perm(r2, r3, 0x5410u),
                    __byte_perm(r0, r1, 0x7632u), __byte_perm(r2, r3, 0x7632u)};
   __builtin_memcpy(out, o, 16);
 }
 // two words of four e4m3 values each times 2^(s - 127) (s a ue8m0 byte), as eight bf16 in order:
 // each byte placed in bf16's bits (value x 2^-120), times 2^120 (exact), times 2^(s - 127) (one
-// rounding, as the fp32 product's cast to bf16)
+// rounding, as the fp32 product's cast)
 __device__ __forceinline__ void deepinfer_fp8x8_bf16n(unsigned u0, unsigned u1, unsigned s, void* out) {
   const unsigned p120 = """ + f"0x{(BF16_2P120 << 7) | (BF16_2P120 << 23):08x}u" + r""";
   const unsigned f = (s << 7) | (s << 23);
@@ -85,18 +71,11 @@ __device__ __forceinline__ void deepinfer_fp8x8_bf16n(unsigned u0, unsigned u1, 
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     unsigned x = ((o[i] << 4) & 0x07F007F0u) | ((o[i] << 8) & 0x80008000u);
-    o[i] = deepinfer_bf16x2_fma0(deepinfer_bf16x2_fma0(x, p120), f);
+    o[i] = deepinfer_bf16x2_mul(deepinfer_bf16x2_mul(x, p120), f);
   }
   __builtin_memcpy(out, o, 16);
 }
 """
-
-
-def _bf16_bits(bits: torch.Tensor) -> torch.Tensor:
-    """float64 values of bf16 bit patterns (int64 tensor, 16 bits each), subnormals included."""
-    e, m = (bits >> 7) & 0xFF, bits & 0x7F
-    mag = torch.where(e == 0, m.double() * 2.0 ** -133, (128 + m).double() * 2.0 ** (e - 134).double())
-    return torch.where((bits >> 15) & 1 == 1, -mag, mag)
 
 
 def fp4_words_to_bf16n(words: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -104,12 +83,8 @@ def fp4_words_to_bf16n(words: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
     int64 [...], e4m3 scales as float [...] -> float64 [..., 8] in code order); the two multiplies
     are exact, so their product is the placed value times 2^126 times the scale. The tests hold it
     to the op's dequantisation."""
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    out = [None] * 8
-    for i, (m, s) in enumerate(FP4_PAIR_SHIFTS):
-        pair = (((w << m) if m >= 0 else (w >> -m)) & FP4_MAG_MASK) | (((w << s) if s >= 0 else (w >> -s)) & FP4_SIGN_MASK)
-        out[i] = _bf16_bits(pair & 0xFFFF)
-        out[i + 4] = _bf16_bits(pair >> 16)
+    pairs = word_pairs(words.to(torch.int64) & 0xFFFFFFFF)
+    out = [bf16_bits_value(p & 0xFFFF) for p in pairs] + [bf16_bits_value(p >> 16) for p in pairs]
     return torch.stack(out, -1) * 2.0 ** 126 * scales.double().unsqueeze(-1)
 
 
@@ -121,7 +96,7 @@ def fp8_words_to_bf16n(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     out = []
     for k in range(4):
         b = (u >> (8 * k)) & 0xFF
-        out.append(_bf16_bits(((b & 0x7F) << 4) | ((b & 0x80) << 8)))
+        out.append(bf16_bits_value(((b & 0x7F) << 4) | ((b & 0x80) << 8)))
     return torch.stack(out, -1) * 2.0 ** 120 * 2.0 ** (s.to(torch.int64) - 127).double().unsqueeze(-1)
 
 
@@ -141,6 +116,8 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
     pages_ = max(pages, 1)
     HW8, HW4 = DH // 8, DH // 4  # a half row's words: fp4 (8 codes a word), fp8 (4 values)
     hr = max(rope // 2, 1)
+
+    softmax = softmax_step(T, H, BI, DH)
 
     @T.macro
     def load_topk(CKV, CKVS, kidx, cw, sw, x, i, hf):
@@ -250,17 +227,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                     T.gemm(Q_r, K_s[2 * s + 1, :, :], acc_s, transpose_B=True)
                     for h, i in T.Parallel(H, BI):
                         acc_s[h, i] = acc_s[h, i] * scale2
-                    T.copy(m, m_prev)
-                    T.reduce_max(acc_s, m, dim=1, clear=False)
-                    for h in T.Parallel(H):
-                        alpha[h] = T.exp2(m_prev[h] - m[h])
-                    for h, i in T.Parallel(H, BI):
-                        acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
-                    T.reduce_sum(acc_s, l_blk, dim=1)
-                    for h in T.Parallel(H):
-                        l[h] = l[h] * alpha[h] + l_blk[h]
-                    for h, d in T.Parallel(H, DH):
-                        acc_o[h, d] = acc_o[h, d] * alpha[h]
+                    softmax(acc_s, acc_o, m, m_prev, alpha, l, l_blk)
                     if b > 0:  # warpgroup 1 has read the previous block's P and factors
                         T.mbarrier_wait_parity(s_free, (b - 1) & 1)
                     T.copy(acc_s, S_s)
