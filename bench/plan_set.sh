@@ -10,7 +10,8 @@
 #             MMAs are on in main since the twenty-fifth session, the prefill MoE GEMM on bf16 MMAs
 #             since the twenty-seventh)
 #   skip      the prefill MoE GEMM's warpgroups past their expert's end skip their MMAs (skip_empty)
-#   wsa       the prefill sparse attention with its roles apart (tilelang_attention prefill_ws)
+#   wsoff     the prefill sparse attention back on one program for all roles (main takes the
+#             program with its roles apart, tilelang_attention prefill_ws, since the thirtieth session)
 #   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
 #   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
 #   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program; wo_a's
@@ -31,7 +32,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 rows='{"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}'
 skip=('tilelang_grouped_gemm_fp4_bf16={"skip_empty": 1}')
-wsa=('tilelang_attention={"prefill_ws": 1}')
+wsoff=('tilelang_attention={"prefill_ws": 0}')
 bfg=("tilelang_gemm_fp8_bf16=$rows")
 bfp=('tilelang_attention={"prefill_stages": 2}')
 all=("${skip[@]}" "${bfg[@]}" "${bfp[@]}")
@@ -55,7 +56,7 @@ for name in "${names[@]}"; do
     t0=$(date +%s)
     case $name in
         main) "$vp" main "$out" ;;
-        skip|wsa|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
+        skip|wsoff|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
         e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
         e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
         e2esrows) VARIANT_E2E=1 "$vp" e2esrows "$out" "${srows[@]}" ;;
