@@ -1,5 +1,6 @@
 """TileLang templates render on the CPU for sm90/sm100 through the registry, and their sm90 builds
 have the instructions they are meant to use and no register spills (ptxas report)."""
+import re
 import shutil
 
 import torch
@@ -279,17 +280,22 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
     """rope_dim (fuse_attention_rope): q's last 64 dims are rotated as the row's q goes into shared
     memory, the output's de-rotated as it is stored (the unsplit program) or in the combine (split
     decode rows), each at the row's position with the frequencies the host passes (FREQ); the
-    angles are reduced mod 2 pi in fp64. Both programs and the pipelined prefill one build without
-    new spills."""
+    angles are reduced mod 2 pi in fp64, their cosines and sines taken once a row (not once a
+    head). q is read from global memory only by whole-row copies: the rotated tail is staged and
+    rotated from shared memory (QR_s; element loads of q in the rotation put one memory latency
+    after another), and the ws program copies its halves in 16-byte pieces (no element stores into
+    Q_l). Each program (split, unsplit, pipelined, ws) builds without new spills."""
     import dataclasses
 
     from deepinfer.codegen.library.tilelang_host import rope_frequencies
     from deepinfer.ir.ops.attention import yarn_freqs
 
-    sm90 = get_target("sm90")
+    ws_on = get_target("sm90")
+    sm90 = dataclasses.replace(ws_on, defaults=dict(ws_on.defaults, tilelang_attention=dict(
+        ws_on.defaults["tilelang_attention"], prefill_ws=0)))
     piped_on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_attention=dict(
         sm90.defaults["tilelang_attention"], prefill_stages=2)))
-    for n, target in ((64, sm90), (4096, sm90), (4096, piped_on)):
+    for n, target in ((64, sm90), (4096, sm90), (4096, piped_on), (4096, ws_on)):
         spec = attn_spec(n, slots=1 if n > 64 else 64, pages=64, maxp=64)
         rope = _with_rope(spec)
         tpl = select(target, rope)
@@ -297,6 +303,11 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
         plain, src = tpl.render(target, spec, cfg), tpl.render(target, rope, cfg)
         assert "FREQ" in [p for p, _ in src.meta["params"]]
         assert "__cosf" not in plain.text and src.text.count("floor(") >= (4 if cfg["splits"] == 1 else 2)
+        assert src.text.count("__cosf") == 2
+        if cfg.get("ws"):
+            assert not re.search(r"\(\(bfloat16_t\*\)Q_l\)\[[^;]*\] = Q\[", src.text)
+        else:
+            assert "QR_s" in src.text and "(float)Q[" not in src.text
         if cfg["splits"] > 1:
             comb = src.meta["combine"]
             assert "__cosf" in comb["text"] and {"POS", "FREQ"} <= {p for p, _ in comb["params"]}

@@ -76,6 +76,22 @@ def rotated(T, re, im, ang, part: int):
     return rotate_cs(T, re, im, T.call_extern("float32", "__cosf", r), T.call_extern("float32", "__sinf", r), part)
 
 
+def rope_table(T, hr: int):
+    """A macro: the row's RoPE cosines and sines into cs_s [hr, 4] (cos, sin of +angle; cos, sin of
+    -angle, for the output's inverse rotation), once a row rather than once for each of the heads
+    (the same fp32 angle and reduction as `rotated`)."""
+    @T.macro
+    def table(cs_s, POS, FREQ, t):
+        for j in T.Parallel(hr):
+            ang = T.Cast("float32", POS[t]) * FREQ[j]
+            cs_s[j, 0] = T.call_extern("float32", "__cosf", reduced_angle(T, ang))
+            cs_s[j, 1] = T.call_extern("float32", "__sinf", reduced_angle(T, ang))
+            cs_s[j, 2] = T.call_extern("float32", "__cosf", reduced_angle(T, -ang))
+            cs_s[j, 3] = T.call_extern("float32", "__sinf", reduced_angle(T, -ang))
+
+    return table
+
+
 def softmax_step(T, H: int, BI: int, width: int):
     """The online softmax's step (a macro) over a key block's scaled, masked scores acc_s [H, BI]
     in the exp2 domain: the running max m (m_prev its last value), the rescale factor alpha, the
@@ -170,9 +186,11 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             P_s = T.alloc_shared((H, BI), "bfloat16")
             C_s = T.alloc_shared((BI, D // 2) if mode == "sparse" else (1, 1), "uint8")
             CS_s = T.alloc_shared((BI, D // 16) if mode == "sparse" else (1, 1), "float8_e4m3")
-            # the frequencies in shared memory: reloaded after the key loop's barriers, not held in
-            # registers across it from q's rotation (which spilled in the pipelined loop)
-            f_s = T.alloc_shared((max(rope // 2, 1),), "float32")
+            # the rotation's cosines and sines in shared memory: reloaded after the key loop's
+            # barriers, not held in registers across it from q's rotation (which spilled in the
+            # pipelined loop); q's rotated tail staged as it is in QR_s
+            cs_s = T.alloc_shared((max(rope // 2, 1), 4), "float32")
+            QR_s = T.alloc_shared((H, max(rope, 2)), "bfloat16")
             kvalid = T.alloc_shared((BI,), "int32")
             ksrc = T.alloc_shared((BI,), "int32")  # 0: step row, 1: ring, 2: compressed
             krow = T.alloc_shared((BI,), "int32")  # step row / ring row (slot * R + idx) / page * PE + row
@@ -201,14 +219,18 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             wend = T.Cast("int32", POS[r0]) - 1 if mode == "dspark" else p  # newest window position
 
             if rope:  # q's RoPE (rope_around): its tail rotated at the row's position on the way in
-                for j in T.Parallel(rope // 2):
-                    f_s[j] = FREQ[j]
+                rope_table(T, rope // 2)(cs_s, POS, FREQ, t)
+                # the tail is copied whole first and rotated from shared memory: rotating it from
+                # global memory put a load latency behind each pass's branch-free but dependent
+                # stores (one latency after another, a pass at a time)
                 for h, d in T.Parallel(H, D - rope):
                     Q_s[h, d] = Q[t, h, d]
+                for h, d in T.Parallel(H, rope):
+                    QR_s[h, d] = Q[t, h, D - rope + d]
                 for h, j in T.Parallel(H, rope // 2):
                     c = D - rope + 2 * j
-                    Q_s[h, c] = rotated(T, Q[t, h, c], Q[t, h, c + 1], T.Cast("float32", POS[t]) * f_s[j], 0)
-                    Q_s[h, c + 1] = rotated(T, Q[t, h, c], Q[t, h, c + 1], T.Cast("float32", POS[t]) * f_s[j], 1)
+                    Q_s[h, c] = rotate_cs(T, QR_s[h, 2 * j], QR_s[h, 2 * j + 1], cs_s[j, 0], cs_s[j, 1], 0)
+                    Q_s[h, c + 1] = rotate_cs(T, QR_s[h, 2 * j], QR_s[h, 2 * j + 1], cs_s[j, 0], cs_s[j, 1], 1)
             else:
                 T.copy(Q[t, 0, 0], Q_s)
             if piped:  # (ahead of the accumulators' first use: its index math holds no registers of theirs)
@@ -286,8 +308,8 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                         O[t, h, d] = Q_s[h, d]
                     for h, j in T.Parallel(H, rope // 2):
                         c = D - rope + 2 * j
-                        O[t, h, c] = rotated(T, Q_s[h, c], Q_s[h, c + 1], -(T.Cast("float32", POS[t]) * f_s[j]), 0)
-                        O[t, h, c + 1] = rotated(T, Q_s[h, c], Q_s[h, c + 1], -(T.Cast("float32", POS[t]) * f_s[j]), 1)
+                        O[t, h, c] = rotate_cs(T, Q_s[h, c], Q_s[h, c + 1], cs_s[j, 2], cs_s[j, 3], 0)
+                        O[t, h, c + 1] = rotate_cs(T, Q_s[h, c], Q_s[h, c + 1], cs_s[j, 2], cs_s[j, 3], 1)
                 else:
                     T.copy(acc_o, O[t, 0, 0])
             else:

@@ -23,7 +23,7 @@ denominator, the output rounded to bf16 before the inverse RoPE.
 """
 import torch
 
-from .tilelang_attention import LOG2E, NEG, reduced_angle, rotate_cs, softmax_step
+from .tilelang_attention import LOG2E, NEG, rope_table, rotate_cs, softmax_step
 from .tilelang_gemm import _tl, ceil_div
 from .tilelang_moe_prefill import BF16X2_MUL, bf16_bits_value, pair_expr, word_pairs
 
@@ -115,6 +115,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
     scale2 = D ** -0.5 * LOG2E
     pages_ = max(pages, 1)
     HW8, HW4 = DH // 8, DH // 4  # a half row's words: fp4 (8 codes a word), fp8 (4 values)
+    NT = 256 + PRODUCER
     hr = max(rope // 2, 1)
 
     softmax = softmax_step(T, H, BI, DH)
@@ -160,7 +161,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                 SLOTS: T.Tensor((nseq,), "int32"), BT: T.Tensor((nseq, maxp), "int32"),
                 O: T.Tensor((n, H, D), "bfloat16"), OP: T.Tensor((1, 1, 1, 1), "float32"),
                 ML: T.Tensor((1, 1, 1, 2), "float32"), FREQ: T.Tensor((hr,), "float32")):
-        with T.Kernel(n, 1, threads=256 + PRODUCER, prelude=widen_prelude()) as (t, sp):
+        with T.Kernel(n, 1, threads=NT, prelude=widen_prelude()) as (t, sp):
             Q_l = T.alloc_shared((H, DH), "bfloat16")
             Q_r = T.alloc_shared((H, DH), "bfloat16")
             K_s = T.alloc_shared((4, BI, DH), "bfloat16")  # [2 * stage + half]
@@ -195,21 +196,28 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
             p = T.Cast("int32", POS[t])
             slot = SLOTS[seq]
             if rope:  # q's RoPE on the way in; the angles' cosines and sines once a row
-                for j in T.Parallel(hr):
-                    ang = T.Cast("float32", POS[t]) * FREQ[j]
-                    cs_s[j, 0] = T.call_extern("float32", "__cosf", reduced_angle(T, ang))
-                    cs_s[j, 1] = T.call_extern("float32", "__sinf", reduced_angle(T, ang))
-                    cs_s[j, 2] = T.call_extern("float32", "__cosf", reduced_angle(T, -ang))
-                    cs_s[j, 3] = T.call_extern("float32", "__sinf", reduced_angle(T, -ang))
+                rope_table(T, hr)(cs_s, POS, FREQ, t)
                 T.sync_threads()
-            T.copy(Q[t, :, 0:DH], Q_l)
-            for h, d in T.Parallel(H, DH - rope):
-                Q_r[h, d] = Q[t, h, DH + d]
+            # q in 16-byte pieces (its rotated tail a pair at a time), one a thread a pass, the
+            # last pass's spare threads clamped to the last piece (a second write of the same
+            # value): an element-wise copy over 384 threads, which do not divide q's halves, puts
+            # each pass's load behind a branch of its own, one memory latency after another
+            for j in T.unroll(ceil_div(H * DH // 8, NT)):
+                c = T.min(j * NT + tx, H * DH // 8 - 1)
+                for v in T.vectorized(8):
+                    Q_l[c // (DH // 8), c % (DH // 8) * 8 + v] = Q[t, c // (DH // 8), c % (DH // 8) * 8 + v]
+            WR = (DH - rope) // 8
+            for j in T.unroll(ceil_div(H * WR, NT)):
+                c = T.min(j * NT + tx, H * WR - 1)
+                for v in T.vectorized(8):
+                    Q_r[c // WR, c % WR * 8 + v] = Q[t, c // WR, DH + c % WR * 8 + v]
             if rope:
-                for h, j in T.Parallel(H, rope // 2):
-                    c = D - rope + 2 * j
-                    Q_r[h, c - DH] = rotate_cs(T, Q[t, h, c], Q[t, h, c + 1], cs_s[j, 0], cs_s[j, 1], 0)
-                    Q_r[h, c + 1 - DH] = rotate_cs(T, Q[t, h, c], Q[t, h, c + 1], cs_s[j, 0], cs_s[j, 1], 1)
+                for j in T.unroll(ceil_div(H * hr, NT)):
+                    c = T.min(j * NT + tx, H * hr - 1)
+                    h, jj = c // hr, c % hr
+                    col = D - rope + 2 * jj
+                    Q_r[h, col - DH] = rotate_cs(T, Q[t, h, col], Q[t, h, col + 1], cs_s[jj, 0], cs_s[jj, 1], 0)
+                    Q_r[h, col + 1 - DH] = rotate_cs(T, Q[t, h, col], Q[t, h, col + 1], cs_s[jj, 0], cs_s[jj, 1], 1)
             T.fence_proxy_async()  # q's tiles are read next by wgmma (the async proxy)
             T.sync_threads()
 
