@@ -312,7 +312,7 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
             comb = src.meta["combine"]
             assert "__cosf" in comb["text"] and {"POS", "FREQ"} <= {p for p, _ in comb["params"]}
             assert "__cosf" not in plain.meta["combine"]["text"]
-        if shutil.which("nvcc"):
+        if shutil.which("nvcc") and not cfg.get("ws"):  # (the ws build: test_tilelang_sparse_prefill)
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
             for a, b in [(plain.text, src.text)] + ([(plain.meta["combine"]["text"], src.meta["combine"]["text"])]
