@@ -294,7 +294,16 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         if nb % s == 0 and n * s <= 2 * TARGET.cores and n < TARGET.cores:
             splits = s
             break
-    c = dict({"block_I": 64, "splits": splits, "threads": 256}, **(config or {}))
+    # ATTN_BASE: a JSON object over every attention case's config (the tiny cases with a knob on)
+    # (the keys widened a word at a time where sm90's defaults say so, as its plans have them)
+    kw = {"kwords": 1} if TARGET.defaults["tilelang_attention"].get("kwords") else {}
+    c = dict({"block_I": 64, "splits": splits, "threads": 256}, **kw, **json.loads(os.environ.get("ATTN_BASE", "{}")),
+             **(config or {}))
+    # the parameters the program reads through 32-bit words (the ws program's, kwords' outside a
+    # pipelined loop: tla.attention_program)
+    nx = -(-topk // 64) if mode == "sparse" else 0
+    piped = c.get("stages", 1) > 1 and mode == "sparse" and c["splits"] == 1 and nx >= c.get("stages", 1)
+    as_words = bool(c.get("ws") or (c.get("kwords") and not piped))
 
     def inputs():
         pos, tseq = [], []
@@ -335,8 +344,7 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
 
     def run(k, x):
         out, opart, ml, freq, sp = x["out"], x["opart"], x["ml"], x["freq"], c["splits"]
-        words = (lambda v: v.view(torch.uint8).view(torch.uint32)) if c.get("ws") else (lambda v: v)  # noqa: E731
-        # (ws: its parameters read the key buffers through 32-bit words)
+        words = (lambda v: v.view(torch.uint8).view(torch.uint32)) if as_words else (lambda v: v)  # noqa: E731
         k[0](x["q"], words(x["kv"]), words(x["kvs"]), words(x["ring"]), words(x["rings"]), words(x["ckv"]),
              words(x["ckvs"]), x["top"], x["sink"], x["pos"], x["tseq"], x["slots"], x["bt"], out, opart, ml, freq)
         if sp > 1:

@@ -172,17 +172,50 @@ def test_sparse_attn_sm90_structure():
     src = tpl.render(t, spec, cfg)
     assert tpl.name == "tilelang_sparse_attn" and src.entry == "attn_kernel"
     params = dict(_signature(src))
-    assert params == {"Q": "const bfloat16_t*", "KV": "const fp8_e4_t*", "KVS": "const uchar*",
-                      "RING": "const fp8_e4_t*", "RINGS": "const uchar*", "CKV": "const uchar*",
-                      "CKVS": "const fp8_e4_t*", "TOP": "const int*", "POS": "const int64_t*", "TSEQ": "const int*",
+    # (sm90 reads the key buffers through 32-bit words: kwords, test_decode_keys_widen_a_word_at_a_time)
+    assert params == {"Q": "const bfloat16_t*", "KV": "const uint*", "KVS": "const uint*",
+                      "RING": "const uint*", "RINGS": "const uint*", "CKV": "const uint*",
+                      "CKVS": "const uint*", "TOP": "const int*", "POS": "const int64_t*", "TSEQ": "const int*",
                       "SLOTS": "const int*", "BT": "const int*", "OP": "float*", "ML": "float*"}
     # rows x splits of the key range; each split writes partial outputs and (max, sum) for the combine
     assert src.grid == (64, cfg["splits"], 1) and src.block == (cfg["threads"], 1, 1)
     assert 0 < src.smem_bytes <= t.smem_bytes and src.text.count("__shared__") == 1 and "wgmma" in src.text
     assert src.meta["dims"]["topk"] == 512 and src.meta["dims"]["window"] == 128
     assert "combine_kernel" in str(src.meta["combine"])
-    # keys are gathered a row piece at a time (16 bytes of fp4 codes, 8 of fp8), not byte by byte
-    assert "*(uint4*)(CKV" in src.text and "*(fp8_e4_8_t*)(RING" in src.text
+    # keys are gathered a row piece at a time (16 bytes of fp4 codes or of fp8 values), not byte by byte
+    assert "*(uint4*)(CKV" in src.text and "*(uint4*)(RING" in src.text
+
+
+@pytest.mark.parametrize("op,n", [("sparse_attn", 1), ("sparse_attn", 64), ("window_attn", 1), ("dspark_block_attn", 64)])
+def test_decode_keys_widen_a_word_at_a_time(op, n):
+    """`kwords` in a target's tilelang_attention defaults (sm90 sets it): the decode program reads
+    each key from its one source through 32-bit words and widens 8 values a call (the fp8 window
+    keys by deepinfer_fp8x8_bf16n, the fp4 compressed ones by deepinfer_fp4x8_bf16n), where the
+    element-wise path read both fp8 sources and converted a value at a time. Off, it is that
+    path. It builds for sm_90a without spills."""
+    import dataclasses
+
+    on = get_target("sm90")
+    assert on.defaults["tilelang_attention"]["kwords"] == 1
+    off = dataclasses.replace(on, defaults=dict(on.defaults, tilelang_attention={
+        k: v for k, v in on.defaults["tilelang_attention"].items() if k != "kwords"}))
+    spec = attn_spec(n)
+    if op != "sparse_attn":
+        q, kv, ring, sink, pos, tseq, slots = (spec.in_types[i] for i in (0, 1, 2, 5, 6, 7, 8))
+        spec = KernelSpec(op, (("window", 128),), (q, kv, ring, sink, pos, tseq, slots), spec.out_types)
+    tpl = select(on, spec)
+    cfg = tpl.default_config(on, spec)
+    assert cfg["kwords"] == 1 and "kwords" not in tpl.default_config(off, spec)
+    src, plain = tpl.render(on, spec, cfg), tpl.render(off, spec, tpl.default_config(off, spec))
+    assert "deepinfer_fp8x8_bf16n(cw" in src.text and "deepinfer_fp8x8_bf16n(cw" not in plain.text
+    assert ("deepinfer_fp4x8_bf16n(cw" in src.text) == (op == "sparse_attn")
+    assert dict(_signature(src))["RING"] == "const uint*" and dict(_signature(plain))["RING"] == "const fp8_e4_t*"
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(src.text, on.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
 def test_lin8_decode_default_on_the_wgmma_program():

@@ -114,6 +114,80 @@ def softmax_step(T, H: int, BI: int, width: int):
     return step
 
 
+def key_words(T, BI: int, D: int, threads: int, n: int, R: int, PE: int):
+    """Macros that widen a 64-key block into K_s [BI, D] (bf16) from 32-bit words, `threads` //
+    BI threads a key, each PV = D / that of its values: the step's rows or the ring (fp8 words of
+    four values, ue8m0 scale words of four 32-value blocks), read from the key's one source (a
+    branch per thread, not both read and one kept), or the compressed rows (fp4 words of eight
+    codes, e4m3 scale words of four 16-code blocks); 8 values at a time by the prelude's
+    deepinfer_fp8x8_bf16n / deepinfer_fp4x8_bf16n (tilelang_sparse_prefill), stored 16 bytes at a
+    time. The element-wise widening spent about ten instructions a value."""
+    from types import SimpleNamespace
+
+    TPR = threads // BI
+    PV = D // TPR
+    assert threads % BI == 0 and D % TPR == 0 and PV % 32 == 0, "a thread's values are whole 32-value scale blocks"
+    assert PV % 128 == 0 or 128 % PV == 0, "a thread's values start a scale word or lie inside one"
+    NW8, NW4 = PV // 4, PV // 8  # a thread's words: fp8, fp4
+    NS8, NS4 = -(-PV // 128), -(-PV // 64)  # its scale words (a part of one where PV is smaller)
+
+    def scale(sw, c0, k: int, per: int):
+        """The scale byte of the thread's values 8k.. (c0 its first, `per` values a scale): the
+        word and byte known here where the thread's values start a scale word, else the byte
+        from c0."""
+        off = 8 * k
+        if PV % (4 * per) == 0:
+            return T.bitwise_and(T.shift_right(sw[off // (4 * per)], T.uint32(8 * ((off // per) % 4))), T.uint32(0xFF))
+        byte = T.Cast("uint32", 8 * (((c0 + off) // per) % 4))
+        return T.bitwise_and(T.shift_right(sw[0], byte), T.uint32(0xFF))
+
+    @T.macro
+    def fp8(KV, KVS, RING, RINGS, ksrc, krow, K_s, cw, sw, wide, tx):
+        i = tx // TPR
+        c0 = (tx % TPR) * PV  # the thread's first value in the key
+        sr = T.min(krow[i], n - 1)
+        rs = krow[i] // R
+        ri = krow[i] % R
+        if ksrc[i] == 0:
+            for v in T.vectorized(NW8):
+                cw[v] = KV[sr, c0 // 4 + v]
+            for v in T.vectorized(NS8):
+                sw[v] = KVS[sr, c0 // 128 + v]
+        else:
+            for v in T.vectorized(NW8):
+                cw[v] = RING[rs, ri, c0 // 4 + v]
+            for v in T.vectorized(NS8):
+                sw[v] = RINGS[rs, ri, c0 // 128 + v]
+        for k in T.unroll(PV // 8):  # 8 values (two words) at a time
+            col = c0 + 8 * k
+            T.evaluate(T.call_extern("handle", "deepinfer_fp8x8_bf16n", cw[2 * k], cw[2 * k + 1], scale(sw, c0, k, 32),
+                                     T.address_of(wide[0])))
+            for v in T.vectorized(8):
+                K_s[i, col + v] = wide[v]
+
+    @T.macro
+    def fp4(CKV, CKVS, krow, K_s, cw, sw, wide, tx):
+        i = tx // TPR
+        c0 = (tx % TPR) * PV
+        r = krow[i]
+        for v in T.vectorized(NW4):
+            cw[v] = CKV[r // PE, r % PE, c0 // 8 + v]
+        for v in T.vectorized(NS4):
+            sw[v] = CKVS[r // PE, r % PE, c0 // 64 + v]
+        for k in T.unroll(NW4):  # a word: 8 codes, half a scale block
+            col = c0 + 8 * k
+            T.evaluate(T.call_extern(
+                "handle", "deepinfer_fp4x8_bf16n", cw[k],
+                T.call_extern("uint32", "deepinfer_e4m3_bf16x2", scale(sw, c0, k, 16)),
+                T.address_of(wide[0])))
+            for v in T.vectorized(8):
+                K_s[i, col + v] = wide[v]
+
+    from .tilelang_sparse_prefill import widen_prelude  # (it imports this module)
+
+    return SimpleNamespace(fp8=fp8, fp4=fp4, NW=max(NW8, NW4), NS=max(NS8, NS4), PV=PV, prelude=widen_prelude())
+
+
 def ws_supports(d: Mapping[str, Any]) -> bool:
     """Shapes the program with its roles apart takes: 64 heads, D in two halves of whole 128-wide
     word groups, the rotated tail inside the second half (tilelang_sparse_prefill)."""
@@ -123,12 +197,14 @@ def ws_supports(d: Mapping[str, Any]) -> bool:
 def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, window: int, *, topk: int = 0,
                       pages: int = 1, PE: int = 1, nseq: int = 1, maxp: int = 1, max_block: int = 32,
                       block_I: int = 64, splits: int = 1, threads: int = 256, stages: int = 1, rope: int = 0,
-                      ws: int = 0):
+                      ws: int = 0, kwords: int = 0):
     """The attention kernel (and, when splits > 1, the partial-output layout the combine reads).
     `stages` 2 (mode "sparse", one split: prefill): the top-k blocks in a software pipeline, the
     packed rows of block b + 1 copied asynchronously while block b is widened and multiplied,
     instead of each gather waiting on memory with nothing else in flight. `ws` (mode "sparse",
-    one split): the program with its roles apart (tilelang_sparse_prefill)."""
+    one split): the program with its roles apart (tilelang_sparse_prefill). `kwords`: the key
+    blocks of the plain loop read through 32-bit words (the parameters' types; the launch passes
+    pointers) and widened a word at a time, each key from its one source (key_words)."""
     if ws and mode == "sparse" and splits == 1 and ws_supports(dict(H=H, D=D, rope=rope)) and block_I == 64:
         from .tilelang_sparse_prefill import sparse_ws_program
 
@@ -171,16 +247,26 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                 T.Cast("int32", C_s[i, d // 2]), (d % 2) * 4), 15))
                 * (T.Cast("float32", CS_s[i, d // 16]) * 16384.0))
 
+    kwords = kwords and not piped
+    if kwords:
+        kw = key_words(T, BI, D, threads, n, R, PE)
+        tkv, tkvs, trg, trgs = ((n, D // 4), "uint32"), ((n, D // 128), "uint32"), ((slots, R, D // 4), "uint32"), \
+            ((slots, R, D // 128), "uint32")
+        tckv, tckvs = ((pages_, PE, D // 8), "uint32"), ((pages_, PE, D // 64), "uint32")
+    else:
+        tkv, tkvs, trg, trgs = ((n, D), "float8_e4m3"), ((n, D // 32), "uint8"), ((slots, R, D), "float8_e4m3"), \
+            ((slots, R, D // 32), "uint8")
+        tckv, tckvs = ((pages_, PE, D // 2), "uint8"), ((pages_, PE, D // 16), "float8_e4m3")
+
     @T.prim_func
-    def attn(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor((n, D), "float8_e4m3"),
-             KVS: T.Tensor((n, D // 32), "uint8"), RING: T.Tensor((slots, R, D), "float8_e4m3"),
-             RINGS: T.Tensor((slots, R, D // 32), "uint8"), CKV: T.Tensor((pages_, PE, D // 2), "uint8"),
-             CKVS: T.Tensor((pages_, PE, D // 16), "float8_e4m3"), TOP: T.Tensor((n, max(topk, 1)), "int32"),
+    def attn(Q: T.Tensor((n, H, D), "bfloat16"), KV: T.Tensor(*tkv), KVS: T.Tensor(*tkvs), RING: T.Tensor(*trg),
+             RINGS: T.Tensor(*trgs), CKV: T.Tensor(*tckv), CKVS: T.Tensor(*tckvs),
+             TOP: T.Tensor((n, max(topk, 1)), "int32"),
              SINK: T.Tensor((H,), "float32"), POS: T.Tensor((n,), "int64"), TSEQ: T.Tensor((n,), "int32"),
              SLOTS: T.Tensor((nseq,), "int32"), BT: T.Tensor((nseq, maxp), "int32"),
              O: T.Tensor((n, H, D), "bfloat16"), OP: T.Tensor(op_shape, "float32"),
              ML: T.Tensor(ml_shape, "float32"), FREQ: T.Tensor((max(rope // 2, 1),), "float32")):
-        with T.Kernel(n, splits, threads=threads) as (t, sp):
+        with T.Kernel(n, splits, threads=threads, prelude=kw.prelude if kwords else None) as (t, sp):
             Q_s = T.alloc_shared((H, D), "bfloat16")
             K_s = T.alloc_shared((BI, D), "bfloat16")
             P_s = T.alloc_shared((H, BI), "bfloat16")
@@ -204,6 +290,11 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             l = T.alloc_fragment((H,), "float32")
             l_blk = T.alloc_fragment((H,), "float32")
             r0 = T.alloc_var("int32")
+            if kwords:  # a thread's words of one key (kw.PV values) and their scales, and 8 values widened
+                cw = T.alloc_local((kw.NW,), "uint32")
+                sw = T.alloc_local((kw.NS,), "uint32")
+                wide = T.alloc_local((8,), "bfloat16")
+                tx = T.get_thread_binding()
 
             seq = TSEQ[t]
             p = T.Cast("int32", POS[t])
@@ -266,7 +357,12 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                                 kvalid[i] = T.Cast("int32", ok)
                                 ksrc[i] = 0
                                 krow[i] = T.min(rr, n - 1)
-                    if mode != "sparse" or b < NW:
+                    if kwords:
+                        if mode != "sparse" or b < NW:
+                            kw.fp8(KV, KVS, RING, RINGS, ksrc, krow, K_s, cw, sw, wide, tx)
+                        else:
+                            kw.fp4(CKV, CKVS, krow, K_s, cw, sw, wide, tx)
+                    elif mode != "sparse" or b < NW:
                         # fp8 keys of this step's rows or the ring: both read (clamped rows), one
                         # kept, so that the copy has no branch and vectorises along d
                         for i, d in T.Parallel(BI, D):
@@ -390,7 +486,7 @@ def attention_dims(spec: KernelSpec) -> dict:
 # checks TileLang would wrap around each indirect load (which also stop it vectorising) are off
 ATTN_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 MODES = {"sparse_attn": "sparse", "window_attn": "window", "dspark_block_attn": "dspark"}
-ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1,)}
+ATTN_KNOBS = {"block_I": (64,), "splits": (1, 2, 3, 4, 5, 10), "threads": (256,), "stages": (1,), "kwords": (0, 1)}
 # stages 2 and ws (tilelang_sparse_prefill) change the program of unsplit sparse calls alone
 KNOBS_BY_OP = {"sparse_attn": dict(ATTN_KNOBS, stages=(1, 2), ws=(0, 1))}
 
@@ -399,7 +495,8 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     """Enough CTAs to cover the SMs: decode rows get their key blocks split, prefill rows do not,
     unless the target's unsplit program spills (`target.defaults["tilelang_attention"]`). An
     unsplit sparse call takes the target's `prefill_stages` (the pipelined top-k blocks; 1: off) and
-    `prefill_ws` (the program with its roles apart; 0: off)."""
+    `prefill_ws` (the program with its roles apart; 0: off); the other calls its `kwords` (keys
+    widened a word at a time; 0: off)."""
     d = attention_dims(spec)
     mode = MODES[spec.op]
     nb = d["window"] // 64 + {"sparse": ceil_div(d.get("topk", 0), 64), "window": 0, "dspark": 1}[mode]
@@ -415,7 +512,9 @@ def attention_default_config(target: Target, spec: KernelSpec) -> dict:
     unsplit = mode == "sparse" and splits == 1
     stages = tdef.get("prefill_stages", 1) if unsplit else 1
     out = {"block_I": 64, "splits": splits, "threads": 256, "stages": stages}
-    return dict(out, ws=1) if unsplit and tdef.get("prefill_ws", 0) and ws_supports(d) else out
+    if unsplit and tdef.get("prefill_ws", 0) and ws_supports(d):
+        return dict(out, ws=1)
+    return dict(out, kwords=1) if tdef.get("kwords", 0) and stages == 1 else out
 
 
 def render_attention(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:

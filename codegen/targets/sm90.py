@@ -18,7 +18,7 @@ TARGET = Target(
         # warpgroup gathers and widens the key rows; tilelang_sparse_prefill): the medium 4K call
         # 1.52x the single-role program's on an H100, checked in the plan (docs/performance.md,
         # twenty-ninth and thirtieth sessions)
-        "tilelang_attention": {"min_splits": 1, "prefill_ws": 1},
+        "tilelang_attention": {"min_splits": 1, "prefill_ws": 1, "kwords": 1},
         # the decode linears' K split from the shape (block_linear_split), not a fixed 8: the
         # router's 3 tiles of 32 split 16 ways (b1 1.9% faster on an H100, medium widths on 20
         # layers; docs/performance.md, twenty-sixth session)
