@@ -12,6 +12,8 @@
 #   skip      the prefill MoE GEMM's warpgroups past their expert's end skip their MMAs (skip_empty)
 #   wsoff     the prefill sparse attention back on one program for all roles (main takes the
 #             program with its roles apart, tilelang_attention prefill_ws, since the thirtieth session)
+#   kwoff     the decode attention's keys widened a value at a time again (main reads them a word at
+#             a time, tilelang_attention kwords, since the thirty-first session)
 #   bfg       the prefill fp8 linears on bf16 MMAs (tilelang_gemm_fp8_bf16)
 #   bfp       prefill sparse attention's top-k blocks pipelined (tilelang_attention prefill_stages 2)
 #   rows1     the prefill row kernels back on one row a program (triton_ops.rows_per_program; wo_a's
@@ -33,6 +35,7 @@ mkdir -p "$out"
 rows='{"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256}'
 skip=('tilelang_grouped_gemm_fp4_bf16={"skip_empty": 1}')
 wsoff=('tilelang_attention={"prefill_ws": 0}')
+kwoff=('tilelang_attention={"kwords": 0}')
 bfg=("tilelang_gemm_fp8_bf16=$rows")
 bfp=('tilelang_attention={"prefill_stages": 2}')
 all=("${skip[@]}" "${bfg[@]}" "${bfp[@]}")
@@ -56,7 +59,7 @@ for name in "${names[@]}"; do
     t0=$(date +%s)
     case $name in
         main) "$vp" main "$out" ;;
-        skip|wsoff|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
+        skip|wsoff|kwoff|bfg|bfp|rows1|all|tmal|alltma) unset -n args; declare -n args=$name; "$vp" "$name" "$out" "${args[@]}" ;;
         e2e) VARIANT_E2E=1 "$vp" e2e "$out" ;;
         e2eall) VARIANT_E2E=1 "$vp" e2eall "$out" "${all[@]}" ;;
         e2esrows) VARIANT_E2E=1 "$vp" e2esrows "$out" "${srows[@]}" ;;
