@@ -274,12 +274,13 @@ def test_sparse_attn_prefill_pipeline_is_a_target_default():
     top-k blocks: every top-k entry's row resolved once into shared memory, then the packed rows of
     later blocks copied with cp.async into double buffers while a block is widened and multiplied.
     Split (decode) calls and sm90's defaults keep the plain loop (the single-role program's, with
-    sm90's prefill_ws off here: that program takes no stages)."""
+    sm90's prefill_ws off here: that program takes no stages; and kwords off, whose plain loop
+    stages no packed rows)."""
     import dataclasses
 
     sm90 = get_target("sm90")
     sm90 = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_attention=dict(
-        sm90.defaults["tilelang_attention"], prefill_ws=0)))
+        sm90.defaults["tilelang_attention"], prefill_ws=0, kwords=0)))
     on = dataclasses.replace(sm90, defaults=dict(sm90.defaults, tilelang_attention=dict(
         sm90.defaults["tilelang_attention"], prefill_stages=2)))
     prefill, decode = attn_spec(4096, slots=1, pages=64, maxp=64), attn_spec(64)
