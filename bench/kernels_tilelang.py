@@ -294,16 +294,12 @@ def attention_case(label, mode, seqs, H=64, D=512, window=128, R=134, topk=512, 
         if nb % s == 0 and n * s <= 2 * TARGET.cores and n < TARGET.cores:
             splits = s
             break
-    # ATTN_BASE: a JSON object over every attention case's config (the tiny cases with a knob on)
-    # (the keys widened a word at a time where sm90's defaults say so, as its plans have them)
+    # sm90's kwords as its plans have it; ATTN_BASE: a JSON object over every attention case's
+    # config (the tiny cases with a knob on)
     kw = {"kwords": 1} if TARGET.defaults["tilelang_attention"].get("kwords") else {}
     c = dict({"block_I": 64, "splits": splits, "threads": 256}, **kw, **json.loads(os.environ.get("ATTN_BASE", "{}")),
              **(config or {}))
-    # the parameters the program reads through 32-bit words (the ws program's, kwords' outside a
-    # pipelined loop: tla.attention_program)
-    nx = -(-topk // 64) if mode == "sparse" else 0
-    piped = c.get("stages", 1) > 1 and mode == "sparse" and c["splits"] == 1 and nx >= c.get("stages", 1)
-    as_words = bool(c.get("ws") or (c.get("kwords") and not piped))
+    as_words = tla.reads_words(mode, H, D, topk, c, rope)
 
     def inputs():
         pos, tseq = [], []

@@ -185,7 +185,28 @@ def key_words(T, BI: int, D: int, threads: int, n: int, R: int, PE: int):
 
     from .tilelang_sparse_prefill import widen_prelude  # (it imports this module)
 
-    return SimpleNamespace(fp8=fp8, fp4=fp4, NW=max(NW8, NW4), NS=max(NS8, NS4), PV=PV, prelude=widen_prelude())
+    return SimpleNamespace(fp8=fp8, fp4=fp4, NW=max(NW8, NW4), NS=max(NS8, NS4), prelude=widen_prelude())
+
+
+def reads_words(mode: str, H: int, D: int, topk: int, c: Mapping[str, Any], rope: int = 0) -> bool:
+    """Whether attention_program with config `c` declares its key buffers as 32-bit words (the ws
+    program; kwords outside the pipelined loop), so that a caller passing tensors, not pointers,
+    views them so."""
+    if takes_ws(mode, H, D, rope, c):
+        return True
+    return bool(c.get("kwords")) and not pipelined(mode, topk, c)
+
+
+def takes_ws(mode: str, H: int, D: int, rope: int, c: Mapping[str, Any]) -> bool:
+    """attention_program renders the program with its roles apart (tilelang_sparse_prefill)."""
+    return bool(c.get("ws")) and mode == "sparse" and c.get("splits", 1) == 1 and \
+        ws_supports(dict(H=H, D=D, rope=rope)) and c.get("block_I", 64) == 64
+
+
+def pipelined(mode: str, topk: int, c: Mapping[str, Any]) -> bool:
+    """The top-k blocks run in the software pipeline (fewer blocks than stages: nothing to overlap)."""
+    stages = c.get("stages", 1)
+    return stages > 1 and mode == "sparse" and c.get("splits", 1) == 1 and ceil_div(topk, c.get("block_I", 64)) >= stages
 
 
 def ws_supports(d: Mapping[str, Any]) -> bool:
@@ -205,7 +226,8 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     one split): the program with its roles apart (tilelang_sparse_prefill). `kwords`: the key
     blocks of the plain loop read through 32-bit words (the parameters' types; the launch passes
     pointers) and widened a word at a time, each key from its one source (key_words)."""
-    if ws and mode == "sparse" and splits == 1 and ws_supports(dict(H=H, D=D, rope=rope)) and block_I == 64:
+    cfg = dict(splits=splits, stages=stages, block_I=block_I, ws=ws, kwords=kwords)
+    if takes_ws(mode, H, D, rope, cfg):
         from .tilelang_sparse_prefill import sparse_ws_program
 
         return sparse_ws_program(n, H, D, slots, R, window, topk=topk, pages=pages, PE=PE, nseq=nseq, maxp=maxp,
@@ -217,7 +239,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
     NX = {"sparse": ceil_div(topk, block_I), "window": 0, "dspark": ceil_div(max_block, block_I)}[mode]
     NB = NW + NX
     per = ceil_div(NB, splits)
-    piped = stages > 1 and mode == "sparse" and splits == 1 and NX >= stages  # (fewer blocks: nothing to overlap)
+    piped = pipelined(mode, topk, cfg)
     serial_blocks = NW if piped else per  # the blocks of the plain loop (all of a split's without piped)
     scale2 = D ** -0.5 * LOG2E
     BI = block_I
@@ -247,7 +269,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
                 T.Cast("int32", C_s[i, d // 2]), (d % 2) * 4), 15))
                 * (T.Cast("float32", CS_s[i, d // 16]) * 16384.0))
 
-    kwords = kwords and not piped
+    kwords = reads_words(mode, H, D, topk, cfg, rope)
     if kwords:
         kw = key_words(T, BI, D, threads, n, R, PE)
         tkv, tkvs, trg, trgs = ((n, D // 4), "uint32"), ((n, D // 128), "uint32"), ((slots, R, D // 4), "uint32"), \
@@ -290,7 +312,7 @@ def attention_program(mode: str, n: int, H: int, D: int, slots: int, R: int, win
             l = T.alloc_fragment((H,), "float32")
             l_blk = T.alloc_fragment((H,), "float32")
             r0 = T.alloc_var("int32")
-            if kwords:  # a thread's words of one key (kw.PV values) and their scales, and 8 values widened
+            if kwords:  # a thread's words of one key and their scales, and 8 values widened
                 cw = T.alloc_local((kw.NW,), "uint32")
                 sw = T.alloc_local((kw.NS,), "uint32")
                 wide = T.alloc_local((8,), "bfloat16")
