@@ -1,25 +1,14 @@
-"""Every Triton template against its op's reference semantics under the Triton interpreter, at
-tiny sizes (codegen.library.triton_check states the tolerance rule).
+"""Triton templates against their ops' reference semantics under the Triton interpreter, at tiny
+sizes (codegen.library.triton_check states the tolerance rule): the configs and layouts beyond
+each template's default (its K splits, row counts, MMA paths), and the template checks that need
+no interpreter. Every case at its default config: tests/test_host_recipe.py.
 
 Triton 3.9 fixes interpretation when `triton.language` is first imported (its own jit helpers
-such as tl.zeros included), so the cases run in one fresh process started with
-TRITON_INTERPRET=1 (triton_check.run_interpreted), whatever this session imported before."""
+such as tl.zeros included), so the cases run in fresh processes started with TRITON_INTERPRET=1
+(triton_check.run_interpreted), whatever this session imported before."""
 import pytest
 
 from deepinfer.codegen.library import triton_check, triton_ops
-
-CASES = triton_check.CASES
-
-
-@pytest.fixture(scope="module")
-def interpreted():
-    dims = dict(triton_check.TINY)
-    return triton_check.run_interpreted(CASES, dims, dims["n"], triton_check.SMALL_BLOCKS)
-
-
-@pytest.mark.parametrize("op", CASES)
-def test_template_matches_reference_interpreted(interpreted, op):
-    assert interpreted[op] is None, interpreted[op]
 
 
 def test_hc_rows_below_a_dot_need_a_split():
@@ -243,7 +232,7 @@ def test_grouped_gemm_fp4_with_a_partial_k_tile_matches_reference_interpreted(wo
     the MX operands as they are (MX), the codes widened to e4m3 bytes for fp8 MMAs (F8), and the
     CUDA-core path (GEMV) one and two rows at a time over experts with more rows than that."""
     dims = dict(triton_check.TINY)
-    cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
+    cases = [c for c in triton_check.CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
     got = triton_check.run_interpreted(cases, dims, dims["n"], dict(triton_check.SMALL_BLOCKS, BK=64, WORDS=words,
                                                                     MX=mx, F8=f8, GEMV=gemv, BM=bm))
     assert got == {c: None for c in cases}
@@ -263,7 +252,7 @@ def test_grouped_gemm_fp4_with_split_k_matches_reference_interpreted(mx):
     """The MoE GEMM's K split: 32-deep tiles over K = 96 (w13) and 64 (w2) in 3 splits (w2's last
     one empty), partials and the zeroed rows in part[s], summed in split order."""
     dims = dict(triton_check.TINY)
-    cases = [c for c in CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
+    cases = [c for c in triton_check.CASES if triton_check.case_op(c) == "grouped_gemm_fp4"]
     got = triton_check.run_interpreted(cases, dims, dims["n"],
                                        dict(triton_check.SMALL_BLOCKS, BK=32, SPLIT=3, WORDS=1, MX=mx))
     assert got == {c: None for c in cases}

@@ -2,8 +2,10 @@
 on meta tensors and replayed on real ones does exactly what the host code does.
 
 - Every Triton launcher: recorded at a check case's shapes, the recipe (through JSON) replayed
-  under the Triton interpreter with the JIT kernels gives the launcher's own outputs bit for bit.
-  Triton fixes interpretation when it is first imported, so this runs in a fresh process.
+  under the Triton interpreter with the JIT kernels gives the launcher's own outputs bit for bit,
+  and those outputs agree with the op's reference (triton_check's rule: the templates' interpreted
+  check, made here from the same launch). Triton fixes interpretation when it is first imported,
+  so this runs in fresh processes, the cases in a few chunks that the test workers share.
 - Every TileLang host: the replay binds the same buffers (shapes, dtypes, values) to the same
   launches and returns the same outputs as the host, with a stand-in kernel that writes its
   outputs deterministically.
@@ -50,15 +52,18 @@ def _group(out, quantised) -> tuple:
     return tuple(res)
 
 
-def _triton_worker():
-    """Runs in a TRITON_INTERPRET=1 process: one JSON line, case -> None or what differed."""
+def _triton_worker(cases):
+    """Runs in a TRITON_INTERPRET=1 process: one JSON line, case -> {"reference": None or how the
+    launcher's outputs differ from the op's reference, "replay": None or how the replayed recipe's
+    differ from the launcher's}."""
     from deepinfer.codegen.library import triton_check as tc
     from deepinfer.codegen.library import triton_kernels, triton_launchers, triton_ops
 
     dims = dict(tc.TINY)
     out = {}
-    for case in tc.CASES:
+    for case in cases:
         op = tc.case_op(case)
+        verdict = out[case] = {"reference": "not run", "replay": "not run"}
         try:
             ins, attrs = tc.make_case(case, dims, dims["n"])
             cfg = dict(triton_ops.default_config(op, dims["n"]), **{k: v for k, v in tc.SMALL_BLOCKS.items()
@@ -66,6 +71,7 @@ def _triton_worker():
             kw = triton_ops.launch_attrs(op, attrs)
             launcher = getattr(triton_launchers, triton_ops.LAUNCHERS[op])
             want = launcher(*[tc.clone_value(v) for v in ins], **kw, cfg=cfg)
+            verdict["reference"] = tc.check_outputs(case, ins, attrs, want)
             # the launches the template makes at this case, as a render records them
             seen = []
 
@@ -104,29 +110,42 @@ def _triton_worker():
             got = HostRecipe(rec, launch, torch.device("cpu"), case)(*[tc.clone_value(v) for v in ins])
             want_t = _group(want, quantised)
             same = len(got) == len(want_t) and all(_equal(a, b) for a, b in zip(got, want_t))
-            out[case] = None if same else f"outputs differ ({len(got)} vs {len(want_t)})"
+            verdict["replay"] = None if same else f"outputs differ ({len(got)} vs {len(want_t)})"
         except Exception as e:  # noqa: BLE001  (reported per case)
-            out[case] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            verdict.update({k: why for k, v in verdict.items() if v == "not run"})
     print(json.dumps(out))
 
 
-@pytest.fixture(scope="module")
-def triton_replays():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", "import runpy; runpy.run_path(%r, run_name='__recipe_worker__')"
-                        % __file__], capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert r.returncode == 0 and lines, r.stderr[-3000:]
-    return json.loads(lines[-1])
+CHUNKS = 3  # the cases in this many processes, so that the two test workers share them
 
 
-def test_every_triton_recipe_replays_like_its_launcher(triton_replays):
+def _chunk(i: int) -> list[str]:
     from deepinfer.codegen.library import triton_check
 
-    assert set(triton_replays) == set(triton_check.CASES)
-    bad = {k: v for k, v in triton_replays.items() if v is not None}
+    return triton_check.CASES[i::CHUNKS]
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_triton_template_matches_its_reference_and_replays_from_its_recipe(chunk):
+    pytest.importorskip("triton")
+    cases = _chunk(chunk)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", "import runpy; runpy.run_path(%r, run_name='__recipe_worker__')"
+                        % __file__, *cases], capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert r.returncode == 0 and lines, r.stderr[-3000:]
+    got = json.loads(lines[-1])
+    assert set(got) == set(cases)
+    bad = {k: v for k, v in got.items() if v["reference"] is not None or v["replay"] is not None}
     assert not bad, bad
+
+
+def test_the_chunks_cover_every_case_once():
+    from deepinfer.codegen.library import triton_check
+
+    together = [c for i in range(CHUNKS) for c in _chunk(i)]
+    assert sorted(together) == sorted(triton_check.CASES) and len(together) == len(set(together))
 
 
 # ---- TileLang hosts -----------------------------------------------------------------------------
@@ -266,4 +285,4 @@ def test_constants_travel_in_the_recipe_and_strides_are_checked():
 
 
 if __name__ == "__recipe_worker__":
-    _triton_worker()
+    _triton_worker(sys.argv[1:])

@@ -9,6 +9,7 @@ import torch
 
 from deepinfer.codegen.plan import PlanError, load_plan
 from deepinfer.ir import interpret
+from deepinfer.ir.quant import QTensor
 from deepinfer.models.checkpoint import load_checkpoint, make_checkpoint
 from deepinfer.models.config import load_config
 from deepinfer.models.deepseek_v41 import build_model, load_params
@@ -192,11 +193,15 @@ def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     decode = [[SeqChunk(0, 40, [7, 8, 9, 10, 11, 12], [0]), SeqChunk(1, 33, [5], [1])],
               [SeqChunk(0, 46, [3], [0]), SeqChunk(1, 34, [1, 2, 3, 4, 5, 6], [1])]]
     want, _ = _run_steps(prog.step, params, prog.state, [prefill] + decode)
+    # the prefill runs once (the builder's graph, whatever the pass): each pass's decode steps
+    # start from copies of the state it left
+    _, prefilled, _ = interpret(prog.step, step_inputs(prefill), params,
+                                allocate_state(prog.state, num_slots=2, num_pages=4))
     g = prog.step
     for name, fn in pipeline("cpu", variant="decode"):
         g = fn(g)
-        state = allocate_state(prog.state, num_slots=2, num_pages=4)
-        _, state, _ = interpret(prog.step, step_inputs(prefill), params, state)
+        state = {k: QTensor(v.data.clone(), v.scale.clone()) if isinstance(v, QTensor) else v.clone()
+                 for k, v in prefilled.items()}
         p = _params_for(g, params)
         for k, chunks in enumerate(decode):
             o, state, _ = interpret(g, step_inputs(chunks), p, state)

@@ -351,12 +351,16 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
 
             for a, b in [(plain.text, src.text)] + ([(plain.meta["combine"]["text"], src.meta["combine"]["text"])]
                                                     if cfg["splits"] > 1 else []):
-                ra, rb = nvcc_report(a, target.arch), nvcc_report(b, target.arch)
+                rb = nvcc_report(b, target.arch)
                 assert rb["ok"], rb["log"]
-                # the pipelined program (at 255 registers already) spills a quarter KB more: about
-                # 8 more spill stores and loads a 1930-instruction block step, L1 hits; the others none
-                extra = 256 if cfg["stages"] > 1 else 0
-                assert rb["spill_bytes"] <= ra["spill_bytes"] + extra and rb["stack_bytes"] <= ra["stack_bytes"] + extra, \
+                if cfg["stages"] == 1:  # these build without spills, plain or with the rotation
+                    assert rb["spill_bytes"] == rb["stack_bytes"] == 0, rb["log"]
+                    continue
+                # the pipelined program (at 255 registers already, spilling without the rotation
+                # too) spills a quarter KB more: about 8 more spill stores and loads a
+                # 1930-instruction block step, L1 hits
+                ra = nvcc_report(a, target.arch)
+                assert rb["spill_bytes"] <= ra["spill_bytes"] + 256 and rb["stack_bytes"] <= ra["stack_bytes"] + 256, \
                     rb["log"]
     attrs = dict(_with_rope(attn_spec(1)).attrs)
     freq = rope_frequencies(attrs, torch.device("cpu"))

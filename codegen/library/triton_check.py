@@ -740,17 +740,23 @@ def clone_value(v):
 def check(op: str, launch, dims: dict, n: int, device="cpu", cfg=None, seed=0):
     """Run `launch` (a triton_launchers launcher) and the op's reference on the same case; returns
     None when they agree by the rule above, else a one-line reason."""
-    from deepinfer.ir.registry import get_op
-
     from . import triton_ops
 
-    ref_op = case_op(op)
     ins, attrs = make_case(op, dims, n, device, seed)
+    cfg = dict(cfg or triton_ops.default_config(case_op(op), n))
+    got = launch(*[clone_value(v) for v in ins], **triton_ops.launch_attrs(case_op(op), attrs), cfg=cfg)
+    return check_outputs(op, ins, attrs, got)
+
+
+def check_outputs(op: str, ins, attrs: dict, got):
+    """check's rule for a launcher's outputs `got` on the case's inputs `ins` (as make_case gave
+    them, before any launch wrote into them): the op's reference runs on copies of them."""
+    from deepinfer.ir.registry import get_op
+
+    ref_op = case_op(op)
     cpu_ins = [QTensor(v.data.cpu(), v.scale.cpu()) if isinstance(v, QTensor) else
                (v.cpu() if isinstance(v, torch.Tensor) else v) for v in ins]
     want = get_op(ref_op).ref(*[clone_value(v) for v in cpu_ins], **attrs)
-    cfg = dict(cfg or triton_ops.default_config(ref_op, n))
-    got = launch(*[clone_value(v) for v in ins], **triton_ops.launch_attrs(ref_op, attrs), cfg=cfg)
     kind = OUTPUT_KINDS[ref_op]
     if kind == "router":
         logits, bias = router_logits_bias(ref_op, cpu_ins, attrs)
