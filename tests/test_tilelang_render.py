@@ -318,7 +318,7 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
     head). q is read from global memory only by whole-row copies: the rotated tail is staged and
     rotated from shared memory (QR_s; element loads of q in the rotation put one memory latency
     after another), and the ws program copies its halves in 16-byte pieces (no element stores into
-    Q_l). Each program (split, unsplit, pipelined, ws) builds without new spills."""
+    Q_l). The split and unsplit programs build without spills."""
     import dataclasses
 
     from deepinfer.codegen.library.tilelang_host import rope_frequencies
@@ -346,22 +346,15 @@ def test_attention_with_its_rope_folded_in_rotates_q_on_load_and_the_output_on_s
             comb = src.meta["combine"]
             assert "__cosf" in comb["text"] and {"POS", "FREQ"} <= {p for p, _ in comb["params"]}
             assert "__cosf" not in plain.meta["combine"]["text"]
-        if shutil.which("nvcc") and not cfg.get("ws"):  # (the ws build: test_tilelang_sparse_prefill)
+        # (the ws build: test_tilelang_sparse_prefill; the pipelined one, an sm90 knob left off,
+        # renders only)
+        if shutil.which("nvcc") and not cfg.get("ws") and cfg["stages"] == 1:
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 
-            for a, b in [(plain.text, src.text)] + ([(plain.meta["combine"]["text"], src.meta["combine"]["text"])]
-                                                    if cfg["splits"] > 1 else []):
+            for b in [src.text] + ([src.meta["combine"]["text"]] if cfg["splits"] > 1 else []):
                 rb = nvcc_report(b, target.arch)
                 assert rb["ok"], rb["log"]
-                if cfg["stages"] == 1:  # these build without spills, plain or with the rotation
-                    assert rb["spill_bytes"] == rb["stack_bytes"] == 0, rb["log"]
-                    continue
-                # the pipelined program (at 255 registers already, spilling without the rotation
-                # too) spills a quarter KB more: about 8 more spill stores and loads a
-                # 1930-instruction block step, L1 hits
-                ra = nvcc_report(a, target.arch)
-                assert rb["spill_bytes"] <= ra["spill_bytes"] + 256 and rb["stack_bytes"] <= ra["stack_bytes"] + 256, \
-                    rb["log"]
+                assert rb["spill_bytes"] == rb["stack_bytes"] == 0, rb["log"]  # plain or with the rotation
     attrs = dict(_with_rope(attn_spec(1)).attrs)
     freq = rope_frequencies(attrs, torch.device("cpu"))
     assert torch.equal(freq, yarn_freqs(64, 10000.0, (16, 65536, 32, 1)))
