@@ -4,10 +4,9 @@
 # runs, so two workers on two cores take about 60% of one worker's time). One intra-op thread a
 # process (workers and the subprocesses tests start): torch's default of one a core put two
 # spinning threads a worker on two cores, and a tiny-model interpreter test beside another busy
-# process took 94 s instead of 51. --dist loadgroup: tests spread one at a time, except a module
-# marked xdist_group, which one worker runs whole (its module fixtures built once).
+# process took 94 s instead of 51.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec python -m pytest -q -n "${DEEPINFER_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec python -m pytest -q -n "${DEEPINFER_TEST_WORKERS:-2}" "$@"

@@ -28,9 +28,7 @@ ARRIVAL_STEP = [0, 0, 1, 2, 4, 7, 11, 16]  # engine step before which each promp
 GEN_TOKENS = 64
 
 
-# one worker runs the module (scripts/test.sh's --dist loadgroup): its engine runs are module
-# fixtures that every worker taking some of its tests would run again
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("runtime_engine")]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
