@@ -7,9 +7,9 @@ import shutil
 import pytest
 import torch
 
+from deepinfer.codegen.library.triton_check import clone_value
 from deepinfer.codegen.plan import PlanError, load_plan
 from deepinfer.ir import interpret
-from deepinfer.ir.quant import QTensor
 from deepinfer.models.checkpoint import load_checkpoint, make_checkpoint
 from deepinfer.models.config import load_config
 from deepinfer.models.deepseek_v41 import build_model, load_params
@@ -200,8 +200,7 @@ def test_decode_pipeline_keeps_the_interpreter_output(tiny):
     g = prog.step
     for name, fn in pipeline("cpu", variant="decode"):
         g = fn(g)
-        state = {k: QTensor(v.data.clone(), v.scale.clone()) if isinstance(v, QTensor) else v.clone()
-                 for k, v in prefilled.items()}
+        state = {k: clone_value(v) for k, v in prefilled.items()}
         p = _params_for(g, params)
         for k, chunks in enumerate(decode):
             o, state, _ = interpret(g, step_inputs(chunks), p, state)
