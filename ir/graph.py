@@ -6,10 +6,11 @@ order; a node that writes a state buffer in place (its op declares `inplace`) pr
 that aliases the buffer, and the buffer's content after the step is the last such value.
 
 Equality and hashing are structural (names, types, ops, attrs, order) and cheap: one tuple.
-`to_networkx()` gives the dataflow view used for topological order, liveness and matching.
+`to_networkx()` gives the dataflow view as a networkx graph; `topo_order()` sorts the nodes directly.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -155,6 +156,46 @@ class Graph:
             value = node.inputs[alias]
         return value
 
+    def state_roots(self) -> dict[str, str]:
+        """value -> the state buffer it aliases, for every typed value that aliases one: state_root
+        of each, with the chains shared (one walk a value, not one a value and buffer)."""
+        prod, state = self.producers(), set(self.state)
+        memo: dict[str, str | None] = {}
+        for start in self.types:
+            value, path = start, []
+            while value not in memo:
+                if value in state:
+                    memo[value] = value
+                    break
+                i = prod.get(value)
+                if i is None or value in path:
+                    memo[value] = None
+                    break
+                path.append(value)
+                node = self.nodes[i]
+                alias = get_op(node.op).inplace.get(node.outputs.index(value))
+                if alias is None:
+                    memo[value] = None
+                    break
+                value = node.inputs[alias]
+            for v in path:
+                memo[v] = memo[value]
+        return {v: r for v, r in memo.items() if r is not None}
+
+    def stale_reads(self) -> list[tuple[str, int, list[int], dict[int, str]]]:
+        """Per state buffer written in place, in state_writes' order: (buffer, its first writer,
+        every writer, reader node -> a value of the buffer's old version that node reads)."""
+        prod, roots = self.producers(), self.state_roots()
+        writes = self.state_writes()
+        first = {root: ws[0] for root, ws in writes.items()}
+        readers: dict[str, dict[int, str]] = {root: {} for root in writes}
+        for i, n in enumerate(self.nodes):
+            for v in n.inputs:
+                root = roots.get(v)
+                if root in first and (v not in prod or prod[v] < first[root]):
+                    readers[root].setdefault(i, v)
+        return [(root, first[root], ws, readers[root]) for root, ws in writes.items()]
+
     def state_writes(self) -> dict[str, list[int]]:
         """state buffer -> indices of the nodes that write it in place."""
         prod = self.producers()
@@ -196,20 +237,33 @@ class Graph:
     def state_order_edges(self) -> list[tuple[int, int]]:
         """(reader, writer) pairs: a node reading a state buffer's old version must run before the
         node that overwrites it in place (not a dataflow edge, so sorting must add it)."""
-        prod = self.producers()
-        edges = []
-        for root, writers in self.state_writes().items():
-            w = writers[0]
-            old = {v for v in self.types if self.state_root(v, prod) == root and (v not in prod or prod[v] < w)}
-            edges += [(i, w) for i, n in enumerate(self.nodes) if i != w and old.intersection(n.inputs)]
-        return edges
+        return [(i, w) for _, w, _, readers in self.stale_reads() for i in sorted(readers) if i != w]
 
     def topo_order(self) -> list[int]:
-        g = self.to_networkx()
-        g.add_edges_from(self.state_order_edges())
-        # ties broken by program order, so an already-ordered graph keeps its order
-        key = lambda v: (1, "", v) if isinstance(v, int) else (0, v, 0)  # noqa: E731
-        return [v for v in nx.lexicographical_topological_sort(g, key=key) if isinstance(v, int)]
+        """Node indices in dataflow order with the state reads before their in-place writes (Kahn's
+        algorithm, the lowest index first among the ready nodes: an already-ordered graph keeps its
+        order). ValueError on a cycle."""
+        prod = self.producers()
+        succ: list[list[int]] = [[] for _ in self.nodes]
+        indeg = [0] * len(self.nodes)
+        edges = [(prod[v], i) for i, n in enumerate(self.nodes) for v in n.inputs if v in prod]
+        for a, b in itertools.chain(edges, self.state_order_edges()):
+            succ[a].append(b)
+            indeg[b] += 1
+        ready = [i for i, d in enumerate(indeg) if d == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(ready, j)
+        if len(order) != len(self.nodes):
+            stuck = next(n.name for i, n in enumerate(self.nodes) if indeg[i])
+            raise ValueError(f"graph {self.name}: no order exists (a cycle through node {stuck})")
+        return order
 
     def liveness(self) -> dict[str, tuple[int, int]]:
         """value -> (index of defining node or -1 for leaves, index of last use; outputs live to the end)."""

@@ -35,7 +35,6 @@ def verify(g: Graph) -> Graph:
     if len(set(leaves)) != len(leaves):
         dup = next(v for v in leaves if leaves.count(v) > 1)
         raise VerifyError(f"graph {g.name}: leaf %{dup} is declared twice")
-    _check_cycles(g)
     defined = set(leaves)
     for n in g.nodes:
         where = f"node {n.name}"
@@ -45,6 +44,7 @@ def verify(g: Graph) -> Graph:
             raise VerifyError(f"{where}: unknown op {n.op!r}") from None
         for v in n.inputs:
             if v not in defined:
+                _check_cycles(g)  # a value defined later: name the cycle if that is why
                 raise VerifyError(f"{where}: input %{v} is used before it is defined")
         for o in n.outputs:
             if o in defined:
@@ -85,15 +85,12 @@ def _check_cycles(g: Graph) -> None:
 
 
 def _check_state(g: Graph) -> None:
-    prod = g.producers()
-    for root, writers in g.state_writes().items():
+    for root, w, writers, readers in g.stale_reads():
         if len(writers) > 1:
             raise VerifyError(f"node {g.nodes[writers[1]].name}: state %{root} is written a second time "
                               f"this step (first by {g.nodes[writers[0]].name})")
-        w = writers[0]
-        old = {v for v in g.types if g.state_root(v, prod) == root and (v not in prod or prod[v] < w)}
-        for j in range(w + 1, len(g.nodes)):
-            stale = old.intersection(g.nodes[j].inputs)
-            if stale:
-                raise VerifyError(f"node {g.nodes[j].name}: reads %{stale.pop()} after "
-                                  f"{g.nodes[w].name} overwrote state %{root} in place")
+        late = [j for j in readers if j > w]
+        if late:
+            j = min(late)
+            raise VerifyError(f"node {g.nodes[j].name}: reads %{readers[j]} after "
+                              f"{g.nodes[w].name} overwrote state %{root} in place")

@@ -230,3 +230,46 @@ def test_the_real_model_graphs_round_trip_before_and_after_the_sm90_pipeline():
         for _, fn in pipeline("sm90")[:-1]:
             g = fn(g)
         assert parse_graph(print_graph(g)) == g
+
+
+def _order_edges_by_scan(g):
+    """The read-before-overwrite edges as a scan over every value for each buffer computes them
+    (what Graph.stale_reads' one pass must agree with)."""
+    prod, edges = g.producers(), []
+    for root, writers in g.state_writes().items():
+        w = writers[0]
+        old = {v for v in g.types if g.state_root(v, prod) == root and (v not in prod or prod[v] < w)}
+        edges += [(i, w) for i, n in enumerate(g.nodes) if i != w and old.intersection(n.inputs)]
+    return edges
+
+
+def test_state_roots_order_edges_and_topo_order_on_the_model_graphs():
+    """On the tiny model's sm90 graphs (every cache written in place, some through chains of
+    in-place ops): state_roots gives each value's state_root, the order edges are the per-buffer
+    scan's, and topo_order of a reversed node list is a dataflow order that keeps every state read
+    before its buffer's overwrite (the verifier passes) and, for an ordered graph, the order itself."""
+    import random
+
+    from deepinfer.passes.driver import CompileOptions, _pipeline_graphs
+
+    _, prog, graphs, _ = _pipeline_graphs("v4.1-flash-tiny", CompileOptions("sm90"))
+    assert len(graphs["step"].state_order_edges()) > 10 and graphs["step_decode"].state_order_edges()
+    for g in (*graphs.values(), prog.step):
+        prod, roots = g.producers(), g.state_roots()
+        assert roots and all(roots.get(v) == g.state_root(v, prod) for v in g.types)
+        assert g.state_order_edges() == _order_edges_by_scan(g)
+        assert g.topo_order() == list(range(len(g.nodes)))
+        shuffled = g.replace_nodes(list(reversed(g.nodes)))
+        verify(shuffled.reordered())
+        nodes = list(g.nodes)
+        random.Random(0).shuffle(nodes)
+        verify(g.replace_nodes(nodes).reordered())
+
+
+def test_topo_order_of_a_cycle_is_one_line():
+    g = Graph("cyclic")
+    x = g.add_input("x", tensor("f32", 4))
+    g.types["a"] = g.types["b"] = tensor("f32", 4)
+    g.nodes = [Node.make("add", [x, "b"], ["a"]), Node.make("add", [x, "a"], ["b"])]
+    with pytest.raises(ValueError, match="no order exists"):
+        g.topo_order()
