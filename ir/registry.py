@@ -125,11 +125,5 @@ def all_ops() -> dict[str, OpDef]:
     return dict(_REGISTRY)
 
 
-_LOADED = []
-
-
 def _ensure_loaded():
-    if _LOADED:  # get_op runs millions of times a compile: the import statement's lookup costs
-        return
     from . import ops  # noqa: F401  (importing the package registers every op)
-    _LOADED.append(True)
