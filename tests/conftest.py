@@ -43,6 +43,38 @@ def every_graph_round_trips():
     assert not bad, f"graphs whose text form does not round-trip: {bad[:10]}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nvcc_reports_kept():
+    """tilelang_gemm.nvcc_report (nvcc -Xptxas -v: registers, spills) is a function of the source,
+    the arch and the toolchain, and the build tests ask it for the same sources run after run:
+    each report is kept in the compile cache's folder under a hash of those, so a rerun builds only
+    sources it has not built before. (The tests import nvcc_report where they use it, after this
+    has wrapped it.)"""
+    import hashlib
+    import json
+
+    from deepinfer.atomic import replace_file
+    from deepinfer.codegen.build import cache_root, toolchain_versions
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+
+    build = tlg.nvcc_report
+    tools = toolchain_versions("cuda")
+
+    def kept(src: str, arch: str, timeout: int = 600) -> dict:
+        key = hashlib.sha256(json.dumps([src, arch, tools], sort_keys=True).encode()).hexdigest()
+        path = cache_root() / "nvcc_reports" / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            rep = build(src, arch, timeout)
+            replace_file(path, json.dumps(rep).encode())
+            return rep
+
+    tlg.nvcc_report = kept
+    yield
+    tlg.nvcc_report = build
+
+
 @pytest.fixture(scope="session")
 def tiny_plan_and_weights(tmp_path_factory):
     """(plan directory, checkpoint) of the tiny model: a cpu plan for 512 tokens and 4 sequences,
