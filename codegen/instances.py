@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import functools
 import hashlib
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -169,11 +170,10 @@ def _load(key: str) -> KernelSource | None:
 
 
 RENDER_CACHE_MIN_S = 0.05
+IN_PROCESS_RENDER_S = 2.0  # render_many's misses in its own process for at most this long
 
 
 def _render(template: str, spec: KernelSpec, config: dict, target_name: str) -> KernelSource:
-    import time
-
     target = get_target(target_name)
     t = time.perf_counter()
     src = templates()[template].render(target, spec, config)
@@ -184,8 +184,8 @@ def _render(template: str, spec: KernelSpec, config: dict, target_name: str) -> 
 
 def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs: int = 1,
                 on_done=None, on_error=None) -> list[KernelSource | None]:
-    """Every (template, spec, config) rendered, from the cache where possible; misses in a
-    process pool (lowering holds the GIL). With `on_error(i, message)`, an item that does not
+    """Every (template, spec, config) rendered, from the cache where possible; misses here for up
+    to IN_PROCESS_RENDER_S, the rest in a process pool of `jobs` (lowering holds the GIL). With `on_error(i, message)`, an item that does not
     render is reported there and left None (a tuner's candidate); without, its error is raised."""
     out: list[KernelSource | None] = [None] * len(items)
     todo = []
@@ -206,9 +206,15 @@ def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs:
         if on_done:
             on_done()
 
-    if jobs <= 1 or len(todo) <= 1:
-        for i in todo:
-            done(i, lambda i=i: _render(*items[i], target.name))
+    # in this process for IN_PROCESS_RENDER_S: a quick render is never cached, so a compile from the
+    # caches misses only those (milliseconds each, once Triton is imported), and a pool's start
+    # (seconds a worker) would cost more than they do; once a TileLang lowering or a tuner's
+    # thousands of configs have taken that long, the rest go to the pool
+    start = time.perf_counter()
+    while todo and (jobs <= 1 or time.perf_counter() - start < IN_PROCESS_RENDER_S):
+        i = todo.pop(0)
+        done(i, lambda i=i: _render(*items[i], target.name))
+    if not todo:
         return out
     import multiprocessing as mp
 

@@ -274,3 +274,29 @@ def test_ascend_fp8_gemm_is_an_mx_block_scaled_cube_gemm():
         assert len(src.meta["buffers"]["l1"]) == 8  # A, B and both scale tiles, double-buffered
     assert not t.supports(tgt, gemm(64, 4096, 5120, (32, 32)))
     assert not t.supports(tgt, gemm(64, 32768, 1280))  # 40-byte scale rows
+
+
+def test_quick_render_misses_stay_in_process_and_slow_ones_go_to_the_pool(cache, monkeypatch):
+    """render_many renders quick misses (Triton templates, never cached) in its own process: a
+    compile from the caches starts no process pool for them. Once its renders have taken
+    IN_PROCESS_RENDER_S (a TileLang lowering takes seconds), the rest of the misses go to the pool."""
+    from deepinfer.codegen import instances
+
+    sm90 = TARGETS["sm90"]
+    started = []
+
+    class NoPool:
+        def __init__(self, *a, **k):
+            started.append(True)
+            raise AssertionError("a process pool was started")
+
+    monkeypatch.setattr(instances.cf, "ProcessPoolExecutor", NoPool)
+    items = [("triton_rms_norm_quant_fp8", NORM_Q, templates()["triton_rms_norm_quant_fp8"].default_config(sm90, NORM_Q)),
+             ("triton_rope_quant_fp4", ROPE4, templates()["triton_rope_quant_fp4"].default_config(sm90, ROPE4))]
+    got = render_many(items, sm90, jobs=2)
+    assert all(s is not None and s.language == "triton" for s in got) and not started
+    # misses past the in-process budget go to the pool
+    monkeypatch.setattr(instances, "IN_PROCESS_RENDER_S", 0.0)
+    with pytest.raises(AssertionError, match="process pool was started"):
+        render_many(items, sm90, jobs=2)
+    assert started

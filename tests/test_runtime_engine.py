@@ -26,6 +26,9 @@ MODEL = "v4.1-flash-tiny"
 PROMPT_LENS = [5, 150, 33, 1, 200, 17, 129, 64]
 ARRIVAL_STEP = [0, 0, 1, 2, 4, 7, 11, 16]  # engine step before which each prompt is added
 GEN_TOKENS = 64
+# the tests of the plain and speculative module fixtures (about 75 and 70 s of engine steps) on one
+# test worker (scripts/test.sh distributes by --dist loadgroup): on two, each computed them
+ONE_WORKER = pytest.mark.xdist_group("engine_greedy_fixtures")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -193,6 +196,7 @@ def spec_greedy(ckpt, prompts, plain_greedy):
     return SimpleNamespace(outs=outs, engine=engine, states={i: states[r] for i, r in ids.items() if r in states})
 
 
+@ONE_WORKER
 def test_greedy_continuous_batching_equals_the_reference(greedy_outputs, prompts, ref):
     outs, engine = greedy_outputs
     for i, o in enumerate(outs):
@@ -207,6 +211,7 @@ def test_greedy_continuous_batching_equals_the_reference(greedy_outputs, prompts
     assert engine.num_steps < GEN_TOKENS + max(ARRIVAL_STEP) + 4
 
 
+@ONE_WORKER
 def test_chunked_prefill_gives_the_same_tokens(ckpt, prompts, greedy_outputs):
     # a 37-row budget splits the 150- and 200-token prompts into chunks that straddle ratio-2 groups,
     # window edges and the 128-token page boundary, interleaved with the other sequences' decodes
@@ -222,6 +227,7 @@ def test_chunked_prefill_gives_the_same_tokens(ckpt, prompts, greedy_outputs):
     assert llm.last_run_stats["speculative"] == 5 and llm.last_run_stats["verify_rows_per_step"] > 1
 
 
+@ONE_WORKER
 def test_speculative_greedy_equals_plain_with_preemption_and_aborts(spec_greedy, plain_greedy):
     engine, st = spec_greedy.engine, spec_greedy.engine.spec_stats
     for i, (o, want) in enumerate(zip(spec_greedy.outs, plain_greedy.outs)):
@@ -236,6 +242,7 @@ def test_speculative_greedy_equals_plain_with_preemption_and_aborts(spec_greedy,
     assert engine.cache.free_pages == SPEC_PAGES and engine.cache.free_slots == 8
 
 
+@ONE_WORKER
 def test_speculative_rollback_leaves_every_cache_as_a_plain_run(spec_greedy, plain_greedy):
     """Every state buffer of every finished sequence (window rings of all layers and DSpark stages,
     compressor state, Engram history, compressed KV and index K on its pages), at every position
