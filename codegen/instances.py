@@ -185,8 +185,9 @@ def _render(template: str, spec: KernelSpec, config: dict, target_name: str) -> 
 def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs: int = 1,
                 on_done=None, on_error=None) -> list[KernelSource | None]:
     """Every (template, spec, config) rendered, from the cache where possible; misses here for up
-    to IN_PROCESS_RENDER_S, the rest in a process pool of `jobs` (lowering holds the GIL). With `on_error(i, message)`, an item that does not
-    render is reported there and left None (a tuner's candidate); without, its error is raised."""
+    to IN_PROCESS_RENDER_S, the rest in a process pool of `jobs` (lowering holds the GIL). With
+    `on_error(i, message)`, an item that does not render is reported there and left None (a
+    tuner's candidate); without, its error is raised."""
     out: list[KernelSource | None] = [None] * len(items)
     todo = []
     for i, (t, spec, cfg) in enumerate(items):
@@ -210,10 +211,12 @@ def render_many(items: list[tuple[str, KernelSpec, dict]], target: Target, jobs:
     # caches misses only those (milliseconds each, once Triton is imported), and a pool's start
     # (seconds a worker) would cost more than they do; once a TileLang lowering or a tuner's
     # thousands of configs have taken that long, the rest go to the pool
-    start = time.perf_counter()
-    while todo and (jobs <= 1 or time.perf_counter() - start < IN_PROCESS_RENDER_S):
-        i = todo.pop(0)
+    start, here = time.perf_counter(), 0
+    while here < len(todo) and (jobs <= 1 or time.perf_counter() - start < IN_PROCESS_RENDER_S):
+        i = todo[here]
         done(i, lambda i=i: _render(*items[i], target.name))
+        here += 1
+    todo = todo[here:]
     if not todo:
         return out
     import multiprocessing as mp
