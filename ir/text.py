@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from . import dtypes as dt
 from . import shapes as sh
@@ -67,7 +68,11 @@ def print_graph(g: Graph) -> str:
 
 # ---- parsing ----------------------------------------------------------------------------------
 
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.@")
+_NAME = re.compile(r"[A-Za-z0-9_.@]*")
+_WS = re.compile(r"[ \t]*")
+# a graph repeats few type lists many times (the suite's round trips parse hundreds of graphs):
+# the text after a line's ':' maps to its parsed types, which are frozen and safe to share
+_TYPES_SEEN: dict[str, tuple[Type, ...]] = {}
 
 
 class _Cursor:
@@ -79,8 +84,7 @@ class _Cursor:
         return ParseError(f"line {self.line}, column {col}: {msg}")
 
     def ws(self):
-        while self.i < len(self.s) and self.s[self.i] in " \t":
-            self.i += 1
+        self.i = _WS.match(self.s, self.i).end()
 
     def peek(self, tok: str) -> bool:
         self.ws()
@@ -99,9 +103,7 @@ class _Cursor:
 
     def name(self, what: str) -> str:
         self.ws()
-        j = self.i
-        while j < len(self.s) and self.s[j] in _NAME_CHARS:
-            j += 1
+        j = _NAME.match(self.s, self.i).end()
         if j == self.i:
             raise self.error(f"expected {what}")
         out, self.i = self.s[self.i:j], j
@@ -110,6 +112,22 @@ class _Cursor:
     def value_ref(self) -> str:
         self.expect("%")
         return self.name("a value name after '%'")
+
+    def types_to_end(self) -> tuple[Type, ...]:
+        """The comma-separated types that end the line."""
+        self.ws()
+        text = self.s[self.i:]
+        hit = _TYPES_SEEN.get(text)
+        if hit is not None:
+            self.i = len(self.s)
+            return hit
+        types = [self.type_()]
+        while self.accept(","):
+            types.append(self.type_())
+        self.done()
+        if len(_TYPES_SEEN) < 100_000:
+            _TYPES_SEEN[text] = tuple(types)
+        return tuple(types)
 
     def done(self):
         self.ws()
@@ -253,8 +271,10 @@ def parse_graph(text: str) -> Graph:
                 at = c.i
                 name = c.value_ref()
                 c.expect(":")
-                t = c.type_()
-                c.done()
+                types = c.types_to_end()
+                if len(types) != 1:
+                    raise c.error(f"one type expected after %{name}, found {len(types)}", at)
+                t = types[0]
                 if name in g.types:
                     raise c.error(f"%{name} is defined twice", at)
                 add(name, t)
@@ -294,10 +314,7 @@ def _parse_node(c: _Cursor, g: Graph) -> None:
                     break
                 c.expect(",")
     c.expect(":")
-    types = [c.type_()]
-    while c.accept(","):
-        types.append(c.type_())
-    c.done()
+    types = c.types_to_end()
     if len(types) != len(outs):
         raise c.error(f"{len(outs)} outputs but {len(types)} types", at)
     for o, t in zip(outs, types):

@@ -184,6 +184,9 @@ def test_round_trip_with_quantised_types_lists_and_strings():
     ("graph g\n  input %x : f32[4]\n  %y = add(%x %x) : f32[4]\nend\n", "line 3, column 15"),
     ("graph g\n  input %x : f32[4]\n", "line 3, column 1"),
     ("graph g\n  input %x : f32[4]\n  input %x : f32[4]\nend\n", "line 3, column 8"),
+    ("graph g\n  input %x : f32[4], f32[4]\nend\n", "line 2, column 8: one type"),
+    # a type list parsed before (the parser keeps them by text) is still checked against the outputs
+    ("graph g\n  input %x : f32[4]\n  %y = add(%x, %x) : f32[4], f32[4]\nend\n", "line 3, column 3.*1 outputs"),
 ])
 def test_parse_errors_name_line_and_column(text, where):
     with pytest.raises(ParseError, match=where):
