@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from ceilings import measure_ceilings  # noqa: E402
 
 from deepinfer.codegen.library import triton_check, triton_ops  # noqa: E402
+from deepinfer.codegen.targets import get_target  # noqa: E402
 from deepinfer.ir.quant import QTensor  # noqa: E402
 
 SIZES = {"decode b1": 1, "decode b64": 64, "prefill 4K": 4096}
@@ -51,6 +52,9 @@ def moved_bytes(op: str, ins, out) -> int:
 
 
 launcher = triton_check.launcher
+# the configs an sm90 plan runs (the target's own defaults over the templates', e.g. the prefill
+# mix's split): a sweep's rows and its default row are then what the plan would launch
+TARGET = get_target("sm90")
 
 
 # TRITON_DIMS: widths over triton_check.REAL for every case, e.g. '{"index_cap_fixed": 10240}' (the
@@ -61,7 +65,7 @@ DIMS = dict(triton_check.REAL, **json.loads(os.environ.get("TRITON_DIMS", "{}"))
 def run_case(op, n, cfg, bench, ceil, check=True):
     ref_op = triton_check.case_op(op)
     ins, attrs = triton_check.make_case(op, DIMS, n, "cuda", seed=n)
-    cfg = dict(cfg or triton_ops.default_config(ref_op, n))
+    cfg = dict(cfg or triton_ops.default_config(ref_op, n, TARGET))
     kw = triton_ops.launch_attrs(ref_op, attrs)
     row = {"op": op, "n": n, "config": cfg}
     if check:
@@ -127,7 +131,7 @@ def main():
     for op, cfgs in json.loads(os.environ.get("TRITON_CONFIGS", "{}")).items():
         for label, n in sizes.items():
             for over in cfgs:
-                cfg = dict(triton_ops.default_config(triton_check.case_op(op), n), **over)
+                cfg = dict(triton_ops.default_config(triton_check.case_op(op), n, TARGET), **over)
                 try:
                     row = run_case(op, n, cfg, bench, ceil, check=not args.no_check)
                 except Exception as e:  # noqa: BLE001
@@ -138,7 +142,7 @@ def main():
     # hc_pre's split-K knob at each size: the default is chosen from these times
     splits = []
     if "hc_pre" in ops:
-        base = triton_ops.default_config("hc_pre")
+        base = triton_ops.default_config("hc_pre", None, TARGET)
         for label, n in sizes.items():
             if n > 64:
                 continue
@@ -162,7 +166,7 @@ def main():
                     continue
                 for split in triton_ops.TEMPLATES_BY_OP[op].knobs["SPLIT"]:
                     for bn in (32, 64, 128):
-                        cfg = dict(triton_ops.default_config(op, n), SPLIT=split, BN=bn)
+                        cfg = dict(triton_ops.default_config(op, n, TARGET), SPLIT=split, BN=bn)
                         try:
                             row = run_case(op, n, cfg, bench, ceil, check=not args.no_check)
                         except Exception as e:  # noqa: BLE001
