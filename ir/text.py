@@ -50,15 +50,28 @@ def _attr_str(v) -> str:
     raise TypeError(f"cannot print attribute value {v!r}")
 
 
+# a type's text is sympy's printing of its dims, the bulk of a print; graphs share few types
+_TYPE_TEXT: dict[Type, str] = {}
+
+
+def _type_str(t: Type) -> str:
+    s = _TYPE_TEXT.get(t)
+    if s is None:
+        s = str(t)
+        if len(_TYPE_TEXT) < 100_000:
+            _TYPE_TEXT[t] = s
+    return s
+
+
 def print_graph(g: Graph) -> str:
     lines = [f"graph {g.name}"]
     for kind, names in (("input", g.inputs), ("param", g.params), ("state", g.state)):
-        lines += [f"  {kind} %{n} : {g.types[n]}" for n in names]
+        lines += [f"  {kind} %{n} : {_type_str(g.types[n])}" for n in names]
     for n in g.nodes:
         outs = ", ".join(f"%{o}" for o in n.outputs)
         args = ", ".join(f"%{i}" for i in n.inputs)
         attrs = (" {" + ", ".join(f"{k}={_attr_str(v)}" for k, v in n.attrs) + "}") if n.attrs else ""
-        types = ", ".join(str(g.types[o]) for o in n.outputs)
+        types = ", ".join(_type_str(g.types[o]) for o in n.outputs)
         lines.append(f"  {outs} = {n.op}({args}){attrs} : {types}")
     if g.outputs:
         lines.append("  output " + ", ".join(f"%{o}" for o in g.outputs))
