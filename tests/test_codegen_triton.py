@@ -483,6 +483,12 @@ def test_a_target_sets_the_prefill_mix_tiles():
     got = triton_ops.default_config("hc_mix", 4096, tuned)
     assert {k: got[k] for k in tiles} == tiles and got["SPLIT"] == 1
     assert triton_ops.default_config("hc_mix", 64, tuned) == triton_ops.default_config("hc_mix", 64, t)
+    # prefill_wide: its knobs over `prefill`'s from min_rows rows on; shorter prefills keep `prefill`'s
+    wide = dataclasses.replace(sm90, defaults=dict(sm90.defaults, triton_hc_mix=dict(
+        sm90.defaults["triton_hc_mix"], prefill_wide={"min_rows": 2048, "BM": 128, "BK": 8, "num_warps": 8})))
+    long_, short = triton_ops.default_config("hc_mix", 4096, wide), triton_ops.default_config("hc_mix", 512, wide)
+    assert (long_["BM"], long_["BK"], long_["num_warps"], long_["SPLIT"]) == (128, 8, 8, 8) and "min_rows" not in long_
+    assert short == triton_ops.default_config("hc_mix", 512, sm90)
 
 
 def test_a_target_sets_the_prefill_moe_tiles():

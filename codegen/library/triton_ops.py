@@ -1022,10 +1022,17 @@ HC_PRE_FMA_ROWS = 4
 
 
 def _hc_prefill_by_target(tdef: dict, n: int) -> dict:
-    """A target's knobs for the unsplit (prefill) mix GEMM, under its defaults' `prefill` key: the
-    16-row default leaves a 4096-row call at about 20x its bytes on the H200 (seventeenth
-    session's profile), and wider row blocks are to be timed there."""
-    return dict(tdef.get("prefill", {})) if n > HC_PRE_SPLIT_ROWS else {}
+    """A target's knobs for the prefill mix GEMM, under its defaults' `prefill` key, and over them
+    its `prefill_wide` knobs for calls of at least their `min_rows` rows: a wide row block reads
+    the mix weight from L2 fewer times, but leaves a short prefill few programs (docs/
+    performance.md, thirty-fourth session)."""
+    if n <= HC_PRE_SPLIT_ROWS:
+        return {}
+    wide = dict(tdef.get("prefill_wide", {}))
+    cfg = dict(tdef.get("prefill", {}))
+    if wide and n >= wide.pop("min_rows"):
+        cfg.update(wide)
+    return cfg
 
 
 def _hc_split(cfg) -> int:
