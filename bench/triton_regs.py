@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from deepinfer.codegen.build import _build_triton
+from deepinfer.codegen.build import build_one
 from deepinfer.codegen.targets import get_target
 from deepinfer.codegen.template import templates
 from deepinfer.passes.driver import CompileOptions, select_instances
@@ -48,9 +48,10 @@ def main(argv=None) -> int:
         print(f"{spec.op} {[str(t) for t in spec.in_types]}  own {json.dumps(own, sort_keys=True)}", flush=True)
         for over in overs:
             t0 = time.time()
-            report = _build_triton(tpl.render(target, spec, dict(own, **over)), target)[0]
+            res = build_one(tpl.render(target, spec, dict(own, **over)), target)
             kernels = "; ".join(f"{k.split(':', 1)[1]} {r.get('n_regs')} regs {r.get('n_spills')} spills "
-                                f"{r.get('shared_bytes')} B" for k, r in report.items())
+                                f"{r.get('shared_bytes')} B" for k, r in res.resources.items()) \
+                if res.status == "built" else f"{res.status}: {res.reason}"
             print(f"  {json.dumps(over, sort_keys=True):48s} {kernels}  ({time.time() - t0:.0f} s)", flush=True)
     return 0
 

@@ -489,6 +489,9 @@ def test_a_target_sets_the_prefill_mix_tiles():
     long_, short = triton_ops.default_config("hc_mix", 4096, wide), triton_ops.default_config("hc_mix", 512, wide)
     assert (long_["BM"], long_["BK"], long_["num_warps"], long_["SPLIT"]) == (128, 8, 8, 8) and "min_rows" not in long_
     assert short == triton_ops.default_config("hc_mix", 512, sm90)
+    bad = dataclasses.replace(sm90, defaults=dict(sm90.defaults, triton_hc_mix={"prefill_wide": {"BM": 128}}))
+    with pytest.raises(ValueError, match="prefill_wide defaults need min_rows"):
+        triton_ops.default_config("hc_mix", 4096, bad)
 
 
 def test_a_target_sets_the_prefill_moe_tiles():

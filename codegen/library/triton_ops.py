@@ -1030,6 +1030,8 @@ def _hc_prefill_by_target(tdef: dict, n: int) -> dict:
         return {}
     wide = dict(tdef.get("prefill_wide", {}))
     cfg = dict(tdef.get("prefill", {}))
+    if wide and "min_rows" not in wide:
+        raise ValueError("triton_hc_mix's prefill_wide defaults need min_rows (the rows it starts at)")
     if wide and n >= wide.pop("min_rows"):
         cfg.update(wide)
     return cfg
