@@ -103,7 +103,9 @@ def load(kind, n):
     return json.load(open(p)) if os.path.exists(p) else {}
 rows = {n: load("runtime", n).get("medium", {}) for n in names}
 print(f"{'step':<14}" + "".join(f"{n:>14}" for n in names) + "   (last / first)")
-for k, unit in (("prefill_4096", "tok/s"), ("decode_b1", "ms"), ("decode_b8", "ms"), ("decode_b64", "ms")):
+prefills = sorted({k for r in rows.values() for k, v in r.items() if k.startswith("prefill_") and isinstance(v, dict)},
+                  key=lambda k: int(k[8:]))  # every prefill bucket the plans have
+for k, unit in [(k, "tok/s") for k in prefills] + [("decode_b1", "ms"), ("decode_b8", "ms"), ("decode_b64", "ms")]:
     def val(r):
         v = r.get(k, {})
         return v.get("tok_per_s") if unit == "tok/s" else v.get("graph", {}).get("wall_ms")

@@ -343,6 +343,14 @@ def time_prefill(ex, cfg, tokens: int, g: torch.Generator, page_tokens: int = 12
     return {"wall_s": w, "device_s": d, "tok_per_s": tokens / w, "activated_tflop": tf, "tflop_per_s": tf / w}
 
 
+def prefill_lengths(plan: dict) -> list[int]:
+    """The prompt lengths a medium run times: one filling each prefill bucket of the plan (a prompt
+    that fills a bucket exactly needs no padding sequence), so a plan built with short buckets
+    (bench/variant_plan.sh's VARIANT_BUCKETS) shows what a config does to short prefills too."""
+    kinds = plan["bucket_kinds"]
+    return sorted(e["num_tokens"] for b, e in plan["buckets"]["step"].items() if kinds.get(b, "prefill") == "prefill")
+
+
 def time_decode(ex, cfg, b: int, g: torch.Generator, pages: int = 9, page_tokens: int = 128) -> dict:
     """A decode step of b sequences at position (pages - 1) * page_tokens (1024 with the default 9
     pages), with CUDA graphs (and eagerly unless BENCH_GRAPH_ONLY): wall, device and GPU-busy time,
@@ -404,7 +412,8 @@ def medium(plan: str, seed: int = 0) -> dict:
         out["logits_copy"] = "pageable"
     ex = _loaded(plan, seed, out)
     g = torch.Generator().manual_seed(seed)
-    out["prefill_4096"] = time_prefill(ex, cfg, 4096, g)
+    for tokens in prefill_lengths(ex.plan):
+        out[f"prefill_{tokens}"] = time_prefill(ex, cfg, tokens, g)
     out["prefill_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     for b in (1, 8, 64):
         out[f"decode_b{b}"] = time_decode(ex, cfg, b, g)
@@ -517,8 +526,9 @@ def main(argv=None) -> int:
         print(f"tiny: max rel {t['max_rel']:.2e} mean rel {t['mean_rel']:.2e}; top-1 agrees on "
               f"{t['decisive_agree']}/{t['decisive_rows']} decisive rows; graphs {t['graphs']}")
     m = res.get("medium", {})
-    if "prefill_4096" in m:
-        print(f"medium: prefill 4K {m['prefill_4096']['tok_per_s']:.0f} tok/s; " + "; ".join(
+    if "decode_b1" in m:
+        print("medium: " + "; ".join(f"prefill {k[8:]} {v['tok_per_s']:.0f} tok/s" for k, v in m.items()
+                                     if k.startswith("prefill_") and isinstance(v, dict)) + "; " + "; ".join(
             f"b{b} " + ", ".join(f"{mode} {r['wall_ms']:.2f} ms" for mode, r in m[f"decode_b{b}"].items()
                                  if isinstance(r, dict))
             for b in (1, 8, 64) if f"decode_b{b}" in m))

@@ -8,7 +8,9 @@
 # +PASS adds a pass after fuse_collapse_norm_quant. Writes OUT_DIR/NAME.tar.xz (carry it in the
 # device call's out/); with VARIANT_SMALL=1, the tiny and smooth plans bench/gpu_tests_h200.sh takes
 # instead of the medium one; with VARIANT_E2E=1, the medium plan with bench/e2e_medium.py's buckets
-# (decode 1, 8, 32, 64, 128; prefill 4096 and 16384). VARIANT_MODEL: the model instead of the medium
+# (decode 1, 8, 32, 64, 128; prefill 4096 and 16384); VARIANT_BUCKETS: the compile's bucket options
+# instead (e.g. "--max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 512,2048,4096
+# --max-model-len 8192": bench/runtime_sm90.py times every prefill bucket). VARIANT_MODEL: the model instead of the medium
 # preset (bench/configs/medium20: its widths on 20 layers, 63 GB, which an 80 GB H100 holds: A/B runs
 # when no H200 comes). VARIANT_SRC: the checkout to build from (default: this one). Examples (docs/performance.md, nineteenth and twentieth sessions):
 #   bench/variant_plan.sh f16 out/p 'tilelang_grouped_gemm_fp4_mma={"F16": 1}'
@@ -55,6 +57,7 @@ else
     buckets=(--max-num-seqs 64 --decode-batches 1,8,64 --prefill-tokens 4096 --max-model-len 8192)
     [ -n "${VARIANT_E2E:-}" ] && buckets=(--max-num-seqs 128 --decode-batches 1,8,32,64,128 --prefill-tokens 4096,16384
                                           --max-model-len 20480)
+    [ -n "${VARIANT_BUCKETS:-}" ] && read -r -a buckets <<< "$VARIANT_BUCKETS"
     (cd "$work" && PYTHONPATH="$work/pkg" "$py" -m deepinfer compile --model "$model" --target sm90 \
         "${buckets[@]}" --tuning-db none \
         -o "$work/plan_$name" | tail -4)
