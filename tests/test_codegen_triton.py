@@ -476,6 +476,8 @@ def test_a_target_sets_the_prefill_mix_tiles():
 
     sm90 = get_target("sm90")
     assert triton_ops.default_config("hc_mix", 4096, sm90)["SPLIT"] == 8  # sm90's: the split path
+    # sm90's wide row blocks from 2048 rows (prefill_wide), 16-row ones below
+    assert [triton_ops.default_config("hc_mix", n, sm90)["BM"] for n in (512, 2048, 4096)] == [16, 128, 128]
     t = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items() if k != "triton_hc_mix"})
     tiles = {"BM": 64, "BK": 64, "num_warps": 8, "num_stages": 3}
     tuned = dataclasses.replace(t, defaults=dict(t.defaults, triton_hc_mix={"prefill": tiles}))

@@ -26,8 +26,12 @@ TARGET = Target(
         "triton_linear_moe_router": {"decode_split": 0},
         # the prefill mix GEMM on its split path: the unsplit 16-row program spills at 255 registers
         # (docs/performance.md, nineteenth and twentieth sessions); 3 stages: the 4K call 439 ->
-        # 334 us on an H100, 199 registers and no spills from Triton 3.9 (twenty-eighth session)
-        "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 3, "num_warps": 4}},
+        # 334 us on an H100, 199 registers and no spills from Triton 3.9 (twenty-eighth session).
+        # prefill_wide: from 2048 rows, 128-row blocks 8 deep (176 registers, no spills), the mix
+        # weight read from L2 8x fewer times: prefill 2K 1.007x, 4K 1.009x on an H100, 512 rows
+        # kept on 16-row blocks for their programs' count (thirty-fifth session)
+        "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 3, "num_warps": 4},
+                          "prefill_wide": {"min_rows": 2048, "BM": 128, "BK": 8, "num_warps": 8}},
         # decode lin8 stays on the TileLang program: on Triton's dot_scaled (decode_rows 64) the
         # medium plan's decode step was no faster at b1 / b8 and 1.43x slower at b64 on the H200
         # (docs/performance.md, eighth session); decode_rows N > 0 hands rows <= N to it
