@@ -206,3 +206,34 @@ def test_persistent_host_passes_the_rows_and_sums_the_splits():
         {"split_k": 8}, ("A", "B", "C", "SA", "SB"), [20, 8, 1], template="tilelang_gemm_fp8_persistent", rows=64,
         combine={"params": [["C", "void*"], ["P", "void*"], ["m", "int32_t"]], "grid": [5, 8, 1]})
     assert [s["launch"] for s in launches] == [0, 1] and [s["args"][-1] for s in launches] == [3, 3]
+
+
+def test_pf_asks_l2_for_the_weight_rows_before_the_placed_grid_wait():
+    """PF: the CTA's weight rows (its split's K range, one bulk L2 prefetch a row) are asked for
+    before the grid wait, which the program places itself (tilelang_warp_mma.GRID_PRELUDE); the
+    build puts the grid-dependency instructions at that call, not first in the kernel, and the
+    source builds without spills. Off, the program calls neither."""
+    pytest.importorskip("tilelang")
+    from deepinfer.codegen import build as B
+    from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+    from deepinfer.codegen.library.tilelang_warp_mma import GRID_PRELUDE
+
+    assert "void " + B.GRID_WAIT_CALL.replace(";", " {}") in GRID_PRELUDE  # the no-op a build without PDL keeps
+    t, tpl = enabled(PF=1), templates()["tilelang_gemm_fp8_mma"]
+    for n, k in ((32768, 1280), (5120, 8192)):
+        spec = tpl.canonical(t, gemm_spec(1, n, k))
+        cfg = tpl.default_config(t, spec)
+        text = tpl.render(t, spec, cfg).text
+        body = text[text.index("__global__ void __launch_bounds__"):]
+        row_bytes = k // cfg["split_k"]
+        assert "deepinfer_prefetch_l2(" in body and f"), {row_bytes});" in body
+        assert body.index("deepinfer_prefetch_l2(") < body.index(B.GRID_WAIT_CALL) < body.index("cp_async")
+        built = B.grid_dependency_cuda(text)
+        assert built.count("griddepcontrol.wait;") == 1 and B.GRID_WAIT_CALL not in built
+        assert built.index("deepinfer_prefetch_l2((") < built.index('asm volatile("griddepcontrol.wait;')
+        if shutil.which("nvcc"):
+            rep = nvcc_report(built, t.arch)
+            assert rep["ok"], rep["log"]
+            assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+        plain = tpl.render(enabled(), spec, dict(cfg, PF=0)).text
+        assert "deepinfer_prefetch_l2(" not in plain and B.GRID_WAIT_CALL not in plain
