@@ -219,13 +219,17 @@ def test_pf_asks_l2_for_the_weight_rows_before_the_placed_grid_wait():
     from deepinfer.codegen.library.tilelang_warp_mma import GRID_PRELUDE
 
     assert "void " + B.GRID_WAIT_CALL.replace(";", " {}") in GRID_PRELUDE  # the no-op a build without PDL keeps
-    t, tpl = enabled(PF=1), templates()["tilelang_gemm_fp8_mma"]
-    for n, k in ((32768, 1280), (5120, 8192)):
+    from deepinfer.codegen.library.tilelang_warp_mma import prefetch_row_bytes
+
+    t, tpl = enabled(PF=16), templates()["tilelang_gemm_fp8_mma"]
+    for n, k in ((32768, 1280), (5120, 8192), (1280, 5120)):
         spec = tpl.canonical(t, gemm_spec(1, n, k))
         cfg = tpl.default_config(t, spec)
         text = tpl.render(t, spec, cfg).text
         body = text[text.index("__global__ void __launch_bounds__"):]
-        row_bytes = k // cfg["split_k"]
+        # each row's first bytes of the split's K range, the grid's asks within 16 MiB
+        row_bytes = prefetch_row_bytes(k // cfg["split_k"], n * cfg["split_k"], 16)
+        assert row_bytes == min(k // cfg["split_k"], 16 * 2 ** 20 // (n * cfg["split_k"]) // 16 * 16)
         assert "deepinfer_prefetch_l2(" in body and f"), {row_bytes});" in body
         assert body.index("deepinfer_prefetch_l2(") < body.index(B.GRID_WAIT_CALL) < body.index("cp_async")
         built = B.grid_dependency_cuda(text)
@@ -237,3 +241,15 @@ def test_pf_asks_l2_for_the_weight_rows_before_the_placed_grid_wait():
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
         plain = tpl.render(enabled(), spec, dict(cfg, PF=0)).text
         assert "deepinfer_prefetch_l2(" not in plain and B.GRID_WAIT_CALL not in plain
+
+
+def test_prefetch_row_bytes_keep_the_grid_within_its_budget():
+    from deepinfer.codegen.library.tilelang_warp_mma import prefetch_row_bytes
+
+    assert prefetch_row_bytes(1280, 32768, 16) == 512  # 16 MiB over 32768 rows
+    assert prefetch_row_bytes(512, 12800, 16) == 512  # a whole row where the budget holds it
+    assert prefetch_row_bytes(2560, 442368, 16) == 32
+    assert prefetch_row_bytes(2560, 10 ** 7, 1) == 0  # under a piece a row: nothing asked
+    for row, rows, mib in ((1280, 32768, 16), (4096, 10240, 32), (2560, 27648, 8)):
+        b = prefetch_row_bytes(row, rows, mib)
+        assert b % 16 == 0 and 0 < b <= row and b * rows <= mib * 2 ** 20

@@ -217,11 +217,14 @@ def test_pf_asks_l2_for_its_experts_rows_before_the_placed_grid_wait(act):
     t = get_target("sm90")
     spec = moe_spec(6)
     tpl = select(t, spec)
-    cfg = dict(tpl.default_config(t, spec), ACT=act, PF=1)
+    from deepinfer.codegen.library.tilelang_warp_mma import prefetch_row_bytes
+
+    cfg = dict(tpl.default_config(t, spec), ACT=act, PF=16)
     text = tpl.render(t, spec, cfg).text
     body = text[text.index("__global__ void __launch_bounds__"):]
-    k = spec.in_types[1].shape[2]
-    assert f"), {k // 2});" in body  # a row's fp4 codes
+    e, n, k = spec.in_types[1].shape
+    # each row's first fp4 codes, the asks of the call's 6 experts' rows within 16 MiB
+    assert f"), {prefetch_row_bytes(k // 2, n * 6, 16)});" in body
     wait = body.index(B.GRID_WAIT_CALL)
     assert body.index("deepinfer_prefetch_l2(") < wait < body.index("cp_async")
     assert body.count("__ballot_sync") == (2 if act else 0)  # the search before the wait and after it

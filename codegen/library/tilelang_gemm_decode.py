@@ -47,11 +47,12 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     (the source needs `cluster_dims_source`), and after a cluster barrier (release / acquire at
     cluster scope, so the partials in global memory are visible) its first CTA adds them in split
     order, as the combine would, and writes C: no second kernel. F16: the MMAs as f16 pairs
-    (tilelang_warp_mma.scaled_mma), the rows' pairs converted once per block. PF: the CTA's
-    weight rows (its split's K range) asked of L2 before the grid wait (prefetch_then_wait)."""
+    (tilelang_warp_mma.scaled_mma), the rows' pairs converted once per block. PF (MiB, 0: off):
+    the first bytes of the CTA's weight rows (its split's K range) asked of L2 before the grid
+    wait (prefetch_then_wait), the grid's asks within PF MiB (prefetch_row_bytes)."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_then_wait, scaled_mma,
-                                    warp_order_sum)
+    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_row_bytes,
+                                    prefetch_then_wait, scaled_mma, warp_order_sum)
 
     _, T = _tl()
     mma, total = scaled_mma(T, NT, guarded=True, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
@@ -76,7 +77,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     if prelude:
         launch_kw["prelude"] = prelude
     assert not PF or 16 * RT <= threads, "a thread a weight row to prefetch"
-    prefetch = prefetch_then_wait(T, 16 * RT, per * 32)  # a row's bytes of the split's K range
+    # of each row, its bytes in the split's K range (split_k of them a row)
+    prefetch = prefetch_then_wait(T, 16 * RT, prefetch_row_bytes(per * 32, N * split_k, PF))
 
     @T.macro
     def block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q, kb, kw):
@@ -177,7 +179,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
 
 
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1), "PF": (0, 1)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1), "PF": (0, 8, 32)}
 
 
 def _mnk(spec: KernelSpec):

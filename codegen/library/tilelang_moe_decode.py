@@ -109,13 +109,14 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     expert: active_expert), not every expert; else CTAs of idle experts exit at once, which at one
     sequence's six rows is 90 of every 96 CTAs. Rows past offsets[E] (which only expert
     parallelism leaves) are written as zeros by the first slot's CTAs, each for its columns. F16:
-    the MMAs as f16 pairs (tilelang_warp_mma.scaled_mma), x's pairs converted once per block. PF:
-    the CTA's weight rows of its expert asked of L2 before the grid wait, where the offsets read
-    before it say the expert has rows (tilelang_warp_mma.prefetch_then_wait: a hint; the CTA reads
-    the offsets again after the wait)."""
+    the MMAs as f16 pairs (tilelang_warp_mma.scaled_mma), x's pairs converted once per block. PF
+    (MiB, 0: off): the first bytes of the CTA's weight rows of its expert asked of L2 before the
+    grid wait, where the offsets read before it say the expert has rows
+    (tilelang_warp_mma.prefetch_then_wait: a hint; the CTA reads the offsets again after the
+    wait), the asks of at most min(E, Mtot) experts' rows within PF MiB (prefetch_row_bytes)."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_then_wait, scaled_mma,
-                                    warp_order_sum)
+    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_row_bytes,
+                                    prefetch_then_wait, scaled_mma, warp_order_sum)
 
     _, T = _tl()
     mma, total = scaled_mma(T, NT, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
@@ -134,7 +135,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     slots = min(E, Mtot) if ACT else E
     find = active_expert(T, E, 32 * WK)
     assert not PF or br <= 32 * WK, "a thread a weight row to prefetch"
-    prefetch = prefetch_then_wait(T, br, K // 2, experts=True)  # a row's fp4 codes
+    prefetch = prefetch_then_wait(T, br, prefetch_row_bytes(K // 2, N * min(E, Mtot), PF), experts=True)
     prelude = ((GRID_PRELUDE if PF else "") + (F16_PRELUDE if F16 else "")) or None
 
     @T.macro
@@ -267,7 +268,7 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1), "PF": (0, 1)}
+             "F16": (0, 1), "PF": (0, 8, 32)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:

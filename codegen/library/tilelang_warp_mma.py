@@ -43,12 +43,20 @@ __device__ __forceinline__ void deepinfer_prefetch_l2(const void* p, unsigned by
 """
 
 
+def prefetch_row_bytes(row_bytes: int, rows: int, budget_mib: int) -> int:
+    """Bytes to prefetch of each of `rows` weight rows (`row_bytes` each) that a grid reads, so that
+    the whole grid asks for at most `budget_mib` MiB: a grid that asked L2 for more than it holds
+    would evict its first rows before its pipeline reached them. Whole 16-byte pieces; 0: none."""
+    return min(row_bytes, budget_mib * 2 ** 20 // rows) // 16 * 16
+
+
 def prefetch_then_wait(T, rows: int, nbytes: int, experts: bool = False):
     """A macro: threads 0..rows-1 each ask L2 for `nbytes` (a multiple of 16) of weight row
     row0 + thread from column col0 (of expert e's [E, N, ..] slice with `experts`, where `live`
     says whether it has rows at all), then the grid wait (GRID_PRELUDE). The first statement of a
     program whose kernel gives GRID_PRELUDE as its prelude."""
     assert nbytes % 16 == 0, "a bulk prefetch moves whole 16-byte pieces"
+    live_rows = rows if nbytes else 0  # nothing to ask for: the wait alone
 
     def ask(ref):
         return T.call_extern("handle", "deepinfer_prefetch_l2", T.address_of(ref), nbytes)
@@ -56,7 +64,7 @@ def prefetch_then_wait(T, rows: int, nbytes: int, experts: bool = False):
     if experts:
         @T.macro
         def prefetch_expert(W, e, live, row0, col0, tx):
-            if live and tx < rows:
+            if live and tx < live_rows:
                 ask(W[e, row0 + tx, col0])
             T.call_extern("handle", "deepinfer_grid_wait")
 
@@ -64,7 +72,7 @@ def prefetch_then_wait(T, rows: int, nbytes: int, experts: bool = False):
 
     @T.macro
     def prefetch(W, row0, col0, tx):
-        if tx < rows:
+        if tx < live_rows:
             ask(W[row0 + tx, col0])
         T.call_extern("handle", "deepinfer_grid_wait")
 
