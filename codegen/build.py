@@ -226,9 +226,6 @@ def parse_ptxas_report(text: str) -> dict:
 
 PDL_MIN_CC = 90
 GRID_DEPENDENCY = ("griddepcontrol.wait;", "griddepcontrol.launch_dependents;")
-# where a CUDA kernel places its wait itself (after reads of plan constants only: the weight
-# prefetch of tilelang_warp_mma.GRID_PRELUDE, which defines it as a no-op for builds without PDL)
-GRID_WAIT_CALL = "deepinfer_grid_wait();"
 _PTX_DECL = (".reg", ".local", ".shared", "//", ".loc", ".pragma")
 
 
@@ -260,11 +257,8 @@ _KERNEL_OPEN = re.compile(r"__global__\s+void\s[^;{]*\{")
 
 
 def grid_dependency_cuda(text: str) -> str:
-    """CUDA source with the grid-dependency instructions first in every __global__ function, or
-    where a kernel that places them itself calls GRID_WAIT_CALL."""
+    """CUDA source with the grid-dependency instructions first in every __global__ function."""
     asm = 'asm volatile("' + "\\n\\t".join(GRID_DEPENDENCY) + '" ::: "memory");'
-    if GRID_WAIT_CALL in text:
-        return text.replace(GRID_WAIT_CALL, asm)
     out, n = _KERNEL_OPEN.subn(lambda m: m.group(0) + "\n  " + asm, text)
     if not n:
         raise BuildError("CUDA source without a __global__ function")

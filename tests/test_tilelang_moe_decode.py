@@ -203,37 +203,3 @@ def test_renders_and_builds_without_spills(over):
             rep = nvcc_report(src.text, t.arch)
             assert rep["ok"], rep["log"]
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
-
-
-@pytest.mark.parametrize("act", [0, 1])
-def test_pf_asks_l2_for_its_experts_rows_before_the_placed_grid_wait(act):
-    """PF: a CTA asks L2 for its weight rows of its expert (the whole K of each) before the grid
-    wait the program places itself, only where the offsets read before the wait give the expert
-    rows (a hint: with ACT the search runs again after the wait); the build puts the wait there and
-    the source builds without spills."""
-    pytest.importorskip("tilelang")
-    from deepinfer.codegen import build as B
-
-    t = get_target("sm90")
-    spec = moe_spec(6)
-    tpl = select(t, spec)
-    from deepinfer.codegen.library.tilelang_warp_mma import prefetch_row_bytes
-
-    cfg = dict(tpl.default_config(t, spec), ACT=act, PF=16)
-    text = tpl.render(t, spec, cfg).text
-    body = text[text.index("__global__ void __launch_bounds__"):]
-    e, n, k = spec.in_types[1].shape
-    # each row's first fp4 codes, the asks of the call's 6 experts' rows within 16 MiB
-    assert f"), {prefetch_row_bytes(k // 2, n * 6, 16)});" in body
-    wait = body.index(B.GRID_WAIT_CALL)
-    assert body.index("deepinfer_prefetch_l2(") < wait < body.index("cp_async")
-    assert body.count("__ballot_sync") == (2 if act else 0)  # the search before the wait and after it
-    built = B.grid_dependency_cuda(text)
-    assert built.count("griddepcontrol.wait;") == 1 and B.GRID_WAIT_CALL not in built
-    if shutil.which("nvcc"):
-        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
-
-        rep = nvcc_report(built, t.arch)
-        assert rep["ok"], rep["log"]
-        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
-    assert "deepinfer_prefetch_l2(" not in tpl.render(t, spec, dict(cfg, PF=0)).text

@@ -33,7 +33,7 @@ from ..template import KernelSource, KernelSpec, Template, batch_invariant, regi
 
 
 def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT=4, WK=4, KU=2, STAGES=3, NT=1,
-                              split_k=1, rows=64, CLUSTER=0, F16=0, PF=0):
+                              split_k=1, rows=64, CLUSTER=0, F16=0):
     """C[m, N] = sum_k A[m, k] sa[m, k//32] * B[n, k] sb[n//32, k//32] for m <= `rows` live rows
     (a kernel argument). CTA (16*RT weight rows, split): WK warps take turns over the split's
     scale blocks, KU each per step, and add their sums through shared memory in warp order; the
@@ -47,12 +47,9 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     (the source needs `cluster_dims_source`), and after a cluster barrier (release / acquire at
     cluster scope, so the partials in global memory are visible) its first CTA adds them in split
     order, as the combine would, and writes C: no second kernel. F16: the MMAs as f16 pairs
-    (tilelang_warp_mma.scaled_mma), the rows' pairs converted once per block. PF (MiB, 0: off):
-    the first bytes of the CTA's weight rows (its split's K range) asked of L2 before the grid
-    wait (prefetch_then_wait), the grid's asks within PF MiB (prefetch_row_bytes)."""
+    (tilelang_warp_mma.scaled_mma), the rows' pairs converted once per block."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_row_bytes,
-                                    prefetch_then_wait, scaled_mma, warp_order_sum)
+    from .tilelang_warp_mma import F16_PRELUDE, f16_x, out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
     mma, total = scaled_mma(T, NT, guarded=True, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
@@ -73,12 +70,8 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
     # TileLang's own launcher (the benches) passes the cluster shape at launch; a plan's source
     # carries it (cluster_dims_source)
     launch, launch_kw = (T.ClusterKernel, {"cluster_dims": (1, split_k, 1)}) if cluster else (T.Kernel, {})
-    prelude = (GRID_PRELUDE if PF else "") + (F16_PRELUDE if F16 else "")
-    if prelude:
-        launch_kw["prelude"] = prelude
-    assert not PF or 16 * RT <= threads, "a thread a weight row to prefetch"
-    # of each row, its bytes in the split's K range (split_k of them a row)
-    prefetch = prefetch_then_wait(T, 16 * RT, prefetch_row_bytes(per * 32, N * split_k, PF))
+    if F16:
+        launch_kw["prelude"] = F16_PRELUDE
 
     @T.macro
     def block(A, B_s, SA_s, SB_s, a, b, c, acc, sx, bx, tb, g, q, kb, kw):
@@ -132,8 +125,6 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
             c = T.alloc_local((4,), "float32")
             acc = T.alloc_local((nacc,), "float32")
             sx = T.alloc_local((2 * NT,), "float32")
-            if PF:
-                prefetch(B, bx * br, bz * per * 8, tx)
             T.copy(SB[(bx * br) // 32, bz * per], SB_s)
             for t0 in T.serial(T.ceildiv(m, tt)):
                 tb = t0 * tt
@@ -179,7 +170,7 @@ def gemm_fp8_mma_rows_program(N: int, K: int, out_dtype: str = "bfloat16", *, RT
 
 
 MMA_KNOBS = {"RT": (2, 4), "WK": (2, 4), "KU": (1, 2), "STAGES": (2, 3, 4), "NT": (1, 2),
-             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1), "PF": (0, 8, 32)}
+             "split_k": (1, 2, 4, 8, 16), "CTAS": (2, 4, 8), "CLUSTER": (0, 1), "F16": (0, 1)}
 
 
 def _mnk(spec: KernelSpec):

@@ -85,7 +85,7 @@ def active_expert(T, E: int, threads: int):
 
 
 def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=1, KU=4, NT=1, STAGES=0, XS=0,
-                                 ACT=0, F16=0, PF=0):
+                                 ACT=0, F16=0):
     """The decode grouped GEMM on warp MMAs with the weight as the 16-row A operand (swap AB: the
     few rows of x are the 8-wide B operand), each fragment widened in the registers it was loaded
     into. A lane (group g, q) of a warp takes the 32-bit word at byte 4q of output rows g and
@@ -109,14 +109,9 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     expert: active_expert), not every expert; else CTAs of idle experts exit at once, which at one
     sequence's six rows is 90 of every 96 CTAs. Rows past offsets[E] (which only expert
     parallelism leaves) are written as zeros by the first slot's CTAs, each for its columns. F16:
-    the MMAs as f16 pairs (tilelang_warp_mma.scaled_mma), x's pairs converted once per block. PF
-    (MiB, 0: off): the first bytes of the CTA's weight rows of its expert asked of L2 before the
-    grid wait, where the offsets read before it say the expert has rows
-    (tilelang_warp_mma.prefetch_then_wait: a hint; the CTA reads the offsets again after the
-    wait), the asks of at most min(E, Mtot) experts' rows within PF MiB (prefetch_row_bytes)."""
+    the MMAs as f16 pairs (tilelang_warp_mma.scaled_mma), x's pairs converted once per block."""
     from .tilelang_gemm import _tl, e8m0_f32
-    from .tilelang_warp_mma import (F16_PRELUDE, GRID_PRELUDE, f16_x, out_position, prefetch_row_bytes,
-                                    prefetch_then_wait, scaled_mma, warp_order_sum)
+    from .tilelang_warp_mma import F16_PRELUDE, f16_x, out_position, scaled_mma, warp_order_sum
 
     _, T = _tl()
     mma, total = scaled_mma(T, NT, f16=bool(F16)), warp_order_sum(T, WK, RT * NT * 4)
@@ -134,9 +129,6 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     ACT = ACT and 4 * min(E, Mtot) <= E
     slots = min(E, Mtot) if ACT else E
     find = active_expert(T, E, 32 * WK)
-    assert not PF or br <= 32 * WK, "a thread a weight row to prefetch"
-    prefetch = prefetch_then_wait(T, br, prefetch_row_bytes(K // 2, N * min(E, Mtot), PF), experts=True)
-    prelude = ((GRID_PRELUDE if PF else "") + (F16_PRELUDE if F16 else "")) or None
 
     @T.macro
     def block(X, SX, W, SW, Ws, SWs, SXs, Xs, a, b, c, acc, sx, e, bx, tb, end, g, q, kb, kw):
@@ -186,7 +178,7 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     def grouped_gemm_fp4_mma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
                              W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
                              offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
-        with T.Kernel(N // br, slots, threads=32 * WK, prelude=prelude) as (bx, slot):
+        with T.Kernel(N // br, slots, threads=32 * WK, prelude=F16_PRELUDE if F16 else None) as (bx, slot):
             tx = T.get_thread_binding()
             wp = tx // 32
             g = (tx % 32) // 4
@@ -206,19 +198,11 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
                 masks = T.alloc_shared((-(-E // (32 * WK)) * WK,), "uint32")
                 flag = T.alloc_local((-(-E // (32 * WK)),), "int32")
                 ex = T.alloc_local((3,), "int32")
-                if PF:  # the expert from offsets read before the wait: which rows to prefetch only
-                    find(offsets, found, masks, flag, slot, tx)
-                    for i in T.unroll(3):
-                        ex[i] = found[i]
-                    T.sync_threads()  # every thread has read `found` before the search below resets it
-                    prefetch(W, ex[0], ex[2] > ex[1], bx * br, 0, tx)
                 find(offsets, found, masks, flag, slot, tx)
                 for i in T.unroll(3):
                     ex[i] = found[i]
                 e, start, end = ex[0], ex[1], ex[2]
             else:
-                if PF:
-                    prefetch(W, slot, offsets[slot + 1] > offsets[slot], bx * br, 0, tx)
                 e, start, end = slot, offsets[slot], offsets[slot + 1]
             if slot == 0:
                 # rows no expert covers (past offsets[E]: only expert parallelism leaves them) stay
@@ -268,7 +252,7 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1), "PF": (0, 8, 32)}
+             "F16": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:

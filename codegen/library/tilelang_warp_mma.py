@@ -26,59 +26,6 @@ __device__ __forceinline__ unsigned deepinfer_e4m3_hi_f16x2(unsigned v) {
 """
 
 
-# A program that streams a plan constant (its weight) may ask L2 for it before the grid it
-# follows has finished: built with programmatic dependent launch (codegen/build.py), a kernel runs
-# from the moment every CTA of the one before has passed its own wait, so its weight can stream in
-# while that kernel drains its last wave, not after. A prefetch is only a hint (L2 is where global
-# memory is coherent): what it reads, even from a buffer still being written, cannot change a
-# result, so which rows to prefetch may come from inputs read before the wait (the MoE's expert
-# offsets), and every load the program computes with stays after it. Such a program calls
-# deepinfer_grid_wait() where its own reads begin; the build puts the grid-dependency instructions
-# there (build.GRID_WAIT_CALL) instead of first in the kernel. Without PDL the call is a no-op.
-GRID_PRELUDE = r"""
-__device__ __forceinline__ void deepinfer_grid_wait() {}
-__device__ __forceinline__ void deepinfer_prefetch_l2(const void* p, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-"""
-
-
-def prefetch_row_bytes(row_bytes: int, rows: int, budget_mib: int) -> int:
-    """Bytes to prefetch of each of `rows` weight rows (`row_bytes` each) that a grid reads, so that
-    the whole grid asks for at most `budget_mib` MiB: a grid that asked L2 for more than it holds
-    would evict its first rows before its pipeline reached them. Whole 16-byte pieces; 0: none."""
-    return min(row_bytes, budget_mib * 2 ** 20 // rows) // 16 * 16
-
-
-def prefetch_then_wait(T, rows: int, nbytes: int, experts: bool = False):
-    """A macro: threads 0..rows-1 each ask L2 for `nbytes` (a multiple of 16) of weight row
-    row0 + thread from column col0 (of expert e's [E, N, ..] slice with `experts`, where `live`
-    says whether it has rows at all), then the grid wait (GRID_PRELUDE). The first statement of a
-    program whose kernel gives GRID_PRELUDE as its prelude."""
-    assert nbytes % 16 == 0, "a bulk prefetch moves whole 16-byte pieces"
-    live_rows = rows if nbytes else 0  # nothing to ask for: the wait alone
-
-    def ask(ref):
-        return T.call_extern("handle", "deepinfer_prefetch_l2", T.address_of(ref), nbytes)
-
-    if experts:
-        @T.macro
-        def prefetch_expert(W, e, live, row0, col0, tx):
-            if live and tx < live_rows:
-                ask(W[e, row0 + tx, col0])
-            T.call_extern("handle", "deepinfer_grid_wait")
-
-        return prefetch_expert
-
-    @T.macro
-    def prefetch(W, row0, col0, tx):
-        if tx < live_rows:
-            ask(W[row0 + tx, col0])
-        T.call_extern("handle", "deepinfer_grid_wait")
-
-    return prefetch
-
-
 # The f16 fragments from the e4m3 ones, as (word, half) per f16 register. mma.m16n8k32's lane (g, q)
 # holds A words a0 (row g, K slots 4q..4q+3), a1 (row g + 8), a2, a3 (the same at 16 + 4q) and B
 # words b0 (x row g, slots 4q..), b1 (16 + 4q..); m16n8k16's holds A pairs a0 (row g, slots 2q,
