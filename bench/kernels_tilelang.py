@@ -194,7 +194,7 @@ def grouped_case(label, counts, N, K, E, config=None, mma=False, tail=0, bf16=Fa
     base = (TARGET.defaults["tilelang_grouped_gemm_fp4_mma"] if mma else tlmf.MOE_TILES if bf16 else
             tlm.moe_default_config(TARGET, mtot, N, K, E))
     c = dict(base, **(config or {}))
-    make = (tlmd.grouped_gemm_fp4_mma_program if mma else tlm.grouped_gemm_fp4_program)
+    make = (tlmd.decode_program if mma else tlm.grouped_gemm_fp4_program)
     active = sum(1 for v in counts if v)
 
     def inputs():

@@ -203,3 +203,70 @@ def test_renders_and_builds_without_spills(over):
             rep = nvcc_report(src.text, t.arch)
             assert rep["ok"], rep["log"]
             assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+def test_warpgroup_fragments_hold_the_scale_block_dot_product():
+    """The warpgroup program (WG): each warp's A fragment is the warp-MMA program's (16 weight
+    rows, the same permuted K order), and x's staged block (xp_word: the stage_x pass's byte_perms
+    of its two 16-byte pieces) read as `wgmma`'s B operand through the no-swizzle descriptor (column
+    n's K slots 0..15 at core matrix 0 row n, 16..31 at core matrix 1, 128 bytes on) meets each slot
+    with the x byte of the same code: the product is the block's dot product / 64."""
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (64, 32), generator=g)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).tolist()
+    xb = torch.randint(0, 0x7F, (8, 32), generator=g) | (torch.randint(0, 2, (8, 32), generator=g) << 7)
+    xv = torch.tensor(e4m3(xb.flatten().tolist()), dtype=torch.float64).view(8, 32)
+    xb = xb.tolist()
+    smem = {}  # word index -> value, as stage_x writes block 0 of the pass
+    for r in range(8):
+        for h in range(2):
+            w = [sum(xb[r][16 * h + 4 * j + i] << (8 * i) for i in range(4)) for j in range(4)]
+            for odd, sel in ((0, md.X_EVEN), (1, md.X_ODD)):
+                smem[md.xp_word(0, r, odd, 2 * h)] = byte_perm(w[0], w[1], sel)
+                smem[md.xp_word(0, r, odd, 2 * h + 1)] = byte_perm(w[2], w[3], sel)
+    raw = b"".join(smem[i].to_bytes(4, "little") for i in range(64))
+    B = torch.zeros(32, 8, dtype=torch.float64)
+    for n in range(8):
+        for s in range(32):  # core matrix s // 16 (128 bytes apart), row n, byte s % 16
+            B[s, n] = e4m3([raw[(s // 16) * 128 + n * 16 + s % 16]])[0]
+    A = torch.zeros(64, 32, dtype=torch.float64)
+    for warp in range(4):
+        for lane in range(32):
+            gg, q = lane // 4, lane % 4
+            r0 = 16 * warp + gg
+            w0 = sum(packed[r0][4 * q + i] << (8 * i) for i in range(4))
+            w1 = sum(packed[r0 + 8][4 * q + i] << (8 * i) for i in range(4))
+            regs = [md.fp4_lo_e4m3(IntT, w0), md.fp4_lo_e4m3(IntT, w1), md.fp4_hi_e4m3(IntT, w0),
+                    md.fp4_hi_e4m3(IntT, w1)]
+            for reg, (row, col) in zip(regs, [(r0, 4 * q), (r0 + 8, 4 * q), (r0, 16 + 4 * q), (r0 + 8, 16 + 4 * q)]):
+                A[row, col:col + 4] = torch.tensor(e4m3(word_bytes(reg)), dtype=torch.float64)
+    wv = torch.tensor([[e2m1(c) for c in row] for row in codes.tolist()], dtype=torch.float64)
+    torch.testing.assert_close((A @ B) * 64, wv @ xv.T, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows,wgs", [(6, 1), (384, 1), (6, 2)])
+def test_warpgroup_program_renders_and_builds_without_spills(rows, wgs):
+    """WG: WGS warpgroups a CTA, each 64 weight rows over its expert's whole K, warpgroup MMAs
+    with A in registers (the prelude's wgmma, B through the staged x's descriptor after a proxy
+    fence)."""
+    pytest.importorskip("tilelang")
+    t = get_target("sm90")
+    spec = moe_spec(rows) if rows == 6 else moe_spec(rows, n=5120, k=2304)
+    tpl = select(t, spec)
+    cfg = dict(tpl.default_config(t, spec), WG=1, WGS=wgs)
+    assert tpl.supports(t, spec)
+    src = tpl.render(t, spec, cfg)
+    n = spec.in_types[1].shape[1]
+    act = 4 * min(96, rows) <= 96
+    assert src.grid == (n // (64 * wgs), min(96, rows) if act else 96, 1) and src.block == (128 * wgs, 1, 1)
+    assert "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3" in src.text
+    body = src.text[src.text.index("__global__ void __launch_bounds__"):]
+    assert body.index("deepinfer_fence_proxy_async();") < body.index("deepinfer_wgmma_e4m3_n8(")
+    assert "mma_sync" not in body and "red[" not in body  # no warp MMAs, no sum across warps
+    assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
+    if shutil.which("nvcc"):
+        from deepinfer.codegen.library.tilelang_gemm import nvcc_report
+
+        rep = nvcc_report(src.text, t.arch)
+        assert rep["ok"], rep["log"]
+        assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]

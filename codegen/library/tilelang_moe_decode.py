@@ -245,6 +245,174 @@ def grouped_gemm_fp4_mma_program(Mtot: int, N: int, K: int, E: int, *, WK=4, RT=
     return grouped_gemm_fp4_mma
 
 
+# the warpgroup MMA on e4m3 with its A operand in registers, which sm_90's warp MMAs lack (ptxas
+# runs an e4m3 mma.sync as two f16 MMAs after converting every operand pair); B through a
+# no-swizzle shared-memory descriptor: core matrices of 8 rows x 16 bytes, 128 bytes apart along K
+WGMMA_PRELUDE = r"""
+__device__ __forceinline__ unsigned long long deepinfer_gmma_desc(const void* smem) {
+  unsigned long long a = (unsigned long long)__cvta_generic_to_shared(smem);
+  return ((a >> 4) & 0x3FFFull) | (8ull << 16) | (8ull << 32);
+}
+__device__ __forceinline__ void deepinfer_wgmma_e4m3_n8(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                                        unsigned a3, const void* b) {
+  unsigned long long desc = deepinfer_gmma_desc(b);
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\nwgmma.fence.sync.aligned;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n"
+               "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0) : "memory");
+}
+__device__ __forceinline__ void deepinfer_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+"""
+
+
+def xp_word(kb, r, odd, i):
+    """The word of x's staged pass (grouped_gemm_fp4_wgmma_program) holding bytes 4i..4i+3 of row
+    r's half of scale block kb (odd: its odd bytes, else its even ones): a block is two 8 x
+    16-byte core matrices, the even bytes' then the odd bytes', 128 bytes apart (the descriptor's
+    K stride)."""
+    return kb * 64 + odd * 32 + r * 4 + i
+
+
+def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, STAGES=3, ACT=0, WGS=1):
+    """grouped_gemm_fp4_mma_program's product on warpgroup MMAs (`wgmma m64n8k32` e4m3, A from
+    registers: no operand conversions, no added C). CTA (64 output rows, expert): warp w holds rows
+    16w..16w+15 and every lane widens the words its A fragment needs, as the warp-MMA program's
+    lanes do (the same fragment per warp, the same permuted K order); the four warps step through
+    all of K together, so nothing is added across warps. Each pass's 8 rows of x are staged once in
+    shared memory in that K order (a block's even bytes, then its odd ones: two 8 x 16-byte core
+    matrices), the MMA's B operand; the step's [64, KB scale blocks] weight tile is copied STAGES
+    steps ahead (cp.async), rows padded by 16 bytes; the tile's weight scales and x's scales once
+    before the K loop. ACT: as the warp-MMA program's (CTAs over the experts with rows). WGS
+    warpgroups a CTA, each its own 64 rows, sharing the staged x. Each MMA is waited on before
+    its product is scaled: ptxas serialises warpgroup MMAs whose accumulators other instructions
+    read while a later one is in flight, so overlap comes from the warpgroups an SM holds."""
+    from .tilelang_gemm import _tl, e8m0_f32
+
+    _, T = _tl()
+    kbs = K // 32
+    assert K % 32 == 0 and kbs % KB == 0 and N % (64 * WGS) == 0
+    br, tt, threads = 64 * WGS, 8, 128 * WGS
+    cw = KB * 4  # a step's weight words per row
+    ACT = ACT and 4 * min(E, Mtot) <= E
+    slots = min(E, Mtot) if ACT else E
+    find = active_expert(T, E, threads)
+    xwords = kbs * 64  # x's staged pass: 256 bytes a scale block (8 rows x 32 bytes)
+
+    @T.macro
+    def stage_x(X, Xp, tb, end, tx):
+        """Xp[block kb] = rows tb.. of x's block kb as two core matrices: its even bytes, its odd."""
+        for j in T.serial(T.ceildiv(tt * kbs, threads)):
+            idx = j * threads + tx
+            r = idx // kbs
+            kb = idx % kbs
+            if idx < tt * kbs:
+                for h in T.unroll(2):
+                    v0 = T.if_then_else(tb + r < end, X[tb + r, kb * 4 + 2 * h], T.uint64(0))
+                    v1 = T.if_then_else(tb + r < end, X[tb + r, kb * 4 + 2 * h + 1], T.uint64(0))
+                    w0 = T.Cast("uint32", v0)
+                    w1 = T.Cast("uint32", T.shift_right(v0, T.uint64(32)))
+                    w2 = T.Cast("uint32", v1)
+                    w3 = T.Cast("uint32", T.shift_right(v1, T.uint64(32)))
+                    # x bytes 16h..16h+15 of the block give words 2h, 2h + 1 of each half's row
+                    for odd, sel in ((0, X_EVEN), (1, X_ODD)):
+                        Xp[xp_word(kb, r, odd, 2 * h)] = T.call_extern("uint32", "__byte_perm", w0, w1,
+                                                                       T.uint32(sel))
+                        Xp[xp_word(kb, r, odd, 2 * h + 1)] = T.call_extern("uint32", "__byte_perm", w2, w3,
+                                                                           T.uint32(sel))
+
+    @T.macro
+    def widen(Ws, a, r0, kw):
+        """The lane's A fragment of a block (rows r0, r0 + 8; the warp-MMA program's order)."""
+        a[0] = Ws[r0, kw]
+        a[1] = Ws[r0 + 8, kw]
+        a[2] = fp4_hi_e4m3(T, a[0])
+        a[3] = fp4_hi_e4m3(T, a[1])
+        a[0] = fp4_lo_e4m3(T, a[0])
+        a[1] = fp4_lo_e4m3(T, a[1])
+
+    @T.macro
+    def scale(SWs, SXs, c, acc, sx, r0, kb, tb, end, q):
+        """acc += block kb's product c times its weight rows' and x rows' scales."""
+        s0 = e8m0_f32(T, SWs[r0, kb])
+        s1 = e8m0_f32(T, SWs[r0 + 8, kb])
+        for j in T.unroll(2):
+            sx[j] = T.if_then_else(tb + 2 * q + j < end, e8m0_f32(T, SXs[2 * q + j, kb]), T.float32(0))
+        acc[0] += c[0] * (s0 * sx[0])
+        acc[1] += c[1] * (s0 * sx[1])
+        acc[2] += c[2] * (s1 * sx[0])
+        acc[3] += c[3] * (s1 * sx[1])
+
+    @T.prim_func
+    def grouped_gemm_fp4_wgmma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
+                               W: T.Tensor((E, N, K // 8), "uint32"), SW: T.Tensor((E, N, kbs), "uint8"),
+                               offsets: T.Tensor((E + 1,), "int32"), C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // br, slots, threads=threads, prelude=WGMMA_PRELUDE) as (bx, slot):
+            tx = T.get_thread_binding()
+            wp = tx // 32
+            g = (tx % 32) // 4
+            q = tx % 4
+            Ws = T.alloc_shared((br, cw + 4), "uint32")
+            SWs = T.alloc_shared((br, kbs), "uint8")
+            SXs = T.alloc_shared((tt, kbs), "uint8")
+            Xp = T.alloc_shared((xwords,), "uint32")
+            a = T.alloc_local((4,), "uint32")
+            c = T.alloc_local((4,), "float32")
+            acc = T.alloc_local((4,), "float32")
+            sx = T.alloc_local((2,), "float32")
+            if ACT:
+                found = T.alloc_shared((3,), "int32")
+                masks = T.alloc_shared((-(-E // threads) * (threads // 32),), "uint32")
+                flag = T.alloc_local((-(-E // threads),), "int32")
+                ex = T.alloc_local((3,), "int32")
+                find(offsets, found, masks, flag, slot, tx)
+                for i in T.unroll(3):
+                    ex[i] = found[i]
+                e, start, end = ex[0], ex[1], ex[2]
+            else:
+                e, start, end = slot, offsets[slot], offsets[slot + 1]
+            if slot == 0:  # rows no expert covers stay zero (the warp-MMA program's rule)
+                tail = offsets[E]
+                for j in T.serial(T.ceildiv((Mtot - tail) * br, threads)):
+                    if tail + (j * threads + tx) // br < Mtot:
+                        C[tail + (j * threads + tx) // br, bx * br + (j * threads + tx) % br] = T.bfloat16(0)
+            r0 = wp * 16 + g  # the lane's weight rows in the CTA: r0 and r0 + 8
+            for t0 in T.serial(T.ceildiv(end - start, tt)):
+                tb = start + t0 * tt
+                for i in T.unroll(4):
+                    acc[i] = T.float32(0)
+                T.copy(SW[e, bx * br:(bx + 1) * br, 0:kbs], SWs)
+                T.copy(SX[tb, 0], SXs)
+                stage_x(X, Xp, tb, end, tx)
+                T.call_extern("handle", "deepinfer_fence_proxy_async")
+                T.sync_threads()
+                for ko in T.Pipelined(kbs // KB, num_stages=STAGES):
+                    T.copy(W[e, bx * br:(bx + 1) * br, ko * cw:(ko + 1) * cw], Ws[:, 0:cw])
+                    for kk in T.unroll(KB):
+                        kb = ko * KB + kk
+                        widen(Ws, a, r0, kk * 4 + q)
+                        T.call_extern("handle", "deepinfer_wgmma_e4m3_n8", T.address_of(c[0]), a[0], a[1], a[2], a[3],
+                                      T.address_of(Xp[xp_word(kb, 0, 0, 0)]))
+                        scale(SWs, SXs, c, acc, sx, r0, kb, tb, end, q)
+                for i in T.unroll(4):
+                    if tb + 2 * q + i % 2 < end:
+                        # 64: the widened codes' 2^-6
+                        C[tb + 2 * q + i % 2, bx * br + r0 + 8 * (i // 2)] = T.Cast("bfloat16", acc[i] * T.float32(64))
+                T.sync_threads()  # every warp is done with Xp and the scales before the next pass restages them
+
+    return grouped_gemm_fp4_wgmma
+
+
+def decode_program(Mtot: int, N: int, K: int, E: int, *, WG=0, KB=8, **knobs):
+    """The program a config names: WG the warpgroup one (its own few knobs), else the warp-MMA one."""
+    if WG:
+        return grouped_gemm_fp4_wgmma_program(Mtot, N, K, E, KB=KB, STAGES=knobs.get("STAGES") or 3,
+                                              ACT=knobs.get("ACT", 0), WGS=knobs.get("WGS", 1))
+    return grouped_gemm_fp4_mma_program(Mtot, N, K, E, **knobs)
+
+
 def _dims(spec: KernelSpec):
     from .tilelang_moe import _dims as dims  # where used: importing tilelang_moe registers its template
 
@@ -252,7 +420,7 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1)}
+             "F16": (0, 1), "WG": (0, 1), "KB": (4, 8), "WGS": (1, 2)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
@@ -264,7 +432,7 @@ def _render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> Kern
 
     mtot, n, k, e = _dims(spec)
     c = _config(target, spec, config)
-    func = grouped_gemm_fp4_mma_program(mtot, n, k, e, **c)
+    func = decode_program(mtot, n, k, e, **c)
     return source(func, target.arch, {"template": "tilelang_grouped_gemm_fp4_mma", "config": c,
                                       "dims": {"rows": mtot, "n": n, "k": k, "experts": e}})
 
@@ -293,6 +461,8 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
         return False
     mtot, n, k, e = _dims(spec)
     c = _config(target, spec)
+    if c.get("WG"):
+        return mtot <= 32 * e and k % (32 * c.get("KB", 8)) == 0 and n % (64 * c.get("WGS", 1)) == 0
     return mtot <= 32 * e and k % (32 * c["WK"]) == 0 and n % (16 * c["RT"]) == 0
 
 
