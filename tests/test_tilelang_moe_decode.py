@@ -244,16 +244,19 @@ def test_warpgroup_fragments_hold_the_scale_block_dot_product():
     torch.testing.assert_close((A @ B) * 64, wv @ xv.T, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rows,wgs", [(6, 1), (384, 1), (6, 2)])
-def test_warpgroup_program_renders_and_builds_without_spills(rows, wgs):
+@pytest.mark.parametrize("rows,over", [(6, {}), (384, {}), (6, {"WGS": 2}), (6, {"BATCH": 1, "XR": 1, "WGS": 2}),
+                                       (384, {"BATCH": 1, "XR": 1})])
+def test_warpgroup_program_renders_and_builds_without_spills(rows, over):
     """WG: WGS warpgroups a CTA, each 64 weight rows over its expert's whole K, warpgroup MMAs
     with A in registers (the prelude's wgmma, B through the staged x's descriptor after a proxy
-    fence)."""
+    fence); BATCH: a step's MMAs in one group, waited on once; XR: x's step tile through the
+    pipeline, put in order each step (the whole pass's x is not staged)."""
     pytest.importorskip("tilelang")
     t = get_target("sm90")
     spec = moe_spec(rows) if rows == 6 else moe_spec(rows, n=5120, k=2304)
     tpl = select(t, spec)
-    cfg = dict(tpl.default_config(t, spec), WG=1, WGS=wgs)
+    wgs = over.get("WGS", 1)
+    cfg = dict(tpl.default_config(t, spec), WG=1, **over)
     assert tpl.supports(t, spec)
     src = tpl.render(t, spec, cfg)
     n = spec.in_types[1].shape[1]
@@ -261,8 +264,11 @@ def test_warpgroup_program_renders_and_builds_without_spills(rows, wgs):
     assert src.grid == (n // (64 * wgs), min(96, rows) if act else 96, 1) and src.block == (128 * wgs, 1, 1)
     assert "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3" in src.text
     body = src.text[src.text.index("__global__ void __launch_bounds__"):]
-    assert body.index("deepinfer_fence_proxy_async();") < body.index("deepinfer_wgmma_e4m3_n8(")
+    mma = "deepinfer_wgmma_mma(" if over.get("BATCH") else "deepinfer_wgmma_e4m3_n8("
+    assert body.index("deepinfer_fence_proxy_async();") < body.index(mma)
     assert "mma_sync" not in body and "red[" not in body  # no warp MMAs, no sum across warps
+    assert ("deepinfer_wgmma_commit_wait();" in body) == bool(over.get("BATCH"))
+    assert ("uint64_t*)Xr)" in body) == bool(over.get("XR"))
     assert {p for p, _ in src.meta["params"]} == {"C", "SW", "SX", "W", "X", "offsets"}
     if shutil.which("nvcc"):
         from deepinfer.codegen.library.tilelang_gemm import nvcc_report

@@ -262,6 +262,23 @@ __device__ __forceinline__ void deepinfer_wgmma_e4m3_n8(float* d, unsigned a0, u
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0) : "memory");
 }
+// the same MMA in pieces, for several in one group: fence, MMAs, commit, wait, then each product
+// held (its registers are the finished MMA's from there on, for the compiler too)
+__device__ __forceinline__ void deepinfer_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void deepinfer_wgmma_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                    const void* b) {
+  unsigned long long desc = deepinfer_gmma_desc(b);
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0) : "memory");
+}
+__device__ __forceinline__ void deepinfer_wgmma_commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void deepinfer_wgmma_hold(float* d) {
+  asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) :: "memory");
+}
 __device__ __forceinline__ void deepinfer_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -276,7 +293,8 @@ def xp_word(kb, r, odd, i):
     return kb * 64 + odd * 32 + r * 4 + i
 
 
-def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, STAGES=3, ACT=0, WGS=1):
+def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, STAGES=3, ACT=0, WGS=1, BATCH=0,
+                                   XR=0):
     """grouped_gemm_fp4_mma_program's product on warpgroup MMAs (`wgmma m64n8k32` e4m3, A from
     registers: no operand conversions, no added C). CTA (64 output rows, expert): warp w holds rows
     16w..16w+15 and every lane widens the words its A fragment needs, as the warp-MMA program's
@@ -287,8 +305,11 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, S
     steps ahead (cp.async), rows padded by 16 bytes; the tile's weight scales and x's scales once
     before the K loop. ACT: as the warp-MMA program's (CTAs over the experts with rows). WGS
     warpgroups a CTA, each its own 64 rows, sharing the staged x. Each MMA is waited on before
-    its product is scaled: ptxas serialises warpgroup MMAs whose accumulators other instructions
-    read while a later one is in flight, so overlap comes from the warpgroups an SM holds."""
+    its product is scaled (ptxas serialises warpgroup MMAs whose accumulators other instructions
+    read while a later one is in flight), one at a time, or with BATCH the step's KB MMAs in one
+    group (KB fragments and products in registers), waited on once a step. XR (with BATCH): x's
+    step tile rides the weight tile's pipeline raw and is put in that K order each step, so the
+    CTA holds a step of x, not all of it (more CTAs an SM)."""
     from .tilelang_gemm import _tl, e8m0_f32
 
     _, T = _tl()
@@ -323,27 +344,42 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, S
                         Xp[xp_word(kb, r, odd, 2 * h + 1)] = T.call_extern("uint32", "__byte_perm", w2, w3,
                                                                            T.uint32(sel))
 
-    @T.macro
-    def widen(Ws, a, r0, kw):
-        """The lane's A fragment of a block (rows r0, r0 + 8; the warp-MMA program's order)."""
-        a[0] = Ws[r0, kw]
-        a[1] = Ws[r0 + 8, kw]
-        a[2] = fp4_hi_e4m3(T, a[0])
-        a[3] = fp4_hi_e4m3(T, a[1])
-        a[0] = fp4_lo_e4m3(T, a[0])
-        a[1] = fp4_lo_e4m3(T, a[1])
+    assert not XR or (BATCH and tt * KB * 2 <= threads), "XR: a thread a 16-byte piece of the step's x"
 
     @T.macro
-    def scale(SWs, SXs, c, acc, sx, r0, kb, tb, end, q):
-        """acc += block kb's product c times its weight rows' and x rows' scales."""
+    def permute_x(Xr, Xp, xv, tx):
+        """Xp = the step's raw x tile (Xr) in stage_x's layout, a thread a 16-byte piece (through
+        xv, a local pair: the software pipeline's rewriting loses let-bound values)."""
+        if tx < tt * KB * 2:
+            for i in T.unroll(2):
+                xv[i] = Xr[tx // (KB * 2), ((tx // 2) % KB) * 4 + 2 * (tx % 2) + i]
+            for odd, sel in ((0, X_EVEN), (1, X_ODD)):
+                for i in T.unroll(2):
+                    Xp[xp_word((tx // 2) % KB, tx // (KB * 2), odd, 2 * (tx % 2) + i)] = T.call_extern(
+                        "uint32", "__byte_perm", T.Cast("uint32", xv[i]),
+                        T.Cast("uint32", T.shift_right(xv[i], T.uint64(32))), T.uint32(sel))
+
+    @T.macro
+    def widen(Ws, a, o, r0, kw):
+        """The lane's A fragment of a block into a[o..o+3] (rows r0, r0 + 8; the warp-MMA order)."""
+        a[o] = Ws[r0, kw]
+        a[o + 1] = Ws[r0 + 8, kw]
+        a[o + 2] = fp4_hi_e4m3(T, a[o])
+        a[o + 3] = fp4_hi_e4m3(T, a[o + 1])
+        a[o] = fp4_lo_e4m3(T, a[o])
+        a[o + 1] = fp4_lo_e4m3(T, a[o + 1])
+
+    @T.macro
+    def scale(SWs, SXs, c, o, acc, sx, r0, kb, tb, end, q):
+        """acc += block kb's product c[o..o+3] times its weight rows' and x rows' scales."""
         s0 = e8m0_f32(T, SWs[r0, kb])
         s1 = e8m0_f32(T, SWs[r0 + 8, kb])
         for j in T.unroll(2):
             sx[j] = T.if_then_else(tb + 2 * q + j < end, e8m0_f32(T, SXs[2 * q + j, kb]), T.float32(0))
-        acc[0] += c[0] * (s0 * sx[0])
-        acc[1] += c[1] * (s0 * sx[1])
-        acc[2] += c[2] * (s1 * sx[0])
-        acc[3] += c[3] * (s1 * sx[1])
+        acc[0] += c[o] * (s0 * sx[0])
+        acc[1] += c[o + 1] * (s0 * sx[1])
+        acc[2] += c[o + 2] * (s1 * sx[0])
+        acc[3] += c[o + 3] * (s1 * sx[1])
 
     @T.prim_func
     def grouped_gemm_fp4_wgmma(X: T.Tensor((Mtot, K // 8), "uint64"), SX: T.Tensor((Mtot, kbs), "uint8"),
@@ -357,9 +393,11 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, S
             Ws = T.alloc_shared((br, cw + 4), "uint32")
             SWs = T.alloc_shared((br, kbs), "uint8")
             SXs = T.alloc_shared((tt, kbs), "uint8")
-            Xp = T.alloc_shared((xwords,), "uint32")
-            a = T.alloc_local((4,), "uint32")
-            c = T.alloc_local((4,), "float32")
+            Xp = T.alloc_shared((KB * 64 if XR else xwords,), "uint32")
+            Xr = T.alloc_shared((tt, KB * 4 + 2), "uint64") if XR else None
+            xv = T.alloc_local((2,), "uint64") if XR else None
+            a = T.alloc_local((4 * KB if BATCH else 4,), "uint32")
+            c = T.alloc_local((4 * KB if BATCH else 4,), "float32")
             acc = T.alloc_local((4,), "float32")
             sx = T.alloc_local((2,), "float32")
             if ACT:
@@ -385,17 +423,38 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, S
                     acc[i] = T.float32(0)
                 T.copy(SW[e, bx * br:(bx + 1) * br, 0:kbs], SWs)
                 T.copy(SX[tb, 0], SXs)
-                stage_x(X, Xp, tb, end, tx)
-                T.call_extern("handle", "deepinfer_fence_proxy_async")
+                if not XR:
+                    stage_x(X, Xp, tb, end, tx)
+                    T.call_extern("handle", "deepinfer_fence_proxy_async")
                 T.sync_threads()
                 for ko in T.Pipelined(kbs // KB, num_stages=STAGES):
                     T.copy(W[e, bx * br:(bx + 1) * br, ko * cw:(ko + 1) * cw], Ws[:, 0:cw])
-                    for kk in T.unroll(KB):
-                        kb = ko * KB + kk
-                        widen(Ws, a, r0, kk * 4 + q)
-                        T.call_extern("handle", "deepinfer_wgmma_e4m3_n8", T.address_of(c[0]), a[0], a[1], a[2], a[3],
-                                      T.address_of(Xp[xp_word(kb, 0, 0, 0)]))
-                        scale(SWs, SXs, c, acc, sx, r0, kb, tb, end, q)
+                    if XR:
+                        # rows past the expert's end are other experts' (or zeros past Mtot): their
+                        # columns of the MMA are never stored
+                        T.copy(X[tb:tb + tt, ko * KB * 4:(ko + 1) * KB * 4], Xr[:, 0:KB * 4])
+                        permute_x(Xr, Xp, xv, tx)
+                        T.call_extern("handle", "deepinfer_fence_proxy_async")
+                        T.sync_threads()
+                    if BATCH:
+                        for kk in T.unroll(KB):
+                            widen(Ws, a, 4 * kk, r0, kk * 4 + q)
+                        T.call_extern("handle", "deepinfer_wgmma_fence")
+                        for kk in T.unroll(KB):
+                            T.call_extern("handle", "deepinfer_wgmma_mma", T.address_of(c[4 * kk]), a[4 * kk],
+                                          a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
+                                          T.address_of(Xp[xp_word(kk if XR else ko * KB + kk, 0, 0, 0)]))
+                        T.call_extern("handle", "deepinfer_wgmma_commit_wait")
+                        for kk in T.unroll(KB):
+                            T.call_extern("handle", "deepinfer_wgmma_hold", T.address_of(c[4 * kk]))
+                            scale(SWs, SXs, c, 4 * kk, acc, sx, r0, ko * KB + kk, tb, end, q)
+                    else:
+                        for kk in T.unroll(KB):
+                            kb = ko * KB + kk
+                            widen(Ws, a, 0, r0, kk * 4 + q)
+                            T.call_extern("handle", "deepinfer_wgmma_e4m3_n8", T.address_of(c[0]), a[0], a[1], a[2],
+                                          a[3], T.address_of(Xp[xp_word(kb, 0, 0, 0)]))
+                            scale(SWs, SXs, c, 0, acc, sx, r0, kb, tb, end, q)
                 for i in T.unroll(4):
                     if tb + 2 * q + i % 2 < end:
                         # 64: the widened codes' 2^-6
@@ -409,7 +468,8 @@ def decode_program(Mtot: int, N: int, K: int, E: int, *, WG=0, KB=8, **knobs):
     """The program a config names: WG the warpgroup one (its own few knobs), else the warp-MMA one."""
     if WG:
         return grouped_gemm_fp4_wgmma_program(Mtot, N, K, E, KB=KB, STAGES=knobs.get("STAGES") or 3,
-                                              ACT=knobs.get("ACT", 0), WGS=knobs.get("WGS", 1))
+                                              ACT=knobs.get("ACT", 0), WGS=knobs.get("WGS", 1),
+                                              BATCH=knobs.get("BATCH", 0), XR=knobs.get("XR", 0))
     return grouped_gemm_fp4_mma_program(Mtot, N, K, E, **knobs)
 
 
@@ -420,7 +480,7 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1), "WG": (0, 1), "KB": (4, 8), "WGS": (1, 2)}
+             "F16": (0, 1), "WG": (0, 1), "KB": (4, 8), "WGS": (1, 2), "BATCH": (0, 1), "XR": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
