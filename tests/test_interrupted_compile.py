@@ -27,6 +27,14 @@ def env(tmp_path) -> dict:
     return os.environ | {"PYTHONPATH": PKG_PARENT, "DEEPINFER_CACHE_DIR": str(tmp_path / "cache")}
 
 
+def default_sigint() -> None:
+    """In the compile's process before it starts: SIGINT back to its default disposition. A test
+    run started in the background of a non-interactive shell ignores SIGINT, its subprocesses
+    inherit that, and Python then installs no KeyboardInterrupt handler: the signal these tests
+    send would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(p: subprocess.Popen, ready, what: str, timeout: float = 120):
     t = time.monotonic()
     while not ready():
@@ -63,7 +71,8 @@ def test_killed_compile_keeps_the_previous_plan(tmp_path, old_plan, sig, point):
     dump = tmp_path / "ir"
     p = subprocess.Popen([sys.executable, "-m", "deepinfer.cli", "compile", "--model", TINY, "--target", "cpu",
                           "-o", str(plan), "--max-model-len", "256", "--max-num-seqs", "2", "--dump-ir", str(dump)],
-                         env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_sigint)
     if point == "pipeline":  # past the graph build, inside the passes: three stages dumped
         wait_for(p, lambda: dump.is_dir() and len(list(dump.iterdir())) >= 3, "stage dumps")
     else:  # the new plan is being written beside the old one
@@ -131,7 +140,7 @@ def test_ctrl_c_drops_queued_builds(tmp_path, language, pool):
     script.write_text(SLOW_BUILDS)
     marks.mkdir()
     p = subprocess.Popen([sys.executable, str(script), language], env=env(tmp_path) | {"MARKS": str(marks)},
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     wait_for(p, lambda: len(list(marks.iterdir())) >= 2, "builds started")
     t = time.monotonic()
     os.kill(p.pid, signal.SIGINT)
