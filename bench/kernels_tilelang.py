@@ -508,15 +508,29 @@ def tiny_cases():
         # of an expert, one empty, one ending mid-tile; 64-, 128- and 256-row tiles; scales past
         # 2^1 (the widening's second factor)
         grouped_case("tiny", [70, 0, 131, 5], 256, 512, 4, bf16=True),
+        grouped_case("tiny shared-memory", [70, 0, 131, 5], 256, 512, 4, tlmf.SS_TILES, bf16=True),
         grouped_case("tiny 64-row tiles", [70, 0, 131, 5], 256, 512, 4,
-                     {"block_M": 64, "block_K": 128, "threads": 128}, bf16=True),
-        grouped_case("tiny 256-row tiles", [70, 0, 300, 5], 256, 512, 4, {"block_M": 256}, bf16=True),
+                     dict(tlmf.SS_TILES, block_M=64, block_K=128, threads=128), bf16=True),
+        grouped_case("tiny 256-row tiles", [70, 0, 300, 5], 256, 512, 4, dict(tlmf.SS_TILES, block_M=256), bf16=True),
         grouped_case("tiny large scales", [70, 0, 131, 5], 256, 512, 4, bf16=True, sw=(126, 131)),
         # a warpgroup past the expert's end skips its MMAs (experts of 70, 131 and 5 rows)
-        grouped_case("tiny skip", [70, 0, 131, 5], 256, 512, 4, {"skip_empty": 1}, bf16=True),
+        grouped_case("tiny skip", [70, 0, 131, 5], 256, 512, 4, dict(tlmf.SS_TILES, skip_empty=1), bf16=True),
         # the weight as the register operand (rs): 64 and 128 deep, scales past 2^1
-        grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, {"rs": 1, "block_K": 64, "stages": 3}, bf16=True),
-        grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, {"rs": 1}, bf16=True, sw=(126, 131)),
+        grouped_case("tiny rs", [70, 0, 131, 5], 256, 512, 4, dict(tlmf.SS_TILES, rs=1, block_K=64, stages=3),
+                     bf16=True),
+        grouped_case("tiny rs 128 deep", [70, 0, 131, 5], 256, 512, 4, dict(tlmf.SS_TILES, rs=1), bf16=True,
+                     sw=(126, 131)),
+        # the register operand with each step's MMAs in flight while the next is widened (inflight):
+        # 256- and 128-row tiles, an expert over two tiles, the last rows past Mtot, scales past 2^1
+        grouped_case("tiny rs inflight", [70, 0, 300, 5], 256, 512, 4,
+                     {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 0}, bf16=True,
+                     sw=(126, 131)),
+        grouped_case("tiny rs inflight 128-row", [70, 0, 131, 5], 256, 512, 4,
+                     {"rs": 1, "inflight": 1, "block_M": 128, "block_K": 64, "stages": 5}, bf16=True),
+        # an expert's last tile on the narrowest program that holds its rest (ragged): rests of
+        # 70, 44 (300 - 256), 131 - 128 = 3 and 5 rows
+        grouped_case("tiny rs inflight ragged", [70, 0, 300, 5, 131], 256, 512, 5,
+                     {"rs": 1, "inflight": 1, "block_M": 128, "block_K": 64, "stages": 4, "ragged": 32}, bf16=True),
         grouped_case("tiny f16 MMAs x per lane, 2 tiles", [3, 0, 12, 1], 64, 256, 4, {"F16": 1, "XS": 0, "NT": 2},
                      mma=True),
         # CTAs over the experts with rows: fewer of them than slots; 200 experts over two passes of

@@ -4,6 +4,7 @@ build for sm_90a without spills, and the MoE weight's widening on the host's twi
 code. Their numerics run on the GPU (bench/kernels_tilelang.py's `bf16` cases)."""
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -96,7 +97,8 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
 
 
 @pytest.mark.parametrize("over", [{}, {"block_M": 64, "threads": 128}, {"block_M": 256, "block_K": 64},
-                                  {"rs": 1, "block_K": 64, "stages": 3}])
+                                  {"rs": 1, "block_K": 64, "stages": 3},
+                                  {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 32}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -113,6 +115,13 @@ def test_renders_and_builds_without_spills(over):
         # the weight widened a word at a time, or a pair at a time into the register operand
         assert ("wgmma_rs" in src.text and "deepinfer_fp4_pair_bf16(" in src.text if over.get("rs")
                 else "deepinfer_fp4x8_bf16(" in src.text)
+        if over.get("inflight"):
+            # a step waits for the step before it, never for its own MMAs; the copies run two
+            # steps ahead, their wait leaving the next step's two groups in flight
+            assert "tl::wait_wgmma<1>();" in src.text and "tl::cp_async_wait<2>();" in src.text
+            # one program a width: 256, 224, ..., 32 rows (the MMA's N)
+            widths = {int(w) for w in re.findall(r"kFloat32, 64, (\d+), 16,", src.text)}
+            assert widths == set(range(32, 257, 32))
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
         # the rows come in bf16, dequantised (in the widened K order) by the second kernel
         dq = src.meta["combine"]

@@ -128,15 +128,18 @@ def bf16_bits_value(bits: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_gemm_fp4_bf16_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, block_K=64,
-                                  stages=3, threads=256, rs=0, skip_empty=0):
+                                  stages=3, threads=256, rs=0, skip_empty=0, inflight=0, ragged=0):
     """X: the rows in bf16, K in K_ORDER within each 8 (dequant_rows_program's output). rs:
-    rs_program instead. skip_empty: a warpgroup skips its MMAs where its rows of the tile all lie
+    rs_program instead (with inflight, rs_inflight_program). skip_empty: a warpgroup skips its MMAs where its rows of the tile all lie
     past the expert's end (the last tile of an expert of 257-320 rows, of 129-192, ...). (The
     scales read as 32-bit words, cp.async copies rather than plain loads in the loop, were 6%
     slower at the medium 4K on an H100: docs/performance.md, twenty-eighth session.) (Widening each step in two halves with the first half's wgmma
     in flight lost 13% at the medium 4K: docs/performance.md, twenty-seventh session.) (A producer
     warpgroup widening each step while consumer warpgroups ran the wgmma chain, by hand with
     mbarriers, was 1.4-1.7x slower at the medium 4K on an H100: twenty-ninth session.)"""
+    if rs and inflight:
+        return rs_inflight_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
+                                   threads=threads, ragged=ragged)
     if rs:
         return rs_program(Mtot, N, K, E, block_M=block_M, block_N=block_N, block_K=block_K, stages=stages,
                           threads=threads)
@@ -244,6 +247,102 @@ def rs_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, b
     return grouped_gemm_fp4_bf16_rs
 
 
+def rs_inflight_program(Mtot: int, N: int, K: int, E: int, *, block_M=256, block_N=128, block_K=64, stages=4,
+                        threads=256, ragged=0):
+    """rs_program with each step's MMAs left in flight while the next step's fragment is widened
+    (T.gemm waits for its wgmma chain before anything else runs, so the widening, the barriers
+    and the copies' issue all stood between one step's MMAs and the next's): two fragments
+    alternate, a step waits only for the step before it (wait_wgmma(1)). The copies are issued
+    by hand, stages - 2 steps ahead, so that the buffer a copy overwrites is never the one the
+    MMA still in flight reads (a software pipeline's copy for step k + stages - 1 lands in step
+    k - 1's buffer). The weight's scales for the CTA's whole K are read once (a step's two scale
+    bytes a row are too small for cp.async). ragged G: an expert's last tile is the smallest
+    multiple of G rows (one program each, the MMA's N) that holds the rest of its rows, not a
+    whole block_M (the medium 4K's experts of 256 +- 16 rows filled 1.5 tiles of 256)."""
+    from .tilelang_gemm import _tl
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
+    kb, kw = block_K // 32, block_K // 8
+    nk, ahead = K // block_K, stages - 2
+    assert ahead >= 1 and nk % 2 == 0 and nk >= ahead
+    assert not ragged or (ragged % 8 == 0 and block_M % ragged == 0)
+    # one m64 MMA a warpgroup: 256 weight rows on two warpgroups (two a warpgroup) failed the
+    # op's check on an H100 (docs/performance.md, thirty-sixth session)
+    assert block_N == 64 * (threads // 128), "inflight: block_N is 64 weight rows a warpgroup"
+    widths = list(range(block_M, 0, -ragged)) if ragged else [block_M]  # the MMA's N of each program
+
+    def tile_program(n: int):
+        @T.macro
+        def step(X, W, X_s, Wp_s, SW_s, Wf, acc, e, bx, r0, k):
+            b = k % stages
+            T.ptx_wait_group(2 * (ahead - 1))  # this step's two copy groups have landed
+            T.fence_proxy_async()  # cp.async's writes, read next by wgmma (the async proxy)
+            T.sync_threads()  # every warp's copies seen, and every warpgroup's step k - 2 finished
+            kn = k + ahead
+            if kn < nk:
+                T.async_copy(X[r0:r0 + n, kn * block_K:(kn + 1) * block_K], X_s[kn % stages, 0:n, :])
+                T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, kn * kw:(kn + 1) * kw], Wp_s[kn % stages, :, :])
+            else:  # empty groups keep the wait's count right at the last steps
+                T.ptx_commit_group()
+                T.ptx_commit_group()
+            for j, c in T.Parallel(block_N, block_K):
+                code = rs_order_source(c)
+                pair = T.call_extern("uint32", "deepinfer_fp4_pair_bf16", Wp_s[b, j, code // 8],
+                                     T.Cast("uint32", code % 4), T.Cast("uint32", SW_s[j, k * kb + c // 32]))
+                Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(
+                    pair, T.Cast("uint32", 16 * ((code % 8) // 4)))))
+            T.wgmma_gemm(Wf, X_s[b, 0:n, :], acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(1)  # step k - 1's MMAs are done: its fragment and buffer are free
+
+        @T.macro
+        def tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, r0, used):
+            acc = T.alloc_fragment((block_N, n), "float32")
+            T.clear(acc)
+            for s in T.unroll(ahead):
+                # rows past the expert's end are read (other experts' rows, zeros past Mtot) and
+                # never stored
+                T.async_copy(X[r0:r0 + n, s * block_K:(s + 1) * block_K], X_s[s, 0:n, :])
+                T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, s * kw:(s + 1) * kw], Wp_s[s, :, :])
+            for kk in T.serial(nk // 2):
+                step(X, W, X_s, Wp_s, SW_s, Wf0, acc, e, bx, r0, kk * 2)
+                step(X, W, X_s, Wp_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1)
+            T.wait_wgmma(0)
+            for j, i in T.Parallel(block_N, n):
+                if i < used:
+                    C[r0 + i, bx * block_N + j] = acc[j, i]
+            T.sync_threads()  # every warp is done with the buffers before the next tile's copies
+
+        return tile
+
+    tiles = [(n, tile_program(n)) for n in widths]
+
+    @T.prim_func
+    def grouped_gemm_fp4_bf16_rsi(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
+                                  SW: T.Tensor((E, N, K // 32), "uint8"), offsets: T.Tensor((E + 1,), "int32"),
+                                  C: T.Tensor((Mtot, N), "bfloat16")):
+        with T.Kernel(N // block_N, E, threads=threads, prelude=widen_prelude()) as (bx, e):
+            X_s = T.alloc_shared((stages, block_M, block_K), "bfloat16")
+            Wp_s = T.alloc_shared((stages, block_N, kw), "uint32")
+            SW_s = T.alloc_shared((block_N, K // 32), "uint8")
+            Wf0 = T.alloc_fragment((block_N, block_K), "bfloat16")
+            Wf1 = T.alloc_fragment((block_N, block_K), "bfloat16")
+            start = offsets[e]
+            rows = offsets[e + 1] - start
+            T.copy(SW[e, bx * block_N:(bx + 1) * block_N, :], SW_s)
+            for mt in T.serial(T.ceildiv(rows, block_M)):
+                rest = rows - mt * block_M
+                for n, tile in tiles:  # the program whose width is the smallest that holds the rest
+                    if not ragged:
+                        tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
+                    elif n == block_M:
+                        if rest > n - ragged:
+                            tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
+                    elif rest > n - ragged and rest <= n:
+                        tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
+
+    return grouped_gemm_fp4_bf16_rsi
+
 def dequant_rows_program(M: int, K: int, *, rs=0):
     """The rows dequantised into bf16 once, ahead of the GEMM, in its widened weight tile's K order
     (K_ORDER within each 8; with rs, rs_order_source's within each 32)."""
@@ -259,12 +358,18 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1)}
+         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1), "inflight": (0, 1),
+         "ragged": (0, 32, 64)}
 # (skip_empty passed its tiny case on an H100 and timed even at the medium 4K: a tuner's choice,
 # off in the defaults; docs/performance.md, twenty-eighth session)
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
-# code whose target lacks it): the medium config's 4K prefill routes about 256 rows to an expert
-MOE_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256}
+# code whose target lacks it): sm90's (the medium config's 4K prefill routes about 256 rows to an
+# expert)
+MOE_TILES = {"block_M": 256, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256, "rs": 1, "inflight": 1,
+             "ragged": 64}
+# the shared-memory program's (the weight widened into a bf16 tile, T.gemm's synchronous chain)
+SS_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256, "rs": 0, "inflight": 0,
+            "ragged": 0}
 
 
 def default_config(target: Target, spec: KernelSpec) -> dict:
@@ -297,7 +402,9 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
         return False
     mtot, n, k, e = _dims(spec)
     c = default_config(target, spec)
-    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0
+    steps = k // c["block_K"]  # inflight's steps go in pairs (its two fragments), at least stages - 2 of them
+    paired = not (c.get("rs") and c.get("inflight")) or (steps % 2 == 0 and steps >= c["stages"] - 2)
+    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0 and paired
 
 
 def host_grouped_gemm_fp4_bf16(launch, inputs, attrs, config, meta):

@@ -54,11 +54,14 @@ TARGET = Target(
         # loop: the 4K call 809 -> 761 us on an H100 (twenty-eighth session)
         "tilelang_grouped_linear_bf16": {"block_M": 128, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256,
                                          "scales_once": 1},
-        # the prefill MoE GEMM on bf16 wgmma, its weight widened a word a thread
-        # (tilelang_moe_prefill): prefill 1.14x on an H100 (medium widths on 20 layers; 256-row
-        # tiles 1.05x); 128 deep on 2 stages 5% faster than 64 on 3 in the kernel sweep, the
-        # overlap knob 13% slower (docs/performance.md, twenty-seventh session)
-        "tilelang_grouped_gemm_fp4_bf16": {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 2, "threads": 256},
+        # the prefill MoE GEMM on bf16 wgmma (tilelang_moe_prefill), the weight widened into the
+        # register operand, each step's MMAs in flight while the next is widened (inflight), an
+        # expert's last tile on the narrowest of 64, 128, 192, 256 rows (ragged): the medium 4K's
+        # w13 / w2 1.24x / 1.19x the shared-memory program's, prefill 4K 1.073x, 2K 1.085x on an
+        # H100 (medium widths on 20 layers; docs/performance.md, twenty-seventh and
+        # thirty-sixth sessions)
+        "tilelang_grouped_gemm_fp4_bf16": {"block_M": 256, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256,
+                                           "rs": 1, "inflight": 1, "ragged": 64},
     },
 )
 
