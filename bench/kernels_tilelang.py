@@ -129,7 +129,8 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
             a = torch.full((M, K), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[1](x["A"], x["SA"], a)
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
-            k[0](a, x["B"], x["SB"], out)
+            # (inflight reads the weight as 32-bit words)
+            k[0](a, x["B"].view(torch.uint8).view(torch.uint32) if c.get("inflight") else x["B"], x["SB"], out)
             return out
         if c.get("split_k", 1) > 1:
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)
@@ -147,7 +148,7 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
         if persistent:
             return [tlgd.gemm_fp8_rows_persistent_program(N, K, "bfloat16", rows=64, **c)]
         if bf16:
-            return [tlmp.rows_bf16_gemm_program(M, 1, N, K, "bfloat16", **c), tlmp.dequant_rows_program(M, K)]
+            return tlmp.gemm_programs(M, N, K, "bfloat16", c)
         if mma:
             return [tlgd.gemm_fp8_mma_rows_program(N, K, "bfloat16", rows=64, **c)]
         return [tlg.gemm_fp8_program(M, N, K, "bfloat16", **c)]
@@ -484,6 +485,9 @@ def tiny_cases():
                       mma=True),
         # prefill tiles dequantised into bf16 for one wgmma chain (two row tiles, two column tiles)
         gemm_fp8_case("tiny bf16", 256, 256, 512, bf16=True),
+        # the weight's e4m3 bytes widened into the register operand, MMAs in flight (inflight):
+        # two row tiles, the second past M (200 rows), two column tiles
+        gemm_fp8_case("tiny bf16 inflight", 200, 256, 512, {"inflight": 1, "block_K": 64, "stages": 4}, bf16=True),
         # prefill tiles with each block's scaling overlapped with the next block's wgmma
         gemm_fp8_case("tiny overlapped scaling", 200, 256, 512, {"overlap": 1}),
         # the scales read as 32-bit words by cp.async (tilelang_gemm.scale_operands): a partial row

@@ -137,6 +137,33 @@ def test_renders_and_builds_without_spills(over):
                 assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
+def test_widened_e4m3_pairs_are_the_ops_dequantised_weight():
+    """Every e4m3 byte (subnormals and both zeros included) in both pairs of a word, scales from
+    2^-127 to past 2^7 (the second factor): the inflight linear's widening, run on the host from
+    the device code's shifts, masks and factors, gives the byte times its scale; and the K order
+    gives lane q of a quad its A-fragment slots from one word of the row."""
+    import torch
+
+    from deepinfer.codegen.library import tilelang_prefill_bf16 as pb
+
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # e4m3's NaNs are never weights
+    scales = torch.tensor([0, 1, 100, 120, 127, 128, 133, 134, 135, 150, 254], dtype=torch.int64)
+    b = codes.repeat_interleave(len(scales)).to(torch.int64)
+    sc = scales.repeat(len(codes))
+    ref = b.to(torch.uint8).view(torch.float8_e4m3fn).double() * 2.0 ** (sc - 127).double()
+    for h in (0, 1):
+        for byte in (0, 1):
+            words = b << (8 * (2 * h + byte))  # the byte at its place, the others zero
+            assert torch.equal(pb.e4m3_pair_values(words, h, sc)[:, byte], ref), (h, byte)
+    order = [pb.e4m3_rs_order(c) for c in range(32)]
+    assert sorted(order[:16]) == list(range(16)) and order[16:] == [16 + c for c in order[:16]]
+    for q in range(4):
+        assert [order[s] for s in (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9)] == [4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3]
+    pre = pb.e4m3_prelude()
+    assert "((t & 0x007F007Fu) << 4) | ((t & 0x00800080u) << 8)" in pre and "min(s, 134u) + 120u" in pre
+
+
 GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "threads": 256}
 
 
@@ -151,7 +178,7 @@ def test_prefill_linears_take_the_gemm_where_a_target_enables_it():
     assert select(inv, gemm_spec(4096, 5120, 8192)).name != "tilelang_gemm_fp8_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_K": 64, "stages": 4}])
+@pytest.mark.parametrize("over", [{}, {"block_K": 64, "stages": 4}, {"block_K": 64, "stages": 4, "inflight": 1}])
 def test_gemm_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(GEMM_TILES, **over), "tilelang_gemm_fp8_bf16")
@@ -163,12 +190,16 @@ def test_gemm_renders_and_builds_without_spills(over):
         assert src.grid == (n // 128, 4096 // 128, 1) and src.block == (256, 1, 1)
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
+        if over.get("inflight"):  # the weight a pair at a time into the register operand, MMAs in flight
+            assert "wgmma_rs" in src.text and "deepinfer_e4m3_pair_bf16(" in src.text
+            assert "tl::wait_wgmma<1>();" in src.text and "tl::cp_async_wait<2>();" in src.text
         # the rows come in bf16, dequantised by the second kernel, which the build makes too
         assert [p for p, _ in src.meta["params"]] == ["C", "SW", "W", "X"]
         dq = src.meta["combine"]
         assert [p for p, _ in dq["params"]] == ["A", "A8", "SA"] and dq["grid"][0] * dq["grid"][1] > 132
         # built: the GEMM at w13's widths, the dequantisation once (nvcc is most of the suite's time here)
-        builds = ([src.text] if n == 4608 else []) + ([dq["text"]] if n == 4608 and not over else [])
+        builds = ([src.text] if n == 4608 or over.get("inflight") else []) + \
+            ([dq["text"]] if n == 4608 and not over else [])
         if shutil.which("nvcc"):
             from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 

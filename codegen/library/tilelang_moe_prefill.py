@@ -250,72 +250,36 @@ def rs_program(Mtot: int, N: int, K: int, E: int, *, block_M=128, block_N=128, b
 def rs_inflight_program(Mtot: int, N: int, K: int, E: int, *, block_M=256, block_N=128, block_K=64, stages=4,
                         threads=256, ragged=0):
     """rs_program with each step's MMAs left in flight while the next step's fragment is widened
-    (T.gemm waits for its wgmma chain before anything else runs, so the widening, the barriers
-    and the copies' issue all stood between one step's MMAs and the next's): two fragments
-    alternate, a step waits only for the step before it (wait_wgmma(1)). The copies are issued
-    by hand, stages - 2 steps ahead, so that the buffer a copy overwrites is never the one the
-    MMA still in flight reads (a software pipeline's copy for step k + stages - 1 lands in step
-    k - 1's buffer). The weight's scales for the CTA's whole K are read once (a step's two scale
+    (tilelang_prefill_bf16.inflight_tiles: T.gemm waits for its wgmma chain before anything else
+    runs, so the widening, the barriers and the copies' issue all stood between one step's MMAs
+    and the next's). The weight's scales for the CTA's whole K are read once (a step's two scale
     bytes a row are too small for cp.async). ragged G: an expert's last tile is the smallest
     multiple of G rows (one program each, the MMA's N) that holds the rest of its rows, not a
     whole block_M (the medium 4K's experts of 256 +- 16 rows filled 1.5 tiles of 256)."""
     from .tilelang_gemm import _tl
+    from .tilelang_prefill_bf16 import inflight_tiles
 
     _, T = _tl()
     assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0
     kb, kw = block_K // 32, block_K // 8
-    nk, ahead = K // block_K, stages - 2
-    assert ahead >= 1 and nk % 2 == 0 and nk >= ahead
     assert not ragged or (ragged % 8 == 0 and block_M % ragged == 0)
-    # one m64 MMA a warpgroup: 256 weight rows on two warpgroups (two a warpgroup) failed the
-    # op's check on an H100 (docs/performance.md, thirty-sixth session)
-    assert block_N == 64 * (threads // 128), "inflight: block_N is 64 weight rows a warpgroup"
     widths = list(range(block_M, 0, -ragged)) if ragged else [block_M]  # the MMA's N of each program
 
-    def tile_program(n: int):
-        @T.macro
-        def step(X, W, X_s, Wp_s, SW_s, Wf, acc, e, bx, r0, k):
-            b = k % stages
-            T.ptx_wait_group(2 * (ahead - 1))  # this step's two copy groups have landed
-            T.fence_proxy_async()  # cp.async's writes, read next by wgmma (the async proxy)
-            T.sync_threads()  # every warp's copies seen, and every warpgroup's step k - 2 finished
-            kn = k + ahead
-            if kn < nk:
-                T.async_copy(X[r0:r0 + n, kn * block_K:(kn + 1) * block_K], X_s[kn % stages, 0:n, :])
-                T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, kn * kw:(kn + 1) * kw], Wp_s[kn % stages, :, :])
-            else:  # empty groups keep the wait's count right at the last steps
-                T.ptx_commit_group()
-                T.ptx_commit_group()
-            for j, c in T.Parallel(block_N, block_K):
-                code = rs_order_source(c)
-                pair = T.call_extern("uint32", "deepinfer_fp4_pair_bf16", Wp_s[b, j, code // 8],
-                                     T.Cast("uint32", code % 4), T.Cast("uint32", SW_s[j, k * kb + c // 32]))
-                Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(
-                    pair, T.Cast("uint32", 16 * ((code % 8) // 4)))))
-            T.wgmma_gemm(Wf, X_s[b, 0:n, :], acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-            T.wait_wgmma(1)  # step k - 1's MMAs are done: its fragment and buffer are free
+    @T.macro
+    def copy_w(W, Wp_s, kn, s, e, bx):
+        T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, kn * kw:(kn + 1) * kw], Wp_s[s, :, :])
 
-        @T.macro
-        def tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, r0, used):
-            acc = T.alloc_fragment((block_N, n), "float32")
-            T.clear(acc)
-            for s in T.unroll(ahead):
-                # rows past the expert's end are read (other experts' rows, zeros past Mtot) and
-                # never stored
-                T.async_copy(X[r0:r0 + n, s * block_K:(s + 1) * block_K], X_s[s, 0:n, :])
-                T.async_copy(W[e, bx * block_N:(bx + 1) * block_N, s * kw:(s + 1) * kw], Wp_s[s, :, :])
-            for kk in T.serial(nk // 2):
-                step(X, W, X_s, Wp_s, SW_s, Wf0, acc, e, bx, r0, kk * 2)
-                step(X, W, X_s, Wp_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1)
-            T.wait_wgmma(0)
-            for j, i in T.Parallel(block_N, n):
-                if i < used:
-                    C[r0 + i, bx * block_N + j] = acc[j, i]
-            T.sync_threads()  # every warp is done with the buffers before the next tile's copies
+    @T.macro
+    def fill(Wp_s, SW_s, Wf, b, k):
+        for j, c in T.Parallel(block_N, block_K):
+            code = rs_order_source(c)
+            pair = T.call_extern("uint32", "deepinfer_fp4_pair_bf16", Wp_s[b, j, code // 8],
+                                 T.Cast("uint32", code % 4), T.Cast("uint32", SW_s[j, k * kb + c // 32]))
+            Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(
+                pair, T.Cast("uint32", 16 * ((code % 8) // 4)))))
 
-        return tile
-
-    tiles = [(n, tile_program(n)) for n in widths]
+    tiles = inflight_tiles(T, widths, block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=K,
+                           copy_w=copy_w, fill=fill)
 
     @T.prim_func
     def grouped_gemm_fp4_bf16_rsi(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),

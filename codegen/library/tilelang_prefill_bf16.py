@@ -32,6 +32,8 @@ KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), 
 # the programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's tma
 # knob)
 ROWS_KNOBS = dict(KNOBS, tma=(0, 1))
+# gemm_fp8's: also the register-operand program with its MMAs in flight (rows_inflight_program)
+GEMM_KNOBS = dict(ROWS_KNOBS, inflight=(0, 1))
 
 
 def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "bfloat16", *, block_M=128,
@@ -77,6 +79,165 @@ def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "b
             T.copy(acc, C[by * block_M, bx * block_N])
 
     return rows_bf16_gemm
+
+
+def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, threads: int, K: int, copy_w, fill):
+    """[(n, tile)] for each width n: a macro tile(X, W, C, X_s, W_s, SW_s, Wf0, Wf1, e, bx, r0, used)
+    that runs rows r0..r0 + n of X (bf16, in the weight fragment's K order) against the CTA's
+    block_N weight rows with the weight as wgmma's register operand (the MMA's M, one m64 a
+    warpgroup; the rows its N), and stores C[r0 + i, bx * block_N + j] for i < used. Each step's
+    MMAs stay in flight while the next step's fragment is filled: two fragments alternate (K
+    steps in pairs), a step waits only for the step before it (wait_wgmma(1)). The copies are
+    issued by hand, stages - 2 steps ahead (x's rows and copy_w(W, W_s, step, buffer, e, bx), one
+    commit group each; empty groups at the last steps keep the wait's count): a software
+    pipeline's copy for step k + stages - 1 lands in step k - 1's buffer, which the MMA still in
+    flight reads. fill(W_s, SW_s, Wf, buffer, step) writes the step's fragment."""
+    nk, ahead = K // block_K, stages - 2
+    assert ahead >= 1 and nk % 2 == 0 and nk >= ahead
+    # one m64 MMA a warpgroup: 256 weight rows on two warpgroups (two a warpgroup) failed the
+    # op's check on an H100 (docs/performance.md, thirty-sixth session)
+    assert block_N == 64 * (threads // 128), "inflight: block_N is 64 weight rows a warpgroup"
+
+    def tile_program(n: int):
+        @T.macro
+        def step(X, W, X_s, W_s, SW_s, Wf, acc, e, bx, r0, k):
+            b = k % stages
+            T.ptx_wait_group(2 * (ahead - 1))  # this step's two copy groups have landed
+            T.fence_proxy_async()  # cp.async's writes, read next by wgmma (the async proxy)
+            T.sync_threads()  # every warp's copies seen, and every warpgroup's step k - 2 finished
+            kn = k + ahead
+            if kn < nk:
+                T.async_copy(X[r0:r0 + n, kn * block_K:(kn + 1) * block_K], X_s[kn % stages, 0:n, :])
+                copy_w(W, W_s, kn, kn % stages, e, bx)
+            else:  # empty groups keep the wait's count right at the last steps
+                T.ptx_commit_group()
+                T.ptx_commit_group()
+            fill(W_s, SW_s, Wf, b, k)
+            T.wgmma_gemm(Wf, X_s[b, 0:n, :], acc, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+            T.wait_wgmma(1)  # step k - 1's MMAs are done: its fragment and buffer are free
+
+        @T.macro
+        def tile(X, W, C, X_s, W_s, SW_s, Wf0, Wf1, e, bx, r0, used):
+            acc = T.alloc_fragment((block_N, n), "float32")
+            T.clear(acc)
+            for s in T.unroll(ahead):
+                # rows past the tile's used ones are read (other experts' rows, zeros past the
+                # last row) and never stored
+                T.async_copy(X[r0:r0 + n, s * block_K:(s + 1) * block_K], X_s[s, 0:n, :])
+                copy_w(W, W_s, s, s, e, bx)
+            for kk in T.serial(nk // 2):
+                step(X, W, X_s, W_s, SW_s, Wf0, acc, e, bx, r0, kk * 2)
+                step(X, W, X_s, W_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1)
+            T.wait_wgmma(0)
+            for j, i in T.Parallel(block_N, n):
+                if i < used:
+                    C[r0 + i, bx * block_N + j] = acc[j, i]
+            T.sync_threads()  # every warp is done with the buffers before the next tile's copies
+
+        return tile
+
+    return [(n, tile_program(n)) for n in widths]
+
+
+# a K order within each 16 that gives lane q of a quad its A-fragment slots (2q, 2q + 1, 2q + 8,
+# 2q + 9) from bytes 4q..4q + 3 of a row's word: one 32-bit word a row a 16-deep MMA
+def e4m3_rs_order(c):
+    """The byte of the weight's row that slot c of the fragment's K order holds (on ints and on
+    TileLang expressions alike)."""
+    r = c % 16
+    return c - r + 4 * ((r % 8) // 2) + r % 2 + 2 * (r // 8)
+
+
+def e4m3_prelude() -> str:
+    """deepinfer_e4m3_pair_bf16: bytes 2h and 2h + 1 of a word of e4m3 values, times 2^(s - 127),
+    as a bf16 pair (low half the first). Each byte's magnitude bits shifted left by 4 are bf16's
+    exponent's low bits over its top mantissa bits: the value x 2^-120, subnormals included; the
+    factor 2^(s - 7) in two steps, as the fp4 widening does."""
+    from .tilelang_moe_prefill import BF16X2_MUL
+
+    return BF16X2_MUL + r"""
+__device__ __forceinline__ unsigned deepinfer_e4m3_pair_bf16(unsigned w, unsigned h, unsigned s) {
+  unsigned t = __byte_perm(w, 0u, h == 0u ? 0x4140u : 0x4342u);
+  unsigned r = ((t & 0x007F007Fu) << 4) | ((t & 0x00800080u) << 8);
+  unsigned e1 = min(s, 134u) + 120u, e2 = max(s, 134u) - 7u;
+  r = deepinfer_bf16x2_mul(r, (e1 << 7) | (e1 << 23));
+  return deepinfer_bf16x2_mul(r, (e2 << 7) | (e2 << 23));
+}
+"""
+
+
+def e4m3_pair_values(words, h: int, scales):
+    """What deepinfer_e4m3_pair_bf16 computes, on the host from the same shifts, masks and factors
+    (int64 words and ue8m0 scales -> float64 [..., 2], bytes 2h and 2h + 1): the tests hold it to
+    the op's dequantisation."""
+    import torch
+
+    from .tilelang_moe_prefill import bf16_bits_value
+
+    w, s = words.to(torch.int64) & 0xFFFFFFFF, scales.to(torch.int64)
+    out = []
+    for byte in (2 * h, 2 * h + 1):
+        b = (w >> (8 * byte)) & 0xFF
+        bits = ((b & 0x7F) << 4) | ((b & 0x80) << 8)
+        e1, e2 = torch.clamp(s, max=134) + 120, torch.clamp(s, min=134) - 7
+        out.append(bf16_bits_value(bits) * 2.0 ** (e1 - 127).double() * 2.0 ** (e2 - 127).double())
+    return torch.stack(out, -1)
+
+
+def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
+                          block_K=64, stages=4, threads=256):
+    """gemm_fp8's product on bf16 rows (dequantised ahead in e4m3_rs_order's K order) with the
+    e4m3 weight as wgmma's register operand, widened a byte pair at a time with its 32 x 32
+    block's scale folded in (exact), each step's MMAs in flight while the next step's fragment is
+    filled (inflight_tiles, the prefill MoE GEMM's loop). C^T = W x^T: a CTA's block_N weight rows
+    are the MMA's M, block_M rows of x its N. The weight's scales for the CTA's whole K are read
+    once. W: the e4m3 weight read as 32-bit words."""
+    from .tilelang_gemm import _tl
+
+    _, T = _tl()
+    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0 and block_N % 32 == 0
+    kb, kw = block_K // 32, block_K // 4
+
+    @T.macro
+    def copy_w(W, W_s, kn, s, e, bx):
+        T.async_copy(W[bx * block_N:(bx + 1) * block_N, kn * kw:(kn + 1) * kw], W_s[s, :, :])
+
+    @T.macro
+    def fill(W_s, SW_s, Wf, b, k):
+        for j, c in T.Parallel(block_N, block_K):
+            src = e4m3_rs_order(c)
+            pair = T.call_extern("uint32", "deepinfer_e4m3_pair_bf16", W_s[b, j, src // 4],
+                                 T.Cast("uint32", (src % 4) // 2), T.Cast("uint32", SW_s[j // 32, k * kb + c // 32]))
+            Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(pair, T.Cast("uint32", 16 * (src % 2)))))
+
+    (_, tile), = inflight_tiles(T, [block_M], block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=K,
+                                copy_w=copy_w, fill=fill)
+
+    @T.prim_func
+    def rows_bf16_gemm_rsi(X: T.Tensor((M, K), "bfloat16"), W: T.Tensor((N, K // 4), "uint32"),
+                           SW: T.Tensor((N // 32, K // 32), "uint8"), C: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(N // block_N, T.ceildiv(M, block_M), threads=threads, prelude=e4m3_prelude()) as (bx, by):
+            X_s = T.alloc_shared((stages, block_M, block_K), "bfloat16")
+            W_s = T.alloc_shared((stages, block_N, kw), "uint32")
+            SW_s = T.alloc_shared((block_N // 32, K // 32), "uint8")
+            Wf0 = T.alloc_fragment((block_N, block_K), "bfloat16")
+            Wf1 = T.alloc_fragment((block_N, block_K), "bfloat16")
+            T.copy(SW[bx * (block_N // 32), 0], SW_s)
+            tile(X, W, C, X_s, W_s, SW_s, Wf0, Wf1, by, bx, by * block_M, T.min(M - by * block_M, block_M))
+
+    return rows_bf16_gemm_rsi
+
+
+def gemm_programs(M: int, N: int, K: int, out_dtype: str, config: Mapping[str, Any]) -> list:
+    """gemm_fp8's two programs for a config (the GEMM, then the rows' dequantisation the host runs
+    first): inflight's register-operand program, or rows_bf16_gemm_program on one group."""
+    from .tilelang_gemm import program_knobs
+
+    c = program_knobs(config)
+    if c.pop("inflight", 0):
+        return [rows_inflight_program(M, N, K, out_dtype, **{k: v for k, v in c.items() if k != "scales_once"}),
+                dequant_rows_program(M, K, order=e4m3_rs_order)]
+    return [rows_bf16_gemm_program(M, 1, N, K, out_dtype, **c), dequant_rows_program(M, K)]
 
 
 def dequant_rows_program(M: int, K: int, *, order=None, block_M=16, threads=256):
@@ -128,14 +289,15 @@ def linear_default_config(target: Target, spec: KernelSpec) -> dict:
 def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) -> KernelSource:
     """The rows dequantised by the second kernel (the host launches it first), then
     rows_bf16_gemm_program on one group: the GEMM converts only the weight's tiles."""
-    from .tilelang_gemm import _mnk, lower, out_dtype_name, program_knobs, source, tma_pass_configs
+    from .tilelang_gemm import _mnk, lower, out_dtype_name, source, tma_pass_configs
 
     m, n, k = _mnk(spec)
     c = dict(gemm_default_config(target, spec), **config)
-    src = source(rows_bf16_gemm_program(m, 1, n, k, out_dtype_name(spec), **program_knobs(c)), target.arch,
+    gemm, dequant = gemm_programs(m, n, k, out_dtype_name(spec), c)
+    src = source(gemm, target.arch,
                  {"template": "tilelang_gemm_fp8_bf16", "config": c, "dims": {"rows": m, "n": n, "k": k}},
                  tma_pass_configs(c))
-    dq = lower(dequant_rows_program(m, k), target.arch)
+    dq = lower(dequant, target.arch)
     src.meta["combine"] = {"entry": dq["entry"], "text": dq["src"], "grid": dq["grid"], "block": dq["block"],
                            "smem_bytes": dq["smem"], "params": dq["params"]}
     return src
@@ -156,7 +318,7 @@ register(Template(
     name="tilelang_gemm_fp8_bf16",
     ops=("gemm_fp8",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=ROWS_KNOBS,
+    knobs=GEMM_KNOBS,
     render=_gemm_render,
     default_config=gemm_default_config,
     supports=_gemm_supports,
