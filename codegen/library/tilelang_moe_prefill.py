@@ -280,6 +280,9 @@ def rs_inflight_program(Mtot: int, N: int, K: int, E: int, *, block_M=256, block
 
     tiles = inflight_tiles(T, widths, block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=K,
                            copy_w=copy_w, fill=fill)
+    # each program runs where the rest of the expert's rows lie in (lo, hi]: the narrowest that
+    # holds them, and the widest for every tile before the last
+    bounds = [(n, tile, n - ragged if ragged else 0, n if n < block_M else Mtot) for n, tile in tiles]
 
     @T.prim_func
     def grouped_gemm_fp4_bf16_rsi(X: T.Tensor((Mtot, K), "bfloat16"), W: T.Tensor((E, N, K // 8), "uint32"),
@@ -296,16 +299,12 @@ def rs_inflight_program(Mtot: int, N: int, K: int, E: int, *, block_M=256, block
             T.copy(SW[e, bx * block_N:(bx + 1) * block_N, :], SW_s)
             for mt in T.serial(T.ceildiv(rows, block_M)):
                 rest = rows - mt * block_M
-                for n, tile in tiles:  # the program whose width is the smallest that holds the rest
-                    if not ragged:
-                        tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
-                    elif n == block_M:
-                        if rest > n - ragged:
-                            tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
-                    elif rest > n - ragged and rest <= n:
+                for n, tile, lo, hi in bounds:
+                    if rest > lo and rest <= hi:
                         tile(X, W, C, X_s, Wp_s, SW_s, Wf0, Wf1, e, bx, start + mt * block_M, T.min(rest, n))
 
     return grouped_gemm_fp4_bf16_rsi
+
 
 def dequant_rows_program(M: int, K: int, *, rs=0):
     """The rows dequantised into bf16 once, ahead of the GEMM, in its widened weight tile's K order
@@ -365,10 +364,11 @@ def _supports(target: Target, spec: KernelSpec) -> bool:
     if not fp4_moe_operands(target, spec, "tilelang_grouped_gemm_fp4_bf16"):
         return False
     mtot, n, k, e = _dims(spec)
+    from .tilelang_prefill_bf16 import inflight_fits
+
     c = default_config(target, spec)
-    steps = k // c["block_K"]  # inflight's steps go in pairs (its two fragments), at least stages - 2 of them
-    paired = not (c.get("rs") and c.get("inflight")) or (steps % 2 == 0 and steps >= c["stages"] - 2)
-    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0 and paired
+    fits = not (c.get("rs") and c.get("inflight")) or inflight_fits(c, k)
+    return mtot >= 2 * e and k % c["block_K"] == 0 and n % c["block_N"] == 0 and fits
 
 
 def host_grouped_gemm_fp4_bf16(launch, inputs, attrs, config, meta):

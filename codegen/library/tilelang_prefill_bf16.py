@@ -81,6 +81,15 @@ def rows_bf16_gemm_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "b
     return rows_bf16_gemm
 
 
+def inflight_fits(c: Mapping[str, Any], k: int) -> bool:
+    """Whether config c's inflight loop (inflight_tiles) runs a K of k: its steps go in pairs (the
+    two fragments alternate), at least stages - 2 of them with a copy issued one step or more
+    ahead, and one m64 MMA of weight rows a warpgroup."""
+    steps = k // c["block_K"]
+    return (c["stages"] >= 3 and steps % 2 == 0 and steps >= c["stages"] - 2
+            and c["block_N"] == 64 * (c["threads"] // 128))
+
+
 def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, threads: int, K: int, copy_w, fill):
     """[(n, tile)] for each width n: a macro tile(X, W, C, X_s, W_s, SW_s, Wf0, Wf1, e, bx, r0, used)
     that runs rows r0..r0 + n of X (bf16, in the weight fragment's K order) against the CTA's
@@ -129,6 +138,10 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
                 step(X, W, X_s, W_s, SW_s, Wf0, acc, e, bx, r0, kk * 2)
                 step(X, W, X_s, W_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1)
             T.wait_wgmma(0)
+            # the accumulator's registers are read only after that wait: without the fence the
+            # compiler may convert them for the stores ahead of it (no register ties the wait to
+            # them), and the last step's MMAs were lost where the stores were unguarded
+            T.warpgroup_fence_operand(acc, num_regs=block_N * n // threads)
             for j, i in T.Parallel(block_N, n):
                 if i < used:
                     C[r0 + i, bx * block_N + j] = acc[j, i]
@@ -311,7 +324,8 @@ def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
 
     if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
         return False
-    return _whole_tiles(gemm_default_config(target, spec), *_mnk(spec))
+    c, (m, n, k) = gemm_default_config(target, spec), _mnk(spec)
+    return _whole_tiles(c, m, n, k) and (not c.get("inflight") or inflight_fits(c, k))
 
 
 register(Template(
