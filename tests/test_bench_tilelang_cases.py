@@ -19,3 +19,25 @@ import kernels_tilelang as kt  # noqa: E402
 def test_case_builds_its_program(case):
     progs = case["program"]()
     assert progs and all(callable(p) or hasattr(p, "script") for p in progs)
+
+
+def test_fence_counts_clamp_to_the_accumulator():
+    """TileLang fences twice the accumulator's registers where two warpgroups split the MMA's M
+    (the inflight gemm_fp8 program at 128 weight rows on 256 threads): the bench's
+    TL_FENCE_COUNTS=clamp builds clamp every such fence to the array. When TileLang counts right,
+    the first assertion fails, and the option can go."""
+    import re
+
+    from deepinfer.codegen.library import tilelang_prefill_bf16 as pb
+    from deepinfer.codegen.library.tilelang_gemm import lower
+
+    gemm, _ = pb.gemm_programs(128, 256, 512, "bfloat16", dict(pb.ROWS_TILES, inflight=1))
+    text = lower(gemm, "sm_90a")["src"]
+    counts = [int(c) for c in re.findall(r"reinterpret_cast<float\*>\(acc \+ 0\), (\d+)\)", text)]
+    assert re.search(r"float acc\[64\];", text) and counts and max(counts) == 128
+    fixed = kt.clamp_fence_counts(text)
+    assert set(re.findall(r"reinterpret_cast<float\*>\(acc \+ 0\), (\d+)\)", fixed)) == {"64"}
+    def counts_out(t):
+        return re.sub(r"(reinterpret_cast<float\*>\(acc \+ 0\), )\d+", r"\1N", t)
+
+    assert counts_out(fixed) == counts_out(text)  # nothing else changed

@@ -138,10 +138,6 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
                 step(X, W, X_s, W_s, SW_s, Wf0, acc, e, bx, r0, kk * 2)
                 step(X, W, X_s, W_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1)
             T.wait_wgmma(0)
-            # the accumulator's registers are read only after that wait: without the fence the
-            # compiler may convert them for the stores ahead of it (no register ties the wait to
-            # them), and the last step's MMAs were lost where the stores were unguarded
-            T.warpgroup_fence_operand(acc, num_regs=block_N * n // threads)
             for j, i in T.Parallel(block_N, n):
                 if i < used:
                     C[r0 + i, bx * block_N + j] = acc[j, i]
