@@ -18,35 +18,9 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-import re
-
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def clamp_fence_counts(code: str) -> str:
-    """CUDA with every accumulator fence (tl::warpgroup_fence_operand on a float array) clamped
-    to the array's length. TileLang 0.1.15 counts the accumulator of the whole CTA's M where two
-    warpgroups split it (wgmma_accum_regs), so its fences name registers past the array: an
-    out-of-bounds access the compiler may treat as undefined."""
-    sizes = {m.group(1): int(m.group(2)) for m in re.finditer(r"float (\w+)\[(\d+)\];", code)}
-
-    def clamp(m):
-        name, count = m.group(1), int(m.group(2))
-        return f"reinterpret_cast<float*>({name} + 0), {min(count, sizes.get(name, count))})"
-
-    return re.sub(r"reinterpret_cast<float\*>\((\w+) \+ 0\), (\d+)\)", clamp, code)
-
-
-# TL_FENCE_COUNTS=clamp: every kernel built with clamp_fence_counts, in a TileLang cache of its own
-# (a run without it must not load these kernels): the inflight gemm_fp8 program lost its last K
-# step at the 4K widths (docs/performance.md, thirty-seventh session); run it both ways
-if os.environ.get("TL_FENCE_COUNTS") == "clamp":
-    os.environ.setdefault("TILELANG_CACHE_DIR", os.path.expanduser("~/.tilelang/cache_fence_counts"))
-    from tilelang.engine.callback import register_cuda_postproc
-
-    register_cuda_postproc(lambda code, target: clamp_fence_counts(code))
 
 from deepinfer.codegen.library import tilelang_attention as tla  # noqa: E402
 from deepinfer.codegen.targets import get_target  # noqa: E402

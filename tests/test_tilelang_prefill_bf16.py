@@ -137,6 +137,52 @@ def test_renders_and_builds_without_spills(over):
                 assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
 
 
+def sass_tool() -> str | None:
+    """cuobjdump, with the nvdisasm it runs beside it: on PATH, or the test extra's
+    nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (nvidia/cu13/bin)."""
+    import os
+
+    try:
+        import nvidia
+
+        bins = [os.path.join(p, "cu13", "bin") for p in nvidia.__path__]
+    except ImportError:
+        bins = []
+    path = os.pathsep.join(bins + [os.environ.get("PATH", "")])
+    tool = shutil.which("cuobjdump", path=path)
+    return tool if tool and shutil.which("nvdisasm", path=path) else None
+
+
+def test_inflight_epilogue_reads_the_accumulator_after_the_last_mmas(tmp_path):
+    """The plan's build of gemm_fp8's inflight program (as the plan builds it: PDL, nvcc -O3): no
+    accumulator conversion or store between the last HGMMA and the first wait for every MMA group
+    after it. With the last step's MMAs left in flight across the loop's exit, ptxas put 34 of
+    them there, and the 4K tiles lost their last K step on an H100 (thirty-seventh session)."""
+    import os
+    import subprocess
+
+    pytest.importorskip("tilelang")
+    tool = sass_tool()
+    if not (tool and shutil.which("nvcc")):
+        pytest.skip("needs nvcc and cuobjdump / nvdisasm")
+    from deepinfer.codegen.build import CompileCache, build_one
+
+    t = enabled(dict(GEMM_TILES, block_K=64, stages=4, inflight=1), "tilelang_gemm_fp8_bf16")
+    spec = gemm_spec(4096, 5120, 8192)
+    tpl = select(t, spec)
+    res = build_one(tpl.render(t, spec, tpl.default_config(t, spec)), t, CompileCache(tmp_path))
+    assert res.status == "built", res.reason
+    env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([tool, "-sass", res.files["cubin"]], capture_output=True, text=True, env=env,
+                          check=True).stdout
+    ops = [ln.split(";")[0].split("*/")[-1].strip() for ln in sass.splitlines() if ";" in ln and "*/" in ln]
+    ops = [o for o in ops if o]
+    last = max(i for i, o in enumerate(ops) if "HGMMA" in o)
+    wait = next(i for i in range(last, len(ops)) if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in ops[i])
+    early = [o for o in ops[last + 1:wait] if o.startswith(("F2FP", "STG"))]
+    assert not early, early[:4]
+
+
 def test_inflight_fits_pairs_of_steps_and_one_mma_a_warpgroup():
     from deepinfer.codegen.library.tilelang_prefill_bf16 import inflight_fits
 
