@@ -102,10 +102,9 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
     pipeline's copy for step k + stages - 1 lands in step k - 1's buffer, which the MMA still in
     flight reads. fill(W_s, SW_s, Wf, buffer, step) writes the step's fragment."""
     nk, ahead = K // block_K, stages - 2
-    assert ahead >= 1 and nk % 2 == 0 and nk >= ahead
     # one m64 MMA a warpgroup: 256 weight rows on two warpgroups (two a warpgroup) failed the
     # op's check on an H100 (docs/performance.md, thirty-sixth session)
-    assert block_N == 64 * (threads // 128), "inflight: block_N is 64 weight rows a warpgroup"
+    assert inflight_fits({"block_N": block_N, "block_K": block_K, "stages": stages, "threads": threads}, K)
 
     def tile_program(n: int):
         @T.macro
@@ -145,7 +144,6 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
             for kk in T.serial(nk // 2):
                 step(X, W, X_s, W_s, SW_s, Wf0, acc, e, bx, r0, kk * 2, False)
                 step(X, W, X_s, W_s, SW_s, Wf1, acc, e, bx, r0, kk * 2 + 1, kk == nk // 2 - 1)
-            T.wait_wgmma(0)
             for j, i in T.Parallel(block_N, n):
                 if i < used:
                     C[r0 + i, bx * block_N + j] = acc[j, i]
@@ -251,6 +249,7 @@ def gemm_programs(M: int, N: int, K: int, out_dtype: str, config: Mapping[str, A
     from .tilelang_gemm import program_knobs
 
     c = program_knobs(config)
+    c.pop("min_rows", None)  # which calls take the template (_gemm_supports), not the program
     if c.pop("inflight", 0):
         return [rows_inflight_program(M, N, K, out_dtype, **{k: v for k, v in c.items() if k != "scales_once"}),
                 dequant_rows_program(M, K, order=e4m3_rs_order)]
@@ -321,15 +320,17 @@ def _gemm_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) ->
 
 
 def _gemm_supports(target: Target, spec: KernelSpec) -> bool:
-    """Prefill-sized calls (rows past the decode buckets' 64, a whole number of the tiles) in the
-    formats the decode lin8 programs read (tilelang_gemm_decode.fp8_operands)."""
+    """Prefill-sized calls (rows past the decode buckets' 64 and at least the target's min_rows,
+    a whole number of the tiles) in the formats the decode lin8 programs read
+    (tilelang_gemm_decode.fp8_operands)."""
     from .tilelang_gemm import _mnk
     from .tilelang_gemm_decode import fp8_operands
 
     if not fp8_operands(target, spec, "tilelang_gemm_fp8_bf16"):
         return False
     c, (m, n, k) = gemm_default_config(target, spec), _mnk(spec)
-    return _whole_tiles(c, m, n, k) and (not c.get("inflight") or inflight_fits(c, k))
+    return (_whole_tiles(c, m, n, k) and m >= c.get("min_rows", 0)
+            and (not c.get("inflight") or inflight_fits(c, k)))
 
 
 register(Template(
