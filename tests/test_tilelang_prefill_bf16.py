@@ -98,7 +98,7 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
 
 @pytest.mark.parametrize("over", [{}, {"block_M": 64, "threads": 128}, {"block_M": 256, "block_K": 64},
                                   {"rs": 1, "block_K": 64, "stages": 3},
-                                  {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 32}])
+                                  {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 64}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -119,9 +119,9 @@ def test_renders_and_builds_without_spills(over):
             # a step waits for the step before it, never for its own MMAs; the copies run two
             # steps ahead, their wait leaving the next step's two groups in flight
             assert "tl::wait_wgmma<1>();" in src.text and "tl::cp_async_wait<2>();" in src.text
-            # one program a width: 256, 224, ..., 32 rows (the MMA's N)
+            # one program a width: 256, 192, 128, 64 rows (the MMA's N; sm90's ragged)
             widths = {int(w) for w in re.findall(r"kFloat32, 64, (\d+), 16,", src.text)}
-            assert widths == set(range(32, 257, 32))
+            assert widths == set(range(64, 257, 64))
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
         # the rows come in bf16, dequantised (in the widened K order) by the second kernel
         dq = src.meta["combine"]
@@ -235,9 +235,13 @@ def test_prefill_linears_take_the_gemm_where_a_target_enables_it():
     assert select(on, gemm_spec(4096 + 32, 5120, 8192)).name != "tilelang_gemm_fp8_bf16"  # not whole tiles
     inv = dataclasses.replace(on, features=on.features + (BATCH_INVARIANT,))
     assert select(inv, gemm_spec(4096, 5120, 8192)).name != "tilelang_gemm_fp8_bf16"
+    gated = enabled(dict(GEMM_TILES, min_rows=2048), "tilelang_gemm_fp8_bf16")
+    assert select(gated, gemm_spec(1024, 5120, 8192)).name == select(sm90, gemm_spec(1024, 5120, 8192)).name
+    assert select(gated, gemm_spec(2048, 5120, 8192)).name == "tilelang_gemm_fp8_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_K": 64, "stages": 4}, {"block_K": 64, "stages": 4, "inflight": 1}])
+@pytest.mark.parametrize("over", [{}, {"block_K": 64, "stages": 4},
+                                  {"block_K": 64, "stages": 4, "inflight": 1, "block_M": 256, "min_rows": 2048}])
 def test_gemm_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(GEMM_TILES, **over), "tilelang_gemm_fp8_bf16")
@@ -246,7 +250,7 @@ def test_gemm_renders_and_builds_without_spills(over):
         tpl = select(t, spec)
         cfg = tpl.default_config(t, spec)
         src = tpl.render(t, spec, cfg)
-        assert src.grid == (n // 128, 4096 // 128, 1) and src.block == (256, 1, 1)
+        assert src.grid == (n // 128, 4096 // over.get("block_M", 128), 1) and src.block == (256, 1, 1)
         assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
         assert "kFloat8_e4m3" not in src.text
         if over.get("inflight"):  # the weight a pair at a time into the register operand, MMAs in flight
