@@ -29,9 +29,10 @@ import kernels_tilelang as kt  # noqa: E402
 
 def last_step_in_flight(code: str) -> str:
     """The bug back: the K loop's last step leaves its MMAs in flight (wait_group 1) across the
-    loop's exit, as every step did before the thirty-seventh session."""
-    return re.sub(r"if \(kk == \d+\) \{\s*tl::wait_wgmma<0>\(\);\s*\} else \{\s*tl::wait_wgmma<1>\(\);\s*\}",
-                  "tl::wait_wgmma<1>();", code)
+    loop's exit, as every step did before the thirty-seventh session, and the wait for every MMA
+    after the loop, before the epilogue's stores."""
+    return re.sub(r"if \(kk == \d+\) \{\s*tl::wait_wgmma<0>\(\);\s*\} else \{\s*tl::wait_wgmma<1>\(\);\s*\}(\s*)\}",
+                  r"tl::wait_wgmma<1>();\1}\1tl::wait_wgmma<0>();", code)
 
 
 def no_mma_in_flight(code: str) -> str:
@@ -74,7 +75,7 @@ def step_probe(config, edit):
     M, N, K = 128, 512, 512
     ks = build(kt.gemm_fp8_case("probe", M, N, K, config, bf16=True), edit)
     W = torch.ones(N, K, device="cuda").to(torch.float8_e4m3fn).view(torch.uint8).view(torch.uint32)
-    SW = torch.full((N // 32, K // 32), 127, device="cuda", dtype=torch.uint8)
+    SW = torch.full((N // 32, K // 32), 127, device="cuda", dtype=torch.uint8).view(torch.uint32)
     wrong = []
     for s in range(K // 64):
         a = torch.zeros(M, K, device="cuda", dtype=torch.bfloat16)

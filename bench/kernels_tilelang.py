@@ -129,8 +129,9 @@ def gemm_fp8_case(label, M, N, K, config=None, mma=False, persistent=False, bf16
             a = torch.full((M, K), float("nan"), device=DEV, dtype=torch.bfloat16)
             k[1](x["A"], x["SA"], a)
             out = torch.full((M, N), float("nan"), device=DEV, dtype=torch.bfloat16)
-            # (inflight reads the weight as 32-bit words)
-            k[0](a, x["B"].view(torch.uint8).view(torch.uint32) if c.get("inflight") else x["B"], x["SB"], out)
+            # (inflight reads the weight and its scales as 32-bit words)
+            words = (lambda t: t.view(torch.uint8).view(torch.uint32)) if c.get("inflight") else (lambda t: t)
+            k[0](a, words(x["B"]), words(x["SB"]), out)
             return out
         if c.get("split_k", 1) > 1:
             out = torch.zeros(M, N, device=DEV, dtype=torch.float32)

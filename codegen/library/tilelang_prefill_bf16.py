@@ -206,11 +206,14 @@ def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *
     block's scale folded in (exact), each step's MMAs in flight while the next step's fragment is
     filled (inflight_tiles, the prefill MoE GEMM's loop). C^T = W x^T: a CTA's block_N weight rows
     are the MMA's M, block_M rows of x its N. The weight's scales for the CTA's whole K are read
-    once. W: the e4m3 weight read as 32-bit words."""
+    once, as 32-bit words (four 32-deep blocks a word, as tilelang_gemm.scale_operands' words: a
+    byte copy took several guarded passes). W and SW: the e4m3 weight and its ue8m0 scales read as
+    32-bit words (the host passes the same bytes)."""
     from .tilelang_gemm import _tl
 
     _, T = _tl()
-    assert K % block_K == 0 and block_K % 32 == 0 and N % block_N == 0 and block_N % 32 == 0
+    # K % 128 (the scale words): inflight_fits' pairs of steps of at least 64
+    assert K % block_K == 0 and K % 128 == 0 and block_K % 32 == 0 and N % block_N == 0 and block_N % 32 == 0
     kb, kw = block_K // 32, block_K // 4
 
     @T.macro
@@ -220,9 +223,10 @@ def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *
     @T.macro
     def fill(W_s, SW_s, Wf, b, k):
         for j, c in T.Parallel(block_N, block_K):
-            src = e4m3_rs_order(c)
+            src, blk = e4m3_rs_order(c), k * kb + c // 32
+            scale = T.bitwise_and(T.shift_right(SW_s[j // 32, blk // 4], T.Cast("uint32", 8 * (blk % 4))), T.uint32(0xFF))
             pair = T.call_extern("uint32", "deepinfer_e4m3_pair_bf16", W_s[b, j, src // 4],
-                                 T.Cast("uint32", (src % 4) // 2), T.Cast("uint32", SW_s[j // 32, k * kb + c // 32]))
+                                 T.Cast("uint32", (src % 4) // 2), scale)
             Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(pair, T.Cast("uint32", 16 * (src % 2)))))
 
     (_, tile), = inflight_tiles(T, [block_M], block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=K,
@@ -230,11 +234,11 @@ def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *
 
     @T.prim_func
     def rows_bf16_gemm_rsi(X: T.Tensor((M, K), "bfloat16"), W: T.Tensor((N, K // 4), "uint32"),
-                           SW: T.Tensor((N // 32, K // 32), "uint8"), C: T.Tensor((M, N), out_dtype)):
+                           SW: T.Tensor((N // 32, K // 128), "uint32"), C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(N // block_N, T.ceildiv(M, block_M), threads=threads, prelude=e4m3_prelude()) as (bx, by):
             X_s = T.alloc_shared((stages, block_M, block_K), "bfloat16")
             W_s = T.alloc_shared((stages, block_N, kw), "uint32")
-            SW_s = T.alloc_shared((block_N // 32, K // 32), "uint8")
+            SW_s = T.alloc_shared((block_N // 32, K // 128), "uint32")
             Wf0 = T.alloc_fragment((block_N, block_K), "bfloat16")
             Wf1 = T.alloc_fragment((block_N, block_K), "bfloat16")
             T.copy(SW[bx * (block_N // 32), 0], SW_s)
