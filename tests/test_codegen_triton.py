@@ -28,16 +28,17 @@ def test_every_template_has_a_check_case():
     assert set(triton_ops.TEMPLATES_BY_OP) <= set(triton_check.OUTPUT_KINDS)
 
 
-@pytest.mark.parametrize("split,bm", [(5, 16), (40, 16), (5, 1), (40, 8)])
-def test_hc_pre_with_split_k_matches_reference_interpreted(split, bm):
+@pytest.mark.parametrize("split,bm,x2", [(5, 16, 0), (40, 16, 0), (5, 1, 0), (40, 8, 0), (5, 16, 1), (40, 16, 1)])
+def test_hc_pre_with_split_k_matches_reference_interpreted(split, bm, x2):
     """hc_pre's split path: H = 96 in 32-wide ranges over 5 or 40 programs (all but three empty),
     each doing the mix GEMM's columns of every copy and hc_pre's collapse of its range, on a
     16-row dot or (BM < 16) row by row in FMAs; the main kernel's program p sums the partials of
     row p (40: more splits than one 32-wide pass of the sum) and normalises the p-th 32-wide chunk
-    of x. The 5 rows make 5 blocks of 1, or one of 8 with 3 past the end. Against the same reference."""
+    of x. The 5 rows make 5 blocks of 1, or one of 8 with 3 past the end. X2: the dots over the
+    weight's two tf32 parts. Against the same reference."""
     dims = dict(triton_check.TINY)
     got = triton_check.run_interpreted(["hc_pre", "hc_mix"], dims, dims["n"],
-                                       dict(triton_check.SMALL_BLOCKS, SPLIT=split, BM=bm))
+                                       dict(triton_check.SMALL_BLOCKS, SPLIT=split, BM=bm), force={"X2": x2})
     assert got["hc_pre"] is None, got["hc_pre"]
     assert got["hc_mix"] is None, got["hc_mix"]  # the same mixes without the collapse (layer 0)
 
@@ -710,6 +711,55 @@ def test_the_fused_key_norm_agrees_with_rms_norm_kernel_bit_for_bit():
     r = subprocess.run([sys.executable, "-c", FUSED_NORM_AGREES], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().endswith("SAME"), r.stdout[-500:]
+
+
+MIX_PARTIALS = """
+import torch, triton, triton.language as tl
+from deepinfer.codegen.library import triton_kernels as K, triton_launchers as L, triton_ops as ops
+
+@triton.jit
+def high_kernel(v_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, K._tf32_high(tl.load(v_ptr + i)))
+
+g = torch.Generator().manual_seed(0)
+v = torch.randn(4096, generator=g) * torch.exp2(torch.randint(-40, 40, (4096,), generator=g).float())
+v[:4] = torch.tensor([1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, -(1.0 + 2.0 ** -11), 2.0 ** -126])  # ties, a subnormal's edge
+hi = torch.empty_like(v)
+high_kernel[(1,)](v, hi, N=4096)
+low_bits = int((hi.view(torch.int32) & 0x1FFF).abs().max())
+print("HIGH", low_bits, float(((v - hi).abs() / v.abs()).max()))
+
+n, c, h = 37, 4, 96
+r = torch.randn(n, c, h, generator=g).to(torch.bfloat16)
+fn = torch.randn(24, c * h, generator=g)
+ref = r.reshape(n, -1).double() @ fn.double().T
+mag = r.reshape(n, -1).double().abs() @ fn.double().abs().T
+for x2 in (0, 1):
+    cfg = dict(ops.default_config("hc_mix", n), SPLIT=5, BM=16, BK=32, X2=x2)
+    part = L._hc_mix_partials(r, fn, cfg, None)
+    got = part.double().sum(0)[:, :24]
+    print("X2", x2, float(((got - ref).abs() / mag).max()))
+"""
+
+
+def test_the_mix_gemm_on_two_tf32_parts_of_its_weight(tmp_path):
+    """X2 (hc_mix_split_kernel): the weight's tf32 high part has no bits past tf32's 10 and is
+    within 2^-11 of it, and the two-dot GEMM is as close to the fp64 product as tf32x3's (the
+    interpreter multiplies in fp32: a dropped low part is 2^-11 off)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "mix_partials.py"  # a file: the interpreter reads a kernel's source
+    script.write_text(MIX_PARTIALS)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = {ln.split()[0] + (ln.split()[1] if ln.startswith("X2") else ""): ln.split()[1:] for ln in r.stdout.splitlines()}
+    low_bits, rel = out["HIGH"]
+    assert int(low_bits) == 0 and float(rel) <= 2.0 ** -11, out
+    assert float(out["X21"][1]) < 1e-6 and float(out["X20"][1]) < 1e-6, out
 
 
 def test_a_target_sets_the_decode_linears_k_split():

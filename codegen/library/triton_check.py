@@ -833,17 +833,20 @@ def launcher(case: str):
 SMALL_BLOCKS = dict(BLOCK_H=64, BLOCK=64, BH=32, BK=32, BM=16)  # loops over chunks and partial tiles run
 
 
-def run_interpreted(ops, dims: dict, n: int, overrides: dict | None = None, timeout: float = 600) -> dict:
+def run_interpreted(ops, dims: dict, n: int, overrides: dict | None = None, timeout: float = 600,
+                    force: dict | None = None) -> dict:
     """Check `ops` under TRITON_INTERPRET=1 in a fresh interpreter process: Triton decides
     interpretation when `triton.language` is first imported (its own jit helpers, e.g. tl.zeros,
-    are fixed then), so a process that already imported Triton cannot interpret. Returns
-    op -> None (agrees) or a one-line reason."""
+    are fixed then), so a process that already imported Triton cannot interpret. `overrides`
+    replace the knobs an op's default config has; `force` sets its knobs whether it has them or
+    not (a target default's knob, off by default: X2). Returns op -> None (agrees) or a one-line
+    reason."""
     import json
     import os
     import subprocess
     import sys
 
-    job = json.dumps({"ops": list(ops), "dims": dims, "n": n, "overrides": overrides or {}})
+    job = json.dumps({"ops": list(ops), "dims": dims, "n": n, "overrides": overrides or {}, "force": force or {}})
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", "from deepinfer.codegen.library.triton_check import _interp_main; "
                         "_interp_main()"], input=job, capture_output=True, text=True, env=env, timeout=timeout)
@@ -865,7 +868,7 @@ def _interp_main():
     for op in job["ops"]:
         ref_op = case_op(op)
         cfg = dict(triton_ops.default_config(ref_op, job["n"]))
-        cfg.update({k: v for k, v in job["overrides"].items() if k in cfg})
+        cfg.update({k: v for k, v in job["overrides"].items() if k in cfg}, **job["force"])
         try:
             out[op] = check(op, getattr(triton_launchers, triton_ops.LAUNCHERS[ref_op]), job["dims"], job["n"], cfg=cfg)
         except Exception as e:  # noqa: BLE001  (reported per case, the run goes on)

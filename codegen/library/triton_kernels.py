@@ -329,6 +329,13 @@ def _hc_mix(r_ptr, fn_ptr, rows64, rmask, k_lo, k_hi, K: tl.constexpr, C: tl.con
     return acc_pp, acc_m, ss
 
 
+@triton.jit
+def _tf32_high(v):
+    """v rounded to tf32's 10 mantissa bits (to nearest, ties away from zero): v minus it is exact
+    in fp32 and at most 2^-11 of v, so the two as tf32 MMA operands carry v to about 2^-21."""
+    return ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
 # hc_mix_split_kernel's partials: [SPLIT, n, HC_PART] fp32, per (split, row) the mix GEMM's 2C + C*C
 # columns (pre|post, then the C*C mix), then the rows' sum of squares and the collapse's
 HC_PART = tl.constexpr(32)
@@ -336,14 +343,18 @@ HC_PART = tl.constexpr(32)
 
 @triton.jit
 def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.constexpr, H: tl.constexpr,
-                        SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, COLLAPSE: tl.constexpr):
+                        SPLIT: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, COLLAPSE: tl.constexpr,
+                        X2: tl.constexpr):
     """Program (row block, split s): for the s-th range of H and every copy c, the mix GEMM's K
     columns c*H + h into part[s, row] (HC_PART). With COLLAPSE (hc_pre), also the collapse
     sum_c pre_in[c] * R[c, h] of the same loaded copies, rounded to R's dtype, into xc, and that
     rounded value's sum of squares: the RMSNorm's statistic. Few rows (decode) leave most SMs idle
     with one program per row block; splitting H spreads the weight's 2*C + C*C rows and the rows'
     copies over the GPU. A step loads every copy's rows and weight columns as one tile each, so
-    they are in flight together: a program is one round trip to memory, not one per copy."""
+    they are in flight together: a program is one round trip to memory, not one per copy. X2: the
+    dots as two tf32 MMAs over fn's tf32 high and low parts (x, bf16, is exact in tf32), where
+    tf32x3 takes three and splits x too: fewer registers a row block (a 128-row block on 8 warps
+    holds two programs an SM)."""
     K: tl.constexpr = C * H
     NJ: tl.constexpr = 2 * C + C * C
     HS: tl.constexpr = (H + SPLIT * BK - 1) // (SPLIT * BK) * BK
@@ -381,13 +392,21 @@ def hc_mix_split_kernel(r_ptr, fn_ptr, part_ptr, prein_ptr, xc_ptr, n, C: tl.con
                     tl.store(xc_ptr + row.to(tl.int64) * H + hh, xc.to(xc_ptr.dtype.element_ty),
                              mask=(hh * 0 + row < n) & hm)
         else:
-            x = tl.load(r_ptr + rows64[:, None, None] * K + kk[None, :, :],
-                        mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
+            # the block's rows from one 64-bit base and 32-bit offsets inside it: a 64-bit address
+            # an element takes two registers each
+            x = tl.load(r_ptr + (tl.program_id(0) * BM).to(tl.int64) * K + (tl.arange(0, BM) * K)[:, None, None]
+                        + kk[None, :, :], mask=rmask[:, None, None] & hm[None, None, :], other=0.0).to(tl.float32)
             f = tl.load(fn_ptr + jj[None, None, :] * K + kk[:, :, None],
                         mask=hm[None, :, None] & (jj < NJ)[None, None, :], other=0.0)
-            # tf32x3, as _hc_mix: x (bf16) is exact in tf32 and fn a tf32 high plus low part, so
-            # near-fp32 products on the tensor cores, not ieee dots on the CUDA cores
-            acc += tl.dot(tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART]), input_precision="tf32x3")
+            xr, fr = tl.reshape(x, [BM, C * BK]), tl.reshape(f, [C * BK, HC_PART])
+            if X2:
+                fh = _tf32_high(fr)
+                acc += tl.dot(xr, fh, input_precision="tf32")
+                acc += tl.dot(xr, fr - fh, input_precision="tf32")
+            else:
+                # tf32x3, as _hc_mix: x (bf16) is exact in tf32 and fn a tf32 high plus low part, so
+                # near-fp32 products on the tensor cores, not ieee dots on the CUDA cores
+                acc += tl.dot(xr, fr, input_precision="tf32x3")
             ss += tl.sum(tl.sum(x * x, axis=2), axis=1)
             if COLLAPSE:
                 p = tl.load(prein_ptr + rows64[:, None] * C + cc[None, :], mask=rmask[:, None], other=0.0)

@@ -210,7 +210,8 @@ def _hc_mix_partials(r, fn, cfg, unused, pre_in=None, x=None):
     collapse = pre_in is not None
     _k(hc_mix_split_kernel)[(triton.cdiv(n, cfg["BM"]), split)](
         r, fn, part, pre_in if collapse else part, x if collapse else part, n, C=c, H=h, SPLIT=split, BM=cfg["BM"],
-        BK=cfg["BK"], COLLAPSE=collapse, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BK=cfg["BK"], COLLAPSE=collapse, X2=cfg.get("X2", 0), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return part
 
 

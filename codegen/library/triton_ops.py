@@ -188,7 +188,8 @@ def _with_mix_partials(main: Launch, r, fn, cfg, pre_in=None) -> list[Launch]:
     args = {"r_ptr": _ptr(r), "fn_ptr": _ptr(fn), "part_ptr": "*fp32",
             "prein_ptr": _ptr(pre_in) if collapse else "*fp32", "xc_ptr": _ptr(r) if collapse else "*fp32", "n": "i32"}
     part = _launch("hc_mix_split_kernel", args,
-                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"], "COLLAPSE": collapse},
+                   {"C": c, "H": h, "SPLIT": split, "BM": cfg["BM"], "BK": cfg["BK"], "COLLAPSE": collapse,
+                    "X2": int(bool(cfg.get("X2")))},
                    (_cdiv(n, cfg["BM"]), split), cfg)
     return [part, main]
 
