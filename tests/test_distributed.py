@@ -159,6 +159,36 @@ def test_dp2_ep2_with_preemption_and_replacement_equals_single_process(plans, lo
     assert got["second"] == want
 
 
+EP_BENCH = Path(__file__).parent.parent / "bench" / "ep_multigpu.py"
+EP_BENCH_ARGS = ["--batches", "2", "--prompt-len", "8", "--tokens", "3", "--skew", "3", "--check-prompts", "2",
+                 "--check-tokens", "3"]
+
+
+def test_the_ep_bench_agrees_with_the_single_process_run(plans, tmp_path):
+    """bench/ep_multigpu.py (issue #16's run, here on gloo): the single-process run and two ranks of
+    data-parallel attention with EPLB every 2 steps on a skewed mix; --compare finds the same
+    greedy tokens, and says so when they differ."""
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    p = subprocess.run([sys.executable, str(EP_BENCH), "--plan", str(plans["single"]), "--weights", str(plans["ckpt"]),
+                        "--out", str(one), *EP_BENCH_ARGS], capture_output=True, text=True, env=package_env(),
+                       cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    outs = run_ranks([str(EP_BENCH), "--plan", str(plans["ep2dp2"]), "--weights", str(plans["ckpt"]), "--out", str(two),
+                      *EP_BENCH_ARGS], 2, tmp_path, timeout=300, DEEPINFER_EPLB_INTERVAL=2)
+    assert [rc for rc, _, _ in outs] == [0, 0], outs[0][2][-3000:]
+    res = json.loads(two.read_text())
+    row = res["batches"][0]
+    assert (res["world_size"], res["attention_groups"], row["requests"], row["decode_tokens"]) == (2, 2, 4, 8)
+    assert row["rebalances"] >= 1 and row["imbalance"] <= row["imbalance_first_placement"]
+    cmp = [sys.executable, str(EP_BENCH), "--compare", str(one), str(two)]
+    r = subprocess.run(cmp, capture_output=True, text=True, env=package_env(), timeout=60)
+    assert r.returncode == 0 and "2 of 2 prompts equal" in r.stdout, r.stdout + r.stderr
+    res["tokens"][1] = res["tokens"][1][:-1] + [res["tokens"][1][-1] + 1]
+    two.write_text(json.dumps(res))
+    r = subprocess.run(cmp, capture_output=True, text=True, env=package_env(), timeout=60)
+    assert r.returncode == 1 and "1 of 2 prompts equal" in r.stdout, r.stdout + r.stderr
+
+
 def test_eplb_lowers_the_busiest_rank_on_a_skewed_trace():
     """A Zipf-skewed routing trace (16 experts, 4 ranks, 50 steps of 1024 rows): the busiest
     rank's load over the mean, before and after re-placement. Measured: 2.12 -> 1.05 with 4
