@@ -90,12 +90,20 @@ def cmd_inspect(args) -> int:
         "state_buffers": len(prog.state),
         "graph_build_seconds": round(build_s, 2),
     }
+    limits = {k: v for k in ("max_model_len", "max_num_seqs") if (v := getattr(args, k)) is not None}
     if args.target:
         from .passes.driver import CompileOptions, plan_rank_memory
 
-        opts = CompileOptions(args.target, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                              ep=args.ep, dp=args.dp, redundant_experts=args.redundant_experts)
+        opts = CompileOptions(args.target, ep=args.ep, dp=args.dp, redundant_experts=args.redundant_experts, **limits)
         report["rank_memory"] = plan_rank_memory(args.model, opts)
+    else:  # (they were ignored: the report without them looked like their answer)
+        from .passes.driver import CompileOptionsError
+
+        given = [k for k in limits] + [k for k, off in (("ep", 1), ("dp", 1), ("redundant_experts", 0))
+                                       if getattr(args, k) != off]
+        if given:
+            raise CompileOptionsError(", ".join("--" + k.replace("_", "-") for k in given) + " size one rank of "
+                                      "the plan for --target: only with --target")
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -129,8 +137,8 @@ def add_inspect(sub):
     p.add_argument("--target", help="with it: the device memory one rank of the plan for this target and layout "
                    "needs (planned from the graphs; no kernel is built)")
     _add_layout(p)
-    p.add_argument("--max-model-len", type=int, default=65536, help="as compile's (for --target)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="as compile's, per rank (for --target)")
+    p.add_argument("--max-model-len", type=int, help="as compile's (for --target; default 65536)")
+    p.add_argument("--max-num-seqs", type=int, help="as compile's, per rank (for --target; default 256)")
     p.set_defaults(func=cmd_inspect)
 
 
@@ -381,7 +389,8 @@ def add_generate(sub):
     p.add_argument("plan", nargs="?", metavar="PLAN_DIR", help="a compiled plan (deepinfer compile)")
     p.add_argument("--model", help="instead of a plan: preset name or a directory holding config.json")
     p.add_argument("--weights", required=True, help="checkpoint directory (deepinfer make-checkpoint writes one)")
-    p.add_argument("--target", default="cpu", help="where the model runs (the interpreter runs on cpu)")
+    p.add_argument("--target", help="where the model runs (default: the plan's; cpu, the interpreter's, with --model); "
+                   "a plan compiled for another target is refused")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", metavar="FILE.jsonl", help="one prompt per line (a JSON string or {\"prompt\": ...})")
@@ -522,7 +531,7 @@ def _autotune_apply(args) -> int:
     if not args.db or not args.output:
         raise TuneError("--apply needs --db DB.jsonl (the measured rows) and -o TUNED_PLAN_DIR (the plan to write)")
     if not Path(args.db).is_file():
-        raise TuneError(f"{args.db}: no such file")
+        raise TuneError(f"{args.db}: {'is not a file' if Path(args.db).exists() else 'no such file'}")
     report = apply_tuning(args.plan, args.apply, TuningDB.load(args.db), args.output)
     print(report.summary())
     if args.step_curve:  # the tuned plan's step per bucket on this GPU, into the plan (autotune/steps.py)

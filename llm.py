@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from tqdm import tqdm
 
-from .models.checkpoint import load_checkpoint
+from .models.checkpoint import CheckpointError, checkpoint_config, load_checkpoint
 from .models.config import config_from_dict, load_config
 from .models.deepseek_v41 import PAGE_TOKENS, build_model, load_params
 from .models.tokenizer import Tokenizer
@@ -65,7 +65,7 @@ def _cache_allocation(max_num_seqs, num_pages):
 
 class LLM:
     def __init__(self, model: str | os.PathLike | None = None, weights: str | os.PathLike | None = None, *,
-                 plan: str | os.PathLike | None = None, target: str = "cpu",
+                 plan: str | os.PathLike | None = None, target: str | None = None,
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, num_pages: int | None = None, seed: int | None = None,
                  tokenizer: str | os.PathLike | None = None, speculative: int | bool | None = None,
@@ -79,7 +79,8 @@ class LLM:
         compressed-cache pool; by default enough for `max_num_seqs` sequences of `max_model_len`
         tokens (at most the pool the plan was compiled for). `seed` seeds the seeds of requests
         that bring none. `tokenizer`: a tokenizer.json (default: the bundled one).
-        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`.
+        `plan`: a compiled plan directory (deepinfer compile) to run instead of `model`. `target`:
+        the interpreter's device (cpu, the default); beside `plan`, the plan's target (another is refused).
         `speculative`: DSpark drafts per sequence and step; None = the model's draft block where
         the executor can verify drafts (else off), 0 / False = off. `verify_budget`: verify rows
         per step shared out by draft confidence (§5.6); None = chosen per step from the executor's
@@ -122,8 +123,9 @@ class LLM:
         self.batch_invariant = batch_invariant
         if plan is not None:
             self._init_plan(plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
-                            tokenizer)
+                            tokenizer, target)
             return
+        target = "cpu" if target is None else target
         if target not in INTERPRETER_TARGETS:
             raise EngineConfigError(f"target {target!r}: LLM(model=...) runs the graph interpreter on "
                                     f"{', '.join(INTERPRETER_TARGETS)} only; other targets need a compiled plan")
@@ -144,6 +146,12 @@ class LLM:
                               f"max_position_embeddings {cfg.max_position_embeddings}")
         prefix_policy(cfg, PAGE_TOKENS, enable_prefix_caching, swa_replay, swa_replay_keep)  # (before the weights load)
         self.tokenizer = Tokenizer(tokenizer)  # a bad tokenizer file is said before the weights load
+        # weights of another model (its config.json) are refused, as a plan refuses them: tensors of
+        # the same shapes loaded into a model of other settings ran silently wrong
+        wcfg = checkpoint_config(weights)
+        if wcfg.config_hash != cfg.config_hash:
+            raise CheckpointError(f"weights {weights} are for model {wcfg.model_id} (config {wcfg.config_hash[:12]}), "
+                                  f"not {cfg.model_id} (config {cfg.config_hash[:12]})")
         program = build_model(cfg)
         params = load_params(program, load_checkpoint(weights, cfg))
         with _cache_allocation(max_num_seqs, num_pages):
@@ -154,14 +162,15 @@ class LLM:
                                 seed=seed, **self._engine_options)
 
     def _init_plan(self, plan, weights, max_num_seqs, max_num_batched_tokens, max_model_len, num_pages, seed,
-                   tokenizer):
+                   tokenizer, target=None):
         from .runtime.distributed import launch_executor, launched_world
         from .runtime.plan_file import load_plan
         from .runtime.plan_executor import PlanExecutor
 
         if weights is None:
             raise EngineConfigError("weights: a checkpoint directory is needed (deepinfer make-checkpoint writes one)")
-        loaded = load_plan(plan)
+        # a target named beside a plan must be the plan's (it was ignored: a cpu plan ran for target="sm90")
+        loaded = load_plan(plan, target=target)
         opts, target = loaded["options"], loaded["target"]["name"]
         if self.batch_invariant and not opts.get("batch_invariant"):
             raise EngineConfigError(f"batch_invariant: plan {plan} was compiled without --batch-invariant (its "
@@ -291,7 +300,7 @@ class LLM:
     def _prompt(self, i: int, prompt: str | Mapping) -> tuple[str | None, list[int]]:
         """(display text, token ids) of prompt i, a string or a prompt dict."""
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt, add_bos=True) if prompt else []
+            return prompt, self._encode(i, prompt)
         if not isinstance(prompt, Mapping):
             raise RequestError(f"prompt {i} must be a string or a prompt dict, got {type(prompt).__name__}")
         unknown = [k for k in prompt if k not in PROMPT_KEYS]
@@ -304,9 +313,15 @@ class LLM:
         if text is not None and not isinstance(text, str):
             raise RequestError(f"prompt {i}: prompt must be a string, got {type(text).__name__}")
         if ids is None:
-            return text, self.tokenizer.encode(text, add_bos=True) if text else []
+            return text, self._encode(i, text)
         _check_list(f"prompt {i}: prompt_token_ids", ids)
         return text, list(ids)
+
+    def _encode(self, i: int, text: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, add_bos=True) if text else []
+        except ValueError as e:  # (was the binding's UnicodeEncodeError)
+            raise RequestError(f"prompt {i}: {e}") from None
 
     def chat(self, messages: Sequence[Mapping] | Sequence[Sequence[Mapping]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True,
@@ -343,10 +358,14 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(ids):
                 raise RequestError(f"{len(params)} sampling params for {len(ids)} prompts")
-        for prompt_ids, p in zip(ids, params):  # all checked before any is queued: a bad one queues nothing
-            self.engine.validate_prompt(prompt_ids)
+        # all checked before any is queued: a bad one queues nothing; the error names which of them it is
+        for i, (prompt_ids, p) in enumerate(zip(ids, params)):
+            try:
+                self.engine.validate_prompt(prompt_ids)
+            except RequestError as e:
+                raise RequestError(f"prompt {i}: {e}") from None
             if not isinstance(p, SamplingParams):
-                raise RequestError(f"sampling params must be SamplingParams, got {type(p).__name__}")
+                raise RequestError(f"sampling params {i} must be SamplingParams, got {type(p).__name__}")
         if stream:  # (a generator: nothing is queued until it is iterated)
             return self._stream(texts, ids, params, chat)
         before, steps = self.engine.spec_stats.copy(), self.engine.num_steps

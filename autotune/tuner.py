@@ -93,9 +93,11 @@ def only_names(only, templates, instances=()) -> set[str] | None:
     """--only as a set of names (a comma-separated string or a list), None for all: template
     names, or instance ids (as plan.json names them); a name that is neither is an error naming
     the templates there are."""
-    if not only:
+    if only is None:
         return None
     names = {n.strip() for n in (only.split(",") if isinstance(only, str) else only) if n.strip()}
+    if not names:  # (was: --only '' tuned every instance, --only , none)
+        raise TuneError(f"--only names no template or instance, got {only!r}")
     unknown = sorted(names - set(templates) - set(instances))
     if unknown:
         raise TuneError(f"--only: no template or instance {unknown[0]!r} (templates: {', '.join(sorted(templates))})")

@@ -547,6 +547,11 @@ def make_checkpoint(model: str | os.PathLike | ModelConfig, out_dir: str | os.Pa
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out}: exists and is not a directory")
+    for parent in out.absolute().parents:  # (was: "File exists: PARENT" from mkdir)
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"{out}: {parent} is a file, not a directory")
+            break
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise CheckpointError(f"{out}: directory exists and is not empty (overwrite it with --overwrite)")

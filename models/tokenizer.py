@@ -90,7 +90,11 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids of ``text``; spellings of added tokens in ``text`` become those tokens."""
-        ids = list(self._rust.encode(text))
+        try:
+            ids = list(self._rust.encode(text))
+        except UnicodeEncodeError as e:  # a lone surrogate: a non-UTF-8 byte of argv, or a JSON "\ud800"
+            raise ValueError(f"text is not valid Unicode: {text[e.start]!r} at character {e.start} is a lone "
+                             "surrogate") from None
         return [BOS_ID, *ids] if add_bos else ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

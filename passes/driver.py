@@ -74,6 +74,14 @@ class CompileOptions:
                    for v in self.verify_batches):
             raise param_error(CompileOptionsError, "verify_batches", "must be positive integers B or (B, R) pairs "
                               f"with R > B (B sequences sharing R rows), got {self.verify_batches!r}")
+        # a bucket of more sequences than the plan serves was dropped without a word (a plan of
+        # --decode-batches 512 --max-num-seqs 256 had no decode bucket at all)
+        for name, sizes in (("decode_batches", self.decode_batches or ()), ("verify_batches", self.verify_batches)):
+            over = [v for v in sizes if (v[0] if isinstance(v, tuple) else v) > self.max_num_seqs]
+            if over:
+                shown = ",".join(f"{v[0]}x{v[1]}" if isinstance(v, tuple) else str(v) for v in over)
+                raise param_error(CompileOptionsError, name, f"{shown} exceeds max_num_seqs {self.max_num_seqs} (the "
+                                  "largest decode batch the plan serves); raise max_num_seqs or drop the bucket")
 
     def check_model(self, cfg) -> None:
         """The options that depend on the model."""
@@ -230,7 +238,8 @@ class Tuning:
             path = str(shipped) if shipped.exists() else ""
         if path and path.lower() != "none":
             if not Path(path).is_file():
-                raise param_error(CompileOptionsError, "tuning_db", f"{path}: no such file")
+                why = "is not a file" if Path(path).exists() else "no such file"  # (a directory was "no such file")
+                raise param_error(CompileOptionsError, "tuning_db", f"{path}: {why}")
             self.db = TuningDB.load(path)
 
     def config(self, t, spec) -> tuple[dict, dict | None]:

@@ -261,7 +261,14 @@ class LLMEngine:
         if prompt_token_ids is None:
             if prompt is None:
                 raise RequestError("a request needs a prompt or prompt_token_ids")
-            prompt_token_ids = self.tokenizer.encode(prompt, add_bos=True) if prompt else []
+            if not isinstance(prompt, str):  # (was the tokenizer binding's TypeError)
+                raise RequestError(f"prompt must be a string, got {type(prompt).__name__}")
+            try:
+                prompt_token_ids = self.tokenizer.encode(prompt, add_bos=True) if prompt else []
+            except ValueError as e:
+                raise RequestError(f"prompt: {e}") from None
+        elif isinstance(prompt_token_ids, (str, bytes)) or not hasattr(prompt_token_ids, "__iter__"):
+            raise RequestError(f"prompt_token_ids must be a list of token ids, got {type(prompt_token_ids).__name__}")
         prompt_token_ids = list(prompt_token_ids)
         self.validate_prompt(prompt_token_ids)
         params = params or SamplingParams()

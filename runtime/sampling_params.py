@@ -97,6 +97,10 @@ class SamplingParams:
                     isinstance(w, str) and w.strip() for w in self.bad_words):
                 bad("bad_words", f"must be a list of non-blank strings, got {self.bad_words!r}")
             object.__setattr__(self, "bad_words", list(self.bad_words))
+        for name in ("stop", "bad_words"):  # a lone surrogate never matched as a stop string, and failed
+            for s in getattr(self, name) or ():  # in the tokenizer as a bad word
+                if not _is_unicode(s):
+                    bad(name, f"must be valid Unicode text, got {s!r} (a lone surrogate)")
         self._check_constraint(bad)
         if self.best_of is not None and self.best_of != self.n:
             bad("best_of", f"{self.best_of!r} is not supported (no ranking of extra samples); ask for n samples")
@@ -153,6 +157,14 @@ class SamplingParams:
 
 
 CONSTRAINTS = ("regex", "json_schema", "grammar")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(value) -> bool:

@@ -210,6 +210,11 @@ COMPILE_FLAGS = [
     (["--ep", "0"], "--ep must be an integer >= 1, got 0"),
     (["--ep", "3"], "--ep 3 does not divide the model's 16 routed experts (n_routed_experts)"),
     (["--ep", "16"], "--ep 16 does not divide the model's 8 routed experts (dspark_n_routed_experts)"),
+    # was: the bucket dropped without a word (here the plan had no decode bucket at all)
+    (["--decode-batches", "1000", "--max-num-seqs", "4"], "--decode-batches 1000 exceeds max_num_seqs 4 (the largest "
+     "decode batch the plan serves); raise max_num_seqs or drop the bucket"),
+    (["--verify-batches", "1,8x20", "--max-num-seqs", "4"], "--verify-batches 8x20 exceeds max_num_seqs 4 (the "
+     "largest decode batch the plan serves); raise max_num_seqs or drop the bucket"),
 ]
 
 
@@ -366,6 +371,16 @@ API_PROMPTS = [
     (lambda llm: llm.generate([{}]), "prompt 0: a prompt dict needs prompt or prompt_token_ids"),
     (lambda llm: llm.generate([{"prompt_token_ids": "ab"}]), "prompt 0: prompt_token_ids must be a list, got str"),
     (lambda llm: llm.generate(["ok", 3]), "prompt 1 must be a string or a prompt dict, got int"),
+    # which of the prompts is empty, too long or not Unicode (was: the error without its index; a
+    # lone surrogate, as a non-UTF-8 byte of argv becomes, was the binding's UnicodeEncodeError)
+    (lambda llm: llm.generate(["ok", ""]), "prompt 1: the prompt is empty (it needs at least one token)"),
+    (lambda llm: llm.generate(["ok", "hi " * 300]), "prompt 1: the prompt has 302 tokens, more than max_model_len 256"),
+    (lambda llm: llm.generate(["ok", "a\udcffb"]), "prompt 1: text is not valid Unicode: '\\udcff' at character 1 is "
+                                                  "a lone surrogate"),
+    (lambda llm: llm.generate(["a", "b"], [deepinfer.SamplingParams(), 3]), "sampling params 1 must be SamplingParams"),
+    # the engine's own add_request (vLLM's LLMEngine API): was the tokenizer binding's TypeError, or list()'s
+    (lambda llm: llm.engine.add_request(5), "prompt must be a string, got int"),
+    (lambda llm: llm.engine.add_request(prompt_token_ids=5), "prompt_token_ids must be a list of token ids, got int"),
     (lambda llm: llm.generate(5), "prompts must be a list, got int"),
     (lambda llm: llm.generate(prompt_token_ids=5), "prompt_token_ids must be a list, got int"),
     (lambda llm: llm.generate(prompt_token_ids=[[1], "ab"]), "prompt_token_ids[1] must be a list, got str"),
@@ -627,6 +642,9 @@ def test_a_plan_edited_behind_its_hash(tiny_plan_and_weights, tmp_path, capsys, 
     ({"stop": 123}, "stop must be a list of non-empty strings, got 123"),
     ({"stop_token_ids": 5}, "stop_token_ids must be a list of token ids >= 0, got 5"),
     ({"bad_words": 5}, "bad_words must be a list of non-blank strings, got 5"),
+    # a lone surrogate: was accepted as a stop string that never matches, and a UnicodeEncodeError as a bad word
+    ({"stop": ["ok", "\ud800"]}, "stop must be valid Unicode text, got '\\ud800' (a lone surrogate)"),
+    ({"bad_words": ["\ud800"]}, "bad_words must be valid Unicode text, got '\\ud800' (a lone surrogate)"),
     ({"json_schema": {"a": {1, 2}}}, "json_schema is not a JSON value: Object of type set is not JSON serializable"),
 ])
 def test_sampling_params_of_the_wrong_kind(kwargs, error):
@@ -697,3 +715,77 @@ def test_autotune_of_the_cpu_target_says_why_nothing_is_tuned(tmp_path, capsys):
                  str(tmp_path / "db.jsonl")]) == 2
     assert one_error_line(capsys) == (f"deepinfer: error: nothing to tune in {TINY} on cpu (the cpu target runs "
                                       "the ops' torch references, which have no configs)")  # was: "in None"
+
+
+# ---- 2027-01 audit: ignored flags, weights of another model, paths under files, argv bytes ----------
+
+def test_generate_a_plan_for_another_target(tiny_plan_and_weights, capsys):
+    """--target beside a plan was ignored: a cpu plan ran for --target sm90 (or --target bogus)."""
+    plan, ckpt = tiny_plan_and_weights
+    for target in ("sm90", "bogus"):
+        assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "hi", "--target", target]) == 2
+        assert one_error_line(capsys) == f"deepinfer: error: plan {plan}: compiled for cpu, not {target}"
+
+
+def test_the_interpreter_refuses_weights_of_another_model(tiny_plan_and_weights, tmp_path):
+    """Tensors of the same shapes under another config (here rope_theta) loaded and ran silently
+    with the model's settings; a plan refused them by config hash, the interpreter now does too."""
+    import json
+
+    from deepinfer import LLM
+    from deepinfer.models.checkpoint import CheckpointError
+
+    _, ckpt = tiny_plan_and_weights
+    other = tmp_path / "other"
+    other.mkdir()
+    for p in Path(ckpt).iterdir():
+        if p.name != "config.json":
+            (other / p.name).symlink_to(p)
+    config = json.loads((Path(ckpt) / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"rope_theta": 20000}))
+    with pytest.raises(CheckpointError, match=rf"^weights {other} are for model other \(config \w{{12}}\), not "
+                                              rf"{TINY} \(config \w{{12}}\)$"):
+        LLM(TINY, other)
+
+
+def test_make_checkpoint_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["make-checkpoint", "--model", TINY, "-o", str(tmp_path / "file" / "ckpt")]) == 2
+    # was: "File exists: FILE", from mkdir
+    assert one_error_line(capsys) == (f"deepinfer: error: {tmp_path / 'file' / 'ckpt'}: {tmp_path / 'file'} is a "
+                                      "file, not a directory")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_prompt_of_non_utf8_bytes_is_one_line(tiny_plan_and_weights, capsys):
+    """A byte of argv that is not UTF-8 reaches the prompt as a lone surrogate (Python's
+    surrogateescape): it was a UnicodeEncodeError traceback from the tokenizer's binding."""
+    plan, ckpt = tiny_plan_and_weights
+    assert main(["generate", str(plan), "--weights", str(ckpt), "--prompt", "a\udcffb"]) == 2
+    assert one_error_line(capsys) == ("deepinfer: error: prompt 0: text is not valid Unicode: '\\udcff' at character 1 "
+                                      "is a lone surrogate")
+
+
+@pytest.mark.parametrize("flags,named", [(["--ep", "2"], "--ep"), (["--max-model-len", "0"], "--max-model-len"),
+                                         (["--max-num-seqs", "8", "--dp", "2"], "--max-num-seqs, --dp")])
+def test_inspect_layout_flags_need_a_target(capsys, flags, named):
+    """They size one rank of --target's plan; without --target they were ignored (the report
+    without them read as their answer)."""
+    assert main(["inspect", "--model", TINY, *flags]) == 2
+    assert one_error_line(capsys) == (f"deepinfer: error: {named} size one rank of the plan for --target: only with "
+                                      "--target")
+
+
+def test_a_tuning_db_that_is_a_directory(tmp_path, capsys):
+    assert main(["compile", "--model", TINY, "--target", "cpu", "-o", str(tmp_path / "plan"),
+                 "--tuning-db", str(tmp_path)]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: --tuning-db {tmp_path}: is not a file"  # was: "no such file"
+
+
+@pytest.mark.parametrize("only", ["", ","])
+def test_autotune_only_naming_nothing(tmp_path, capsys, only):
+    """--only '' tuned every instance (as if not given), --only , none: both name nothing."""
+    assert main(["autotune", "--model", TINY, "--target", "cpu", "--cost-model-only", "--db", str(tmp_path / "db.jsonl"),
+                 "--only", only]) == 2
+    assert one_error_line(capsys) == f"deepinfer: error: --only names no template or instance, got {only!r}"
+    assert not (tmp_path / "db.jsonl").exists()
