@@ -473,8 +473,9 @@ def cmd_autotune(args) -> int:
         from .passes.driver import CompileOptions
 
         target = args.target
+        limits = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs is not None else {}
         plan = selected_plan(args.model, CompileOptions(target, decode_batches=args.decode_batches,
-                                                        prefill_tokens=args.prefill_tokens))
+                                                        prefill_tokens=args.prefill_tokens, **limits))
     db_path = Path(args.db) if args.db else shipped_db(target)
     db = TuningDB.load(db_path)
     run = tune(plan, db, budget_s=args.budget_s, only=args.only, limit=args.limit, progress=_progress_line,
@@ -579,6 +580,7 @@ def add_autotune(sub):
                    "compile's)")
     p.add_argument("--prefill-tokens", type=_int_list, metavar="T,T,...", help="--model's prefill buckets "
                    "(default: compile's)")
+    p.add_argument("--max-num-seqs", type=int, help="--model's largest decode batch (default: compile's, 256)")
     p.add_argument("--db", help="tuning database to update (default with --cost-model-only: the shipped one for "
                    "the plan's target; --measure needs one)")
     p.add_argument("--budget-s", type=_positive(float), help="start no instance after this many seconds (what was "

@@ -667,6 +667,21 @@ def test_cost_model_only_from_a_model_and_target_needs_no_plan_and_compile_takes
         assert why in err and err.count("\n") == 1, err
 
 
+def test_autotune_from_a_model_takes_max_num_seqs(tmp_path, capsys):
+    """A decode bucket past compile's 256 sequences is refused in one line, as compile refuses it,
+    and --max-num-seqs makes room for it, as compile's does."""
+    from deepinfer.cli import main
+
+    db_path = tmp_path / "sm100.jsonl"
+    args = ["autotune", "--model", "v4.1-flash-tiny", "--target", "sm100", "--cost-model-only", "--db", str(db_path),
+            "--only", "triton_hc_mix", "--decode-batches", "512", "--prefill-tokens", "1024"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--decode-batches 512 exceeds max_num_seqs 256" in err and err.count("\n") == 1, err
+    assert main([*args, "--max-num-seqs", "512"]) == 0
+    assert {512, 1024} <= {r["bucket"] for r in TuningDB.load(db_path).rows}  # the decode bucket's rows, prefill's
+
+
 def test_the_step_time_curve_the_tuner_measures_goes_into_the_plan(plan, tmp_path, monkeypatch):
     """`autotune --apply --step-curve`: every decode (and verify) bucket's step timed (a fake clock
     stands in for the GPU: a step costs 100 us plus 1 us a row), the curve written into the plan
