@@ -37,8 +37,11 @@ for e in edits:
         continue
     key, val = e.split("=", 1)
     m = re.search(r'"%s": (\{[^\n]*\}),\n' % re.escape(key), s)
-    if m:
-        d = json.loads(m.group(1))
+    try:  # a one-line entry is edited in place
+        d = json.loads(m.group(1)) if m else None
+    except json.JSONDecodeError:  # an entry over several lines: the appended one replaces it whole
+        d = None
+    if d is not None:
         d.update(json.loads(val))
         s = s[:m.start(1)] + json.dumps(d) + s[m.end(1):]
     else:

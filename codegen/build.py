@@ -162,10 +162,15 @@ BUILDER_VERSION = 3
 
 
 def cache_key(src: KernelSource, target: Target, options: dict | None = None) -> str:
+    """What a build's artefacts and its capacity verdict depend on: the rendered source and the
+    machine. The target's defaults table is left out: its choices reach a build only through the
+    text they render (render keys carry it), so a variant plan that changes one template's
+    defaults rebuilds that template's kernels alone, not every kernel of the target."""
+    machine = {k: v for k, v in target.key().items() if k != "defaults"}
     body = {
         "language": src.language, "entry": src.entry, "text": src.text, "grid": list(src.grid),
         "block": list(src.block), "smem": src.smem_bytes, "meta": _jsonable(dict(src.meta)),
-        "target": _jsonable(target.key()),
+        "target": _jsonable(machine),
         "toolchain": toolchain_versions(src.language, _cc(target) if target.kind == "cuda" else 0),
         "options": _jsonable(options or {}),
         "builder": BUILDER_VERSION,

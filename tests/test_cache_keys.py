@@ -114,6 +114,17 @@ def test_a_target_table_edit_rekeys_only_that_targets_renders(reader):
                                                                                     SM90)
 
 
+def test_the_build_key_reads_the_machine_not_the_defaults_table():
+    """A defaults edit reaches a build only through the source it renders: the same text builds
+    from the cache under an edited table (a variant plan rebuilds only what it changed), while the
+    machine's own fields (arch, capacity: the build's check reads them) still re-key it."""
+    src = templates()["triton_rms_norm"].render(SM90, NORM, {})
+    edited = dataclasses.replace(SM90, defaults=dict(SM90.defaults, triton_grouped_gemm_fp4={"gemv_rows": 16}))
+    assert B.cache_key(src, edited) == B.cache_key(src, SM90)
+    assert B.cache_key(src, dataclasses.replace(SM90, smem_bytes=SM90.smem_bytes - 1024)) != B.cache_key(src, SM90)
+    assert B.cache_key(src, dataclasses.replace(SM90, arch="sm_90")) != B.cache_key(src, SM90)
+
+
 def test_shared_tilelang_helper_edit_rekeys_every_template_using_it(reader):
     users = ["tilelang_gemm_fp8", "tilelang_sparse_attn", "tilelang_indexer_scores", "tilelang_grouped_gemm_fp4"]
     assert f"{LIB}.tilelang_gemm" in I.import_closure(templates()["tilelang_sparse_attn"].render.__module__)
