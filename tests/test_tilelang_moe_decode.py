@@ -276,3 +276,17 @@ def test_warpgroup_program_renders_and_builds_without_spills(rows, over):
         rep = nvcc_report(src.text, t.arch)
         assert rep["ok"], rep["log"]
         assert rep["spill_bytes"] == 0 and rep["stack_bytes"] == 0, rep["log"]
+
+
+@pytest.mark.parametrize("rows", [6, 48])
+def test_warpgroup_rows_keep_the_warpgroup_program_to_small_calls(rows):
+    """WG_ROWS 8: a b1 step's 6 rows take the warpgroup program, a b8 step's 48 the warp-MMA one
+    (its WG-only knobs dropped, not passed to it)."""
+    pytest.importorskip("tilelang")
+    t = get_target("sm90")
+    spec = moe_spec(rows)
+    tpl = select(t, spec)
+    cfg = dict(tpl.default_config(t, spec), WG=1, WG_ROWS=8, BATCH=1, XR=1, WGS=2)
+    src = tpl.render(t, spec, cfg)
+    assert src.entry == ("grouped_gemm_fp4_wgmma_kernel" if rows <= 8 else "grouped_gemm_fp4_mma_kernel")
+    assert src.block == ((256 if rows <= 8 else 128), 1, 1)

@@ -464,13 +464,19 @@ def grouped_gemm_fp4_wgmma_program(Mtot: int, N: int, K: int, E: int, *, KB=8, S
     return grouped_gemm_fp4_wgmma
 
 
-def decode_program(Mtot: int, N: int, K: int, E: int, *, WG=0, KB=8, **knobs):
-    """The program a config names: WG the warpgroup one (its own few knobs), else the warp-MMA one."""
-    if WG:
+WG_ONLY = ("WGS", "BATCH", "XR")  # the warpgroup program's own knobs
+
+
+def decode_program(Mtot: int, N: int, K: int, E: int, *, WG=0, WG_ROWS=0, KB=8, **knobs):
+    """The program a config names: WG the warpgroup one (its own few knobs), else the warp-MMA one.
+    WG_ROWS > 0 keeps WG to calls of at most that many rows (a b1 step's 6): on an H100 it led at
+    b1 and trailed at b8 / b64 (docs/performance.md, thirty-fifth session), so one plan can hold
+    both."""
+    if WG and (not WG_ROWS or Mtot <= WG_ROWS):
         return grouped_gemm_fp4_wgmma_program(Mtot, N, K, E, KB=KB, STAGES=knobs.get("STAGES") or 3,
                                               ACT=knobs.get("ACT", 0), WGS=knobs.get("WGS", 1),
                                               BATCH=knobs.get("BATCH", 0), XR=knobs.get("XR", 0))
-    return grouped_gemm_fp4_mma_program(Mtot, N, K, E, **knobs)
+    return grouped_gemm_fp4_mma_program(Mtot, N, K, E, **{k: v for k, v in knobs.items() if k not in WG_ONLY})
 
 
 def _dims(spec: KernelSpec):
@@ -480,7 +486,8 @@ def _dims(spec: KernelSpec):
 
 
 MMA_KNOBS = {"RT": (1, 2, 4), "WK": (2, 4), "KU": (2, 4), "STAGES": (0, 3, 4), "NT": (1, 2), "XS": (0, 1), "ACT": (0, 1),
-             "F16": (0, 1), "WG": (0, 1), "KB": (4, 8), "WGS": (1, 2), "BATCH": (0, 1), "XR": (0, 1)}
+             "F16": (0, 1), "WG": (0, 1), "WG_ROWS": (0, 8), "KB": (4, 8), "WGS": (1, 2), "BATCH": (0, 1),
+             "XR": (0, 1)}
 
 
 def _config(target: Target, spec: KernelSpec, config: Mapping[str, Any] | None = None) -> dict:
