@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..ir import interpret
+from ..ir.ops.quantized import preload_dequantized
 from ..models.deepseek_v41 import PAGE_TOKENS, ModelProgram
 from .batch import DraftSeq, SeqChunk, draft_inputs, step_inputs
 from .state import SlotStateOps, allocate_state, paged_buffers, slot_buffers
@@ -46,6 +47,9 @@ class InterpreterExecutor(SlotStateOps):
         if num_slots < 1 or num_pages < 1:
             raise ValueError(f"an executor needs >= 1 slot and >= 1 page, got {num_slots} slots, {num_pages} pages")
         self.program, self.params, self.cfg = program, params, program.cfg
+        # weights dequantised once, at load, as the cpu plan's executor does: each step otherwise
+        # widened every routed expert's fp4 weight again (half an engine step's time on the tiny model)
+        preload_dequantized(params)
         self.num_slots, self.num_pages, self.page_tokens = num_slots, num_pages, PAGE_TOKENS
         self.vocab_size = program.cfg.vocab_size
         # the interpreter takes any shape, so any chunk up to the draft block
