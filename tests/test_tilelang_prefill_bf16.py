@@ -41,8 +41,12 @@ def test_tiles_without_a_target_entry():
     from deepinfer.codegen.template import templates
 
     sm90 = get_target("sm90")
-    assert templates()["tilelang_grouped_gemm_fp4_bf16"].default_config(sm90, moe_spec(4096)) == mp.MOE_TILES
-    assert templates()["tilelang_gemm_fp8_bf16"].default_config(sm90, gemm_spec(4096, 5120, 8192)) == pb.ROWS_TILES
+    bare = dataclasses.replace(sm90, defaults={k: v for k, v in sm90.defaults.items()
+                                               if k not in ("tilelang_grouped_gemm_fp4_bf16", "tilelang_gemm_fp8_bf16")})
+    assert templates()["tilelang_grouped_gemm_fp4_bf16"].default_config(bare, moe_spec(4096)) == mp.MOE_TILES
+    assert templates()["tilelang_gemm_fp8_bf16"].default_config(bare, gemm_spec(4096, 5120, 8192)) == pb.ROWS_TILES
+    # and a target that names them takes its own
+    assert templates()["tilelang_gemm_fp8_bf16"].default_config(sm90, gemm_spec(4096, 5120, 8192))["inflight"] == 1
 
 
 def test_widened_words_are_the_ops_dequantised_weight():
@@ -226,7 +230,9 @@ GEMM_TILES = {"block_M": 128, "block_N": 128, "block_K": 128, "stages": 3, "thre
 
 
 def test_prefill_linears_take_the_gemm_where_a_target_enables_it():
-    sm90, on = get_target("sm90"), enabled(GEMM_TILES, "tilelang_gemm_fp8_bf16")
+    on = enabled(GEMM_TILES, "tilelang_gemm_fp8_bf16")
+    assert select(get_target("sm90"), gemm_spec(4096, 5120, 8192)).name == "tilelang_gemm_fp8_bf16"  # sm90 enables it
+    sm90 = dataclasses.replace(on, defaults={k: v for k, v in on.defaults.items() if k != "tilelang_gemm_fp8_bf16"})
     assert select(sm90, gemm_spec(4096, 5120, 8192)).name == "tilelang_gemm_fp8"
     assert select(on, gemm_spec(4096, 5120, 8192)).name == "tilelang_gemm_fp8_bf16"
     for m in (1, 8, 64):  # decode rows keep their programs

@@ -30,7 +30,10 @@ TARGET = Target(
         # prefill_wide: from 2048 rows, 128-row blocks 8 deep (176 registers, no spills), the mix
         # weight read from L2 8x fewer times: prefill 2K 1.007x, 4K 1.009x on an H100, 512 rows
         # kept on 16-row blocks for their programs' count (thirty-fifth session)
-        "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 3, "num_warps": 4},
+        # X2: the dots as two tf32 MMAs over the weight's high part and remainder (166 registers
+        # at 512 rows, 118 in the wide blocks, from 199 / 176): prefill 4K 1.016x on an H100 (both
+        # processes ahead), its calls within their check (fortieth session)
+        "triton_hc_mix": {"prefill": {"SPLIT": 8, "BM": 16, "BK": 32, "num_stages": 3, "num_warps": 4, "X2": 1},
                           "prefill_wide": {"min_rows": 2048, "BM": 128, "BK": 8, "num_warps": 8}},
         # decode lin8 stays on the TileLang program: on Triton's dot_scaled (decode_rows 64) the
         # medium plan's decode step was no faster at b1 / b8 and 1.43x slower at b64 on the H200
@@ -62,6 +65,13 @@ TARGET = Target(
         # thirty-sixth sessions)
         "tilelang_grouped_gemm_fp4_bf16": {"block_M": 256, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256,
                                            "rs": 1, "inflight": 1, "ragged": 64},
+        # the prefill fp8 linears on the same in-flight loop over their e4m3 weight widened to bf16
+        # (tilelang_prefill_bf16.rows_inflight_program): 1.44x / 1.33x sm90's fp8 program on wo_b /
+        # wq_b at 256 rows on the H200 (thirty-eighth session); medium20 prefill 4K 1.057x, 2K
+        # 1.028x on an H100, every call within its check (fortieth session). min_rows 0: every
+        # prefill-sized call (the 512-row bucket's step times spread 25% between processes)
+        "tilelang_gemm_fp8_bf16": {"block_M": 256, "block_N": 128, "block_K": 64, "stages": 4, "threads": 256,
+                                   "inflight": 1, "min_rows": 0},
     },
 )
 
