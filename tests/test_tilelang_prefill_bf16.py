@@ -305,17 +305,31 @@ def test_prefill_wo_a_takes_the_grouped_linear_where_a_target_enables_it():
     assert select(get_target("sm100"), wo_a_spec(4096)).name != "tilelang_grouped_linear_bf16"
 
 
-@pytest.mark.parametrize("over", [{}, {"block_N": 256, "stages": 3}])
+INFLIGHT = {"block_M": 256, "block_K": 64, "stages": 4, "inflight": 1}
+
+
+@pytest.mark.parametrize("over", [{}, {"block_N": 256, "stages": 3}, INFLIGHT])
 def test_grouped_linear_renders_and_builds_without_spills(over):
+    """inflight: gemm_fp8's register-operand program over wo_a's groups: a CTA's weight rows in
+    one group, X's columns from that group's first (8 groups of 4096 features: column 4096 * g),
+    the weight's bytes in their own order (X comes from the attention, not dequantised ahead in
+    e4m3_rs_order's order)."""
     pytest.importorskip("tilelang")
     t = enabled(dict(LINEAR_TILES, **over), "tilelang_grouped_linear_bf16")
     spec = wo_a_spec(4096)
     tpl = select(t, spec)
+    assert tpl.name == "tilelang_grouped_linear_bf16"
     cfg = tpl.default_config(t, spec)
     src = tpl.render(t, spec, cfg)
-    assert src.grid == (8192 // cfg["block_N"], 4096 // 128, 1) and src.block == (256, 1, 1)
+    assert src.grid == (8192 // cfg["block_N"], 4096 // cfg["block_M"], 1) and src.block == (256, 1, 1)
     assert "kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src.text
     assert [p for p, _ in src.meta["params"]] == ["C", "SW", "W", "X"]
+    if over.get("inflight"):
+        assert "wgmma_rs" in src.text and "deepinfer_e4m3_pair_bf16(" in src.text
+        assert "((int)blockIdx.x) >> 3) * 4096)" in src.text  # group bx // 8's columns of X
+        # the two orders differ only in which bytes fill which slots
+        rs = tpl.render(t, wo_a_spec(4096, groups=1, ng=8192), cfg).text
+        assert "((int)blockIdx.x) >> 3) * 4096)" not in rs
     if shutil.which("nvcc"):
         from deepinfer.codegen.library.tilelang_gemm import nvcc_report
 

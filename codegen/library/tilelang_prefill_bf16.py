@@ -32,7 +32,7 @@ KNOBS = {"block_M": (64, 128), "block_N": (64, 128, 256), "block_K": (64, 128), 
 # the programs may also be lowered with TMA copies from a producer warpgroup (tilelang_gemm's tma
 # knob)
 ROWS_KNOBS = dict(KNOBS, tma=(0, 1))
-# gemm_fp8's: also the register-operand program with its MMAs in flight (rows_inflight_program)
+# also the register-operand program with its MMAs in flight (rows_inflight_program)
 GEMM_KNOBS = dict(ROWS_KNOBS, inflight=(0, 1))
 
 
@@ -90,7 +90,8 @@ def inflight_fits(c: Mapping[str, Any], k: int) -> bool:
             and c["block_N"] == 64 * (c["threads"] // 128))
 
 
-def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, threads: int, K: int, copy_w, fill):
+def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, threads: int, K: int, copy_w, fill,
+                   x_col=None):
     """[(n, tile)] for each width n: a macro tile(X, W, C, X_s, W_s, SW_s, Wf0, Wf1, e, bx, r0, used)
     that runs rows r0..r0 + n of X (bf16, in the weight fragment's K order) against the CTA's
     block_N weight rows with the weight as wgmma's register operand (the MMA's M, one m64 a
@@ -100,11 +101,18 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
     issued by hand, stages - 2 steps ahead (x's rows and copy_w(W, W_s, step, buffer, e, bx), one
     commit group each; empty groups at the last steps keep the wait's count): a software
     pipeline's copy for step k + stages - 1 lands in step k - 1's buffer, which the MMA still in
-    flight reads. fill(W_s, SW_s, Wf, buffer, step) writes the step's fragment."""
+    flight reads. fill(W_s, SW_s, Wf, buffer, step) writes the step's fragment. x_col(e, bx): the
+    first column of X the CTA reads (a group's features; None: column 0)."""
     nk, ahead = K // block_K, stages - 2
     # one m64 MMA a warpgroup: 256 weight rows on two warpgroups (two a warpgroup) failed the
     # op's check on an H100 (docs/performance.md, thirty-sixth session)
     assert inflight_fits({"block_N": block_N, "block_K": block_K, "stages": stages, "threads": threads}, K)
+
+    def x_tile(X, n, e, bx, r0, k):
+        if x_col is None:
+            return X[r0:r0 + n, k * block_K:(k + 1) * block_K]
+        c0 = x_col(e, bx)
+        return X[r0:r0 + n, c0 + k * block_K:c0 + (k + 1) * block_K]
 
     def tile_program(n: int):
         @T.macro
@@ -115,7 +123,7 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
             T.sync_threads()  # every warp's copies seen, and every warpgroup's step k - 2 finished
             kn = k + ahead
             if kn < nk:
-                T.async_copy(X[r0:r0 + n, kn * block_K:(kn + 1) * block_K], X_s[kn % stages, 0:n, :])
+                T.async_copy(x_tile(X, n, e, bx, r0, kn), X_s[kn % stages, 0:n, :])
                 copy_w(W, W_s, kn, kn % stages, e, bx)
             else:  # empty groups keep the wait's count right at the last steps
                 T.ptx_commit_group()
@@ -139,7 +147,7 @@ def inflight_tiles(T, widths, *, block_N: int, block_K: int, stages: int, thread
             for s in T.unroll(ahead):
                 # rows past the tile's used ones are read (other experts' rows, zeros past the
                 # last row) and never stored
-                T.async_copy(X[r0:r0 + n, s * block_K:(s + 1) * block_K], X_s[s, 0:n, :])
+                T.async_copy(x_tile(X, n, e, bx, r0, s), X_s[s, 0:n, :])
                 copy_w(W, W_s, s, s, e, bx)
             for kk in T.serial(nk // 2):
                 step(X, W, X_s, W_s, SW_s, Wf0, acc, e, bx, r0, kk * 2, False)
@@ -199,22 +207,26 @@ def e4m3_pair_values(words, h: int, scales):
     return torch.stack(out, -1)
 
 
-def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *, block_M=128, block_N=128,
-                          block_K=64, stages=4, threads=256):
-    """gemm_fp8's product on bf16 rows (dequantised ahead in e4m3_rs_order's K order) with the
-    e4m3 weight as wgmma's register operand, widened a byte pair at a time with its 32 x 32
-    block's scale folded in (exact), each step's MMAs in flight while the next step's fragment is
-    filled (inflight_tiles, the prefill MoE GEMM's loop). C^T = W x^T: a CTA's block_N weight rows
-    are the MMA's M, block_M rows of x its N. The weight's scales for the CTA's whole K are read
-    once, as 32-bit words (four 32-deep blocks a word, as tilelang_gemm.scale_operands' words: a
-    byte copy took several guarded passes). W and SW: the e4m3 weight and its ue8m0 scales read as
-    32-bit words (the host passes the same bytes)."""
+def rows_inflight_program(M: int, G: int, NG: int, KG: int, out_dtype: str = "bfloat16", *, block_M=128,
+                          block_N=128, block_K=64, stages=4, threads=256, rs_order=True):
+    """rows_bf16_gemm_program's product (grouped_linear's with G groups, gemm_fp8's on rows
+    dequantised ahead with G 1) with the e4m3 weight as wgmma's register operand, widened a byte
+    pair at a time with its 32 x 32 block's scale folded in (exact), each step's MMAs in flight
+    while the next step's fragment is filled (inflight_tiles, the prefill MoE GEMM's loop). C^T =
+    W x^T: a CTA's block_N weight rows (in one group) are the MMA's M, block_M rows of x its N.
+    The weight's scales for the CTA's whole K are read once, as 32-bit words (four 32-deep blocks
+    a word, as tilelang_gemm.scale_operands' words: a byte copy took several guarded passes). W
+    and SW: the e4m3 weight and its ue8m0 scales read as 32-bit words (the host passes the same
+    bytes). rs_order: X's K order is e4m3_rs_order's (gemm_fp8's rows, dequantised ahead in it),
+    so a lane's four fragment slots are one word of the weight's row; off (wo_a's X, as the
+    attention writes it), slot c is byte c and the four slots lie in two words."""
     from .tilelang_gemm import _tl
 
     _, T = _tl()
-    # K % 128 (the scale words): inflight_fits' pairs of steps of at least 64
-    assert K % block_K == 0 and K % 128 == 0 and block_K % 32 == 0 and N % block_N == 0 and block_N % 32 == 0
-    kb, kw = block_K // 32, block_K // 4
+    # KG % 128 (the scale words): inflight_fits' pairs of steps of at least 64
+    assert KG % block_K == 0 and KG % 128 == 0 and block_K % 32 == 0 and NG % block_N == 0 and block_N % 32 == 0
+    kb, kw, tiles = block_K // 32, block_K // 4, NG // block_N
+    order = e4m3_rs_order if rs_order else (lambda c: c)
 
     @T.macro
     def copy_w(W, W_s, kn, s, e, bx):
@@ -223,22 +235,24 @@ def rows_inflight_program(M: int, N: int, K: int, out_dtype: str = "bfloat16", *
     @T.macro
     def fill(W_s, SW_s, Wf, b, k):
         for j, c in T.Parallel(block_N, block_K):
-            src, blk = e4m3_rs_order(c), k * kb + c // 32
+            src, blk = order(c), k * kb + c // 32
             scale = T.bitwise_and(T.shift_right(SW_s[j // 32, blk // 4], T.Cast("uint32", 8 * (blk % 4))), T.uint32(0xFF))
             pair = T.call_extern("uint32", "deepinfer_e4m3_pair_bf16", W_s[b, j, src // 4],
                                  T.Cast("uint32", (src % 4) // 2), scale)
             Wf[j, c] = T.reinterpret("bfloat16", T.Cast("uint16", T.shift_right(pair, T.Cast("uint32", 16 * (src % 2)))))
 
-    (_, tile), = inflight_tiles(T, [block_M], block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=K,
-                                copy_w=copy_w, fill=fill)
+    # W's row bx * block_N is group bx // tiles's row (bx % tiles) * block_N; X's group columns
+    x_col = None if G == 1 else (lambda e, bx: (bx // tiles) * KG)
+    (_, tile), = inflight_tiles(T, [block_M], block_N=block_N, block_K=block_K, stages=stages, threads=threads, K=KG,
+                                copy_w=copy_w, fill=fill, x_col=x_col)
 
     @T.prim_func
-    def rows_bf16_gemm_rsi(X: T.Tensor((M, K), "bfloat16"), W: T.Tensor((N, K // 4), "uint32"),
-                           SW: T.Tensor((N // 32, K // 128), "uint32"), C: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(N // block_N, T.ceildiv(M, block_M), threads=threads, prelude=e4m3_prelude()) as (bx, by):
+    def rows_bf16_gemm_rsi(X: T.Tensor((M, G * KG), "bfloat16"), W: T.Tensor((G * NG, KG // 4), "uint32"),
+                           SW: T.Tensor((G * NG // 32, KG // 128), "uint32"), C: T.Tensor((M, G * NG), out_dtype)):
+        with T.Kernel(G * tiles, T.ceildiv(M, block_M), threads=threads, prelude=e4m3_prelude()) as (bx, by):
             X_s = T.alloc_shared((stages, block_M, block_K), "bfloat16")
             W_s = T.alloc_shared((stages, block_N, kw), "uint32")
-            SW_s = T.alloc_shared((block_N // 32, K // 128), "uint32")
+            SW_s = T.alloc_shared((block_N // 32, KG // 128), "uint32")
             Wf0 = T.alloc_fragment((block_N, block_K), "bfloat16")
             Wf1 = T.alloc_fragment((block_N, block_K), "bfloat16")
             T.copy(SW[bx * (block_N // 32), 0], SW_s)
@@ -255,7 +269,7 @@ def gemm_programs(M: int, N: int, K: int, out_dtype: str, config: Mapping[str, A
     c = program_knobs(config)
     c.pop("min_rows", None)  # which calls take the template (_gemm_supports), not the program
     if c.pop("inflight", 0):
-        return [rows_inflight_program(M, N, K, out_dtype, **{k: v for k, v in c.items() if k != "scales_once"}),
+        return [rows_inflight_program(M, 1, N, K, out_dtype, **{k: v for k, v in c.items() if k != "scales_once"}),
                 dequant_rows_program(M, K, order=e4m3_rs_order)]
     return [rows_bf16_gemm_program(M, 1, N, K, out_dtype, **c), dequant_rows_program(M, K)]
 
@@ -363,7 +377,13 @@ def _linear_render(target: Target, spec: KernelSpec, config: Mapping[str, Any]) 
 
     m, g, ng, kg = _linear_dims(spec)
     c = dict(linear_default_config(target, spec), **config)
-    return source(rows_bf16_gemm_program(m, g, ng, kg, **program_knobs(c)), target.arch,
+    knobs = program_knobs(c)
+    if knobs.pop("inflight", 0):  # the weight in registers, MMAs in flight; X in the features' order
+        knobs.pop("scales_once", None)
+        program = rows_inflight_program(m, g, ng, kg, rs_order=False, **knobs)
+    else:
+        program = rows_bf16_gemm_program(m, g, ng, kg, **knobs)
+    return source(program, target.arch,
                   {"template": "tilelang_grouped_linear_bf16", "config": c,
                    "dims": {"rows": m, "groups": g, "ng": ng, "kg": kg}}, tma_pass_configs(c))
 
@@ -385,14 +405,15 @@ def _linear_supports(target: Target, spec: KernelSpec) -> bool:
             and w.scale.dtype.name == "e8m0" and tuple(w.block) == (32, 32) and spec.out_types[0].dtype.name == "bf16"):
         return False
     m, _, ng, kg = _linear_dims(spec)
-    return _whole_tiles(linear_default_config(target, spec), m, ng, kg)
+    c = linear_default_config(target, spec)
+    return _whole_tiles(c, m, ng, kg) and (not c.get("inflight") or inflight_fits(c, kg))
 
 
 register(Template(
     name="tilelang_grouped_linear_bf16",
     ops=("grouped_linear",),
     targets=("sm90",),  # as tilelang_grouped_gemm_fp4_bf16's
-    knobs=ROWS_KNOBS,
+    knobs=GEMM_KNOBS,
     render=_linear_render,
     default_config=linear_default_config,
     supports=_linear_supports,
