@@ -469,9 +469,9 @@ WG_ONLY = ("WGS", "BATCH", "XR")  # the warpgroup program's own knobs
 
 def decode_program(Mtot: int, N: int, K: int, E: int, *, WG=0, WG_ROWS=0, KB=8, **knobs):
     """The program a config names: WG the warpgroup one (its own few knobs), else the warp-MMA one.
-    WG_ROWS > 0 keeps WG to calls of at most that many rows (a b1 step's 6): on an H100 it led at
-    b1 and trailed at b8 / b64 (docs/performance.md, thirty-fifth session), so one plan can hold
-    both."""
+    WG_ROWS > 0 keeps WG to calls of at most that many rows (a b1 step's 6), so one plan can hold
+    both: its isolated calls led at b1 and trailed at b8 / b64 on an H100 (thirty-fifth session),
+    though in the medium20 plan it trailed at all three (docs/performance.md, fortieth session)."""
     if WG and (not WG_ROWS or Mtot <= WG_ROWS):
         return grouped_gemm_fp4_wgmma_program(Mtot, N, K, E, KB=KB, STAGES=knobs.get("STAGES") or 3,
                                               ACT=knobs.get("ACT", 0), WGS=knobs.get("WGS", 1),
