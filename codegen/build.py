@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..atomic import replace_dir, replace_file, write_new_file
+from .caches import cache_root
 from .targets import Target, get_target
 from .template import KernelSource
 
@@ -58,10 +59,6 @@ class BuildResult:
 
 
 # ---- cache ------------------------------------------------------------------------------------
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DEEPINFER_CACHE_DIR") or Path.home() / ".cache" / "deepinfer")
-
 
 class CompileCache:
     def __init__(self, root: Path | None = None):

@@ -183,3 +183,39 @@ def test_an_edit_of_one_template_module_rekeys_no_other_templates_render(reader)
     after = keys(tilelang)
     assert after["tilelang_gemm_fp8"] == before["tilelang_gemm_fp8"]
     assert after["tilelang_sparse_attn"] != before["tilelang_sparse_attn"]
+
+
+def _prelude_program(prelude: str):
+    from deepinfer.codegen.library.tilelang_gemm import _tl
+
+    _, T = _tl()
+
+    @T.prim_func
+    def add_one(A: T.Tensor((128,), "float32")):
+        with T.Kernel(1, threads=128, prelude=prelude) as _:
+            for i in T.Parallel(128):
+                A[i] = A[i] + T.float32(1)
+
+    return add_one
+
+
+def test_a_tilelang_lowering_is_kept_by_the_program_not_by_the_code_that_built_it(tmp_path, monkeypatch):
+    """A second lowering of the same program (printed with its metadata) comes from the cache; a
+    program that differs only in its prelude's text, or the same program under other pass
+    configs, is lowered again."""
+    pytest.importorskip("tilelang")
+    from deepinfer.codegen.library import tilelang_gemm as tlg
+
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = tlg._lower
+    monkeypatch.setattr(tlg, "_lower", lambda *a: calls.append(a[1:]) or real(*a))
+    a = tlg.lower(_prelude_program("// prelude a"), "sm_90a")
+    b = tlg.lower(_prelude_program("// prelude b"), "sm_90a")
+    assert len(calls) == 2 and "// prelude a" in a["src"] and "// prelude b" in b["src"]
+    again = tlg.lower(_prelude_program("// prelude a"), "sm_90a")
+    assert len(calls) == 2 and again == a and isinstance(again["grid"], tuple)
+    tlg.lower(_prelude_program("// prelude a"), "sm_90a", {"tl.disable_vectorize_256": True})
+    tlg.lower(_prelude_program("// prelude a"), "sm_100a")
+    assert len(calls) == 4
+    assert len(list((tmp_path / "lowered").iterdir())) == 4

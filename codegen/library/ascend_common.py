@@ -40,11 +40,16 @@ def const_at(values, j, dtype: str):
 
 def lower_ascend(prim_func) -> str:
     """AscendC source of a TileLang-Ascend prim_func."""
-    import tilelang
-    from tilelang.ascend.target import _make_ascend_target
+    from ..caches import lowered
 
-    with _make_ascend_target():
-        return tilelang.lower(prim_func, target="ascend").kernel_source
+    def lower() -> dict:
+        import tilelang
+        from tilelang.ascend.target import _make_ascend_target
+
+        with _make_ascend_target():
+            return {"src": tilelang.lower(prim_func, target="ascend").kernel_source}
+
+    return lowered(prim_func, ["ascend"], lower)["src"]
 
 
 def e2m1_f32(T, nib):

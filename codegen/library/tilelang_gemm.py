@@ -80,10 +80,17 @@ def cuda_target(arch: str):
 def lower(func, arch: str, pass_configs: Mapping[str, Any] | None = None) -> dict:
     """Render a TileLang program for `arch` (e.g. sm_90a) on any machine: the CUDA source, its
     entry symbol, launch grid/block and dynamic shared memory (read off the lowered device IR)."""
+    from ..caches import lowered
+
+    cfg = dict(PASS_CONFIGS, **(pass_configs or {}))
+    out = lowered(func, ["cuda", arch, cfg], lambda: _lower(func, arch, cfg))
+    return dict(out, grid=tuple(out["grid"]), block=tuple(out["block"]))
+
+
+def _lower(func, arch: str, cfg: dict) -> dict:
     tilelang, _ = _tl()
     import tvm
 
-    cfg = dict(PASS_CONFIGS, **(pass_configs or {}))
     with tvm.transform.PassContext(opt_level=3, config=cfg), cuda_target(arch) as tgt:
         art = tilelang.lower(func, target=tgt)
     out = {"src": art.kernel_source, "entry": "", "grid": (), "block": (), "smem": 0, "params": []}
