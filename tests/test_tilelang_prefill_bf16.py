@@ -102,7 +102,9 @@ def test_prefill_calls_take_it_where_a_target_enables_it():
 
 @pytest.mark.parametrize("over", [{}, {"block_M": 64, "threads": 128}, {"block_M": 256, "block_K": 64},
                                   {"rs": 1, "block_K": 64, "stages": 3},
-                                  {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 64}])
+                                  {"rs": 1, "inflight": 1, "block_M": 256, "block_K": 64, "stages": 4, "ragged": 64},
+                                  {"rs": 1, "inflight": 1, "block_M": 128, "block_N": 256, "block_K": 64, "stages": 4,
+                                   "threads": 512, "ragged": 64}])
 def test_renders_and_builds_without_spills(over):
     pytest.importorskip("tilelang")
     t = enabled(dict(TILES, **over))
@@ -123,9 +125,10 @@ def test_renders_and_builds_without_spills(over):
             # a step waits for the step before it (the K loop's last step for its own MMAs); the
             # copies run two steps ahead, their wait leaving the next step's two groups in flight
             assert "tl::wait_wgmma<1>();" in src.text and "tl::cp_async_wait<2>();" in src.text
-            # one program a width: 256, 192, 128, 64 rows (the MMA's N; sm90's ragged)
+            # one program a width: 256, 192, 128, 64 rows (the MMA's N; sm90's ragged), each
+            # warpgroup one m64 MMA of the weight rows
             widths = {int(w) for w in re.findall(r"kFloat32, 64, (\d+), 16,", src.text)}
-            assert widths == set(range(64, 257, 64))
+            assert widths == set(range(64, cfg["block_M"] + 1, 64))
         assert {p for p, _ in src.meta["params"]} == {"C", "SW", "W", "X", "offsets"}
         # the rows come in bf16, dequantised (in the widened K order) by the second kernel
         dq = src.meta["combine"]

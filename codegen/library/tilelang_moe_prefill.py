@@ -321,8 +321,11 @@ def _dims(spec: KernelSpec):
 
 
 KNOBS = {"block_M": (64, 128, 256), "block_N": (64, 128, 256), "block_K": (64, 128), "stages": (2, 3, 4),
-         "threads": (128, 256), "rs": (0, 1), "skip_empty": (0, 1), "inflight": (0, 1),
+         "threads": (128, 256, 512), "rs": (0, 1), "skip_empty": (0, 1), "inflight": (0, 1),
          "ragged": (0, 32, 64)}
+# (512 threads: the in-flight program's 256 weight rows as four warpgroups of one m64 MMA each, with
+# 128 x rows: each x tile then serves twice the weight rows, and x's reads from L2 halve; 110
+# registers and no spills, not yet run on a GPU: docs/performance.md, forty-first session)
 # (skip_empty passed its tiny case on an H100 and timed even at the medium 4K: a tuner's choice,
 # off in the defaults; docs/performance.md, twenty-eighth session)
 # the tiles where a target's defaults name none (a plan built with the template on and tuned by
