@@ -232,7 +232,9 @@ class Tuning:
     def __init__(self, path: str | None, target):
         from ..autotune.db import TuningDB, shipped_db
 
-        self.target, self.db, self._fp = target, None, {}
+        # _memo: a call's (config, provenance) by template and spec: a compile asks for the same
+        # spec once a layer and bucket, and a `nearest` row renders the call to check that it fits
+        self.target, self.db, self._fp, self._memo = target, None, {}, {}
         if path is None:
             shipped = shipped_db(target.name)
             path = str(shipped) if shipped.exists() else ""
@@ -244,9 +246,16 @@ class Tuning:
 
     def config(self, t, spec) -> tuple[dict, dict | None]:
         """(config, provenance or None for the default)."""
-        default = t.default_config(self.target, spec)
         if self.db is None:
-            return default, None
+            return t.default_config(self.target, spec), None
+        key = (t.name, spec.key())
+        if key not in self._memo:
+            self._memo[key] = self._config(t, spec)
+        cfg, prov = self._memo[key]
+        return dict(cfg), (dict(prov) if prov is not None else None)
+
+    def _config(self, t, spec) -> tuple[dict, dict | None]:
+        default = t.default_config(self.target, spec)
         from ..autotune.tuner import fingerprint
 
         if t.name not in self._fp:

@@ -767,3 +767,27 @@ def test_a_default_compile_takes_the_shipped_cost_model_rows(target):
     assert current > 0, f"no row of {path} is current on this host: regenerate it (docs/performance.md)"
     plain = select_instances("v4.1-flash-medium", CompileOptions(target, tuning_db="none", **opts))
     assert not any(v[4] for v in plain.values())
+
+
+def test_a_compile_looks_each_spec_up_once(monkeypatch):
+    """Tuning.config asks the database once a (template, spec): a compile asks for the same spec
+    once a layer and bucket, and a `nearest` row renders the call each time it is asked. Each
+    answer is the caller's own copy."""
+    from deepinfer.autotune.db import shipped_db
+    from deepinfer.codegen.template import select
+    from deepinfer.passes.driver import Tuning
+
+    looked = []
+    real = TuningDB.lookup
+    monkeypatch.setattr(TuningDB, "lookup", lambda self, *a, **k: looked.append(a) or real(self, *a, **k))
+    target = TARGETS["sm100"]
+    tuning = Tuning(str(shipped_db("sm100")), target)
+    norm = spec("rms_norm", [tensor("bf16", 64, 5120), tensor("bf16", 5120)], {"eps": 1e-6})
+    t = select(target, norm)
+    first = tuning.config(t, norm)
+    first[0]["mutated"] = 1
+    second = tuning.config(t, norm)
+    assert len(looked) == 1 and "mutated" not in second[0]
+    assert second == (t.default_config(target, norm), None) or second[1]["db"] == "sm100.jsonl"
+    tuning.config(t, spec("rms_norm", [tensor("bf16", 8, 5120), tensor("bf16", 5120)], {"eps": 1e-6}))
+    assert len(looked) == 2
