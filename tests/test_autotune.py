@@ -788,6 +788,6 @@ def test_a_compile_looks_each_spec_up_once(monkeypatch):
     first[0]["mutated"] = 1
     second = tuning.config(t, norm)
     assert len(looked) == 1 and "mutated" not in second[0]
-    assert second == (t.default_config(target, norm), None) or second[1]["db"] == "sm100.jsonl"
     tuning.config(t, spec("rms_norm", [tensor("bf16", 8, 5120), tensor("bf16", 5120)], {"eps": 1e-6}))
     assert len(looked) == 2
+    assert second == tuning._config(t, norm)  # the kept answer is what a fresh lookup gives
